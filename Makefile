@@ -1,0 +1,25 @@
+# The two commands of the README: `make lab` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: lab test setup clean
+
+# Create .venv if missing, then install the project with pinned versions.
+# Re-runs only when pyproject.toml or constraints.txt change.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs notebooks/runs .pytest_cache

@@ -1,0 +1,101 @@
+"""`python -m gantools train`: every TrainConfig field is a flag; errors are one line, never a traceback."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import typing
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from .checkpoint import CheckpointError
+from .config import PRESETS, ConfigError, TrainConfig, preset
+from .data import DataError
+from .hardware import machine_info
+from .train import NonFiniteLossError, Trainer
+
+
+class ProgressBar:
+    """tqdm bar for a run (a widget in Jupyter, text in a terminal or CI), with the latest losses and speed."""
+
+    def on_fit_start(self, trainer):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=trainer.cfg.steps, initial=trainer.step, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, trainer):
+        self.bar.update(1)
+
+    def on_log(self, trainer, record):
+        self.bar.set_postfix(loss_d=f"{record['loss_d']:.3f}", loss_g=f"{record['loss_g']:.3f}",
+                             img_s=f"{record['images_per_sec']:.0f}", refresh=False)
+
+    def on_fit_end(self, trainer):
+        self.bar.close()
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(TrainConfig)
+    for f in fields(TrainConfig):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        flag = "--" + f.name.replace("_", "-")
+        kw = {"dest": f.name, "default": argparse.SUPPRESS,
+              "help": f"{f.metadata['help']} (default: {default})"}
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        hint = hints[f.name]
+        if f.name == "betas":
+            kw.update(nargs=2, type=float, metavar=("BETA1", "BETA2"))
+        elif hint in (bool, typing.Optional[bool]):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif hint in (int, typing.Optional[int]):
+            kw["type"] = int
+        elif hint is float:
+            kw["type"] = float
+        parser.add_argument(flag, **kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gantools", description="Fast GAN training, measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a GAN (DCGAN on glyphs unless told otherwise)",
+                           description="Train a GAN. Flags override the preset; every flag is a TrainConfig field.")
+    train.add_argument("--preset", choices=tuple(PRESETS), default="default",
+                       help="starting config: 'reference' is the PyTorch DCGAN tutorial's loop (default: default)")
+    train.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                       help="continue from a checkpoint (default path: <out-dir>/checkpoint.pt); flags given here "
+                            "override its config, e.g. --steps to train longer")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_config_flags(train)
+    sub.add_parser("info", help="print what this machine is (device, versions, cores) as JSON")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    if command == "info":
+        print(json.dumps(machine_info(), indent=1))
+        return 0
+    resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
+    if "betas" in args:
+        args["betas"] = tuple(args["betas"])
+    callbacks = () if quiet else (ProgressBar(),)
+    try:
+        if resume is not None:
+            out_dir = args.get("out_dir", TrainConfig().out_dir)
+            path = Path(resume) if resume else Path(out_dir) / "checkpoint.pt"
+            trainer = Trainer.resume(path, callbacks=callbacks, **args)
+        else:
+            trainer = Trainer(preset(name, **args), callbacks=callbacks)
+        history = trainer.fit()
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as e:
+        print(f"gantools: error: {e}", file=sys.stderr)
+        return 2
+    s = history.summary()
+    stopped = " (stopped early: resume with --resume)" if trainer.step < trainer.cfg.steps else ""
+    print(f"{s['steps']} steps{stopped} on {trainer.device}: {s['images_per_sec']:.0f} images/s (median after "
+          f"warm-up), {s['step_time_ms']:.1f} ms/step, peak memory {s['peak_mem_mb']:.0f} MB, "
+          f"loss_d {s['loss_d']:.3f}, loss_g {s['loss_g']:.3f}. Samples: {trainer.out_dir / 'samples'}, "
+          f"checkpoint: {trainer.out_dir / 'checkpoint.pt'}")
+    return 0

@@ -1,0 +1,410 @@
+"""The one training loop. Every technique the notebooks teach is a TrainConfig field read here, in one place.
+
+GradScaler policy (fp16): one scaler per network. D and G are stepped at different moments with losses and
+gradients of very different sizes; with its own scaler each network's scale follows its own overflows, and
+`update()` runs right after that network's `step()`. A single shared scaler would have to wait for both steps before
+`update()`, and an overflow in D would also halve the scale that G's (healthy) gradients use.
+
+Gradient accumulation for a GAN: the batch is split into k micro-batches. All k D micro-batches are accumulated and D
+steps once; only then are the k G micro-batches accumulated, through the *updated* D, and G steps once. Each
+micro-loss is weighted by its share of the batch, so k micro-batches give the same gradients as one full batch on a
+model without batch statistics (BatchNorm sees k smaller batches: the notebook on accumulation shows the cost).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import hardware
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ConfigError, TrainConfig
+from .data import dataset_from_config, make_loader
+from .models import build_dcgan
+
+METRICS = ("loss_d", "d_real", "d_fake", "loss_g")  # D's three first: the D step adds them as one slice
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN or infinite; raised at the next log interval (checking every step would sync)."""
+
+
+class History:
+    """One record per log interval: losses, synced step time, images/sec, time waiting for data, peak memory."""
+
+    def __init__(self, records=None):
+        self.records = list(records or [])
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        return self.records[i]
+
+    def column(self, name: str) -> list:
+        return [r[name] for r in self.records]
+
+    def summary(self) -> dict:
+        """The figures a run is judged by. Speed is the median over log intervals after the first, which holds
+        warm-up (cuDNN autotuning, torch.compile, worker start-up)."""
+        if not self.records:
+            return {}
+        steady = self.records[1:] or self.records
+        last = self.records[-1]
+        return {
+            "steps": last["step"],
+            "images_per_sec": statistics.median(r["images_per_sec"] for r in steady),
+            "step_time_ms": statistics.median(r["step_time_ms"] for r in steady),
+            "data_wait_ms": statistics.median(r["data_wait_ms"] for r in steady),
+            "warmup_step_time_ms": self.records[0]["step_time_ms"],
+            "peak_mem_mb": max(r["peak_mem_mb"] for r in self.records),
+            "train_time_s": last["train_time_s"],
+            **{k: last[k] for k in METRICS},
+        }
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.records, indent=1))
+
+
+def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused)."""
+    cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+    impl = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[cfg.optimizer_impl])
+
+
+def d_loss(loss: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """Discriminator loss from its outputs on real and fake images (fp32)."""
+    if loss == "hinge":
+        return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
+    bce = F.binary_cross_entropy if loss == "bce-sigmoid" else F.binary_cross_entropy_with_logits
+    return bce(real, torch.ones_like(real)) + bce(fake, torch.zeros_like(fake))
+
+
+def g_loss(loss: str, fake: torch.Tensor) -> torch.Tensor:
+    """Non-saturating generator loss (BCE) or the hinge generator loss."""
+    if loss == "hinge":
+        return -fake.mean()
+    bce = F.binary_cross_entropy if loss == "bce-sigmoid" else F.binary_cross_entropy_with_logits
+    return bce(fake, torch.ones_like(fake))
+
+
+class Trainer:
+    """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
+    (D must return one logit per image; G must take (B, nz) noise), on the config's dataset or your `dataset`.
+
+    `callbacks` are objects with any of `on_fit_start(trainer)`, `on_step_end(trainer)` (every step: keep it
+    host-only, reading a tensor there would sync), `on_log(trainer, record)`, `on_sample(trainer, step, grid)` and
+    `on_fit_end(trainer)`. `stop()` (or Ctrl-C / kernel interrupt) ends the run
+    cleanly between steps and writes a checkpoint."""
+
+    def __init__(self, cfg: TrainConfig | None = None, *, generator: nn.Module | None = None,
+                 discriminator: nn.Module | None = None, dataset=None, callbacks=()):
+        self.cfg = cfg = (cfg if cfg is not None else TrainConfig()).validate()
+        if (generator is None) != (discriminator is None):
+            raise ConfigError("pass both generator and discriminator, or neither (for the built-in DCGAN)")
+        self.device = dev = hardware.resolve_device(cfg.device)
+        hardware.set_tf32(cfg.tf32)
+        if dev.type == "cuda":
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+        torch.manual_seed(cfg.seed)
+        if generator is None:
+            generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
+                                                   sigmoid=(cfg.loss == "bce-sigmoid"))
+        fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
+        self.generator = generator.to(dev, memory_format=fmt)
+        self.discriminator = discriminator.to(dev, memory_format=fmt)
+        self.dataset = dataset if dataset is not None else dataset_from_config(cfg)
+        self.loader = make_loader(self.dataset, cfg, dev)
+        self._check_shapes()
+
+        self.opt_g = make_optimizer(self.generator.parameters(), cfg, cfg.lr_g)
+        self.opt_d = make_optimizer(self.discriminator.parameters(), cfg, cfg.lr_d)
+        self.scaler_g = torch.amp.GradScaler(dev.type, enabled=(cfg.precision == "fp16"))
+        self.scaler_d = torch.amp.GradScaler(dev.type, enabled=(cfg.precision == "fp16"))
+        if cfg.precision == "fp32":
+            self.autocast = contextlib.nullcontext
+        else:
+            dtype = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
+            self.autocast = lambda: torch.autocast(dev.type, dtype=dtype)
+        mode = None if cfg.compile == "default" else cfg.compile
+        self.g = torch.compile(self.generator, mode=mode) if cfg.compile != "off" else self.generator
+        self.d = torch.compile(self.discriminator, mode=mode) if cfg.compile != "off" else self.discriminator
+
+        noise = torch.Generator().manual_seed(cfg.seed + 1)  # own generator: sampling never shifts training RNG
+        self.fixed_noise = torch.randn(64, cfg.nz, generator=noise).to(dev)
+        self.step = 0
+        self.batches_seen = 0
+        self.history = History()
+        self.step_values: list[tuple] = []  # per-step losses, only filled with sync_every_step (the tutorial's way)
+        self.latest_grid = None
+        self.callbacks = list(callbacks)
+        self.out_dir = Path(cfg.out_dir)
+        self._stop_requested = False
+        self._metric_sum = torch.zeros(len(METRICS), device=dev)
+
+    # -- public API ---------------------------------------------------------------------------------------------
+    @classmethod
+    def resume(cls, path, *, generator=None, discriminator=None, dataset=None, callbacks=(), **overrides):
+        """A trainer restored from a checkpoint (weights, optimizers, scalers, RNG, data position), ready to
+        `fit()` on to `steps` (override it to train longer)."""
+        state = load_checkpoint(path)
+        cfg = TrainConfig.from_dict(state["config"]).replace(**overrides)
+        trainer = cls(cfg, generator=generator, discriminator=discriminator, dataset=dataset, callbacks=callbacks)
+        trainer.load_state(state)
+        return trainer
+
+    def stop(self) -> None:
+        """Ask the run to end after the current step (safe from a widget callback or another thread)."""
+        self._stop_requested = True
+
+    def fit(self, steps: int | None = None) -> History:
+        """Train `steps` more steps (default: up to cfg.steps). Returns the history of the whole run."""
+        cfg = self.cfg
+        end = self.step + steps if steps is not None else cfg.steps
+        self._stop_requested = False
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        batches = self._batches()
+        self._call("on_fit_start")
+        hardware.reset_peak_memory(self.device)
+        self._interval_start = time.perf_counter()
+        self._interval_step, self._interval_wait, self._excluded = self.step, 0.0, 0.0
+        self._train_time = self.history[-1]["train_time_s"] if len(self.history) else 0.0
+        with _interrupts_stop(self):
+            while self.step < end and not self._stop_requested:
+                t = time.perf_counter()
+                real = next(batches)
+                self._interval_wait += time.perf_counter() - t
+                self._train_step(real)
+                self.step += 1
+                self.batches_seen += 1
+                self._call("on_step_end")
+                if self.step % cfg.log_interval == 0 or self.step == end or self._stop_requested:
+                    self._log()
+                if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
+                    with self._excluded_from_timing():
+                        self.sample()
+                if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
+                    with self._excluded_from_timing():
+                        self.save_checkpoint()
+        if self.step > self._interval_step:
+            self._log()
+        if self.latest_grid is None or self._stop_requested:
+            self.sample()
+        self.save_checkpoint()
+        self.history.save(self.out_dir / "history.json")
+        self._call("on_fit_end")
+        return self.history
+
+    @torch.no_grad()
+    def sample(self, noise: torch.Tensor | None = None):
+        """A grid (H, W, 3 uint8 numpy) of the generator's images for the fixed noise; saved as a PNG."""
+        from PIL import Image
+        from torchvision.utils import make_grid
+
+        noise = self.fixed_noise if noise is None else noise.to(self.device)
+        saved = [b.clone() for b in self.generator.buffers()]  # train-mode BatchNorm, as in training, but
+        with self.autocast():                                  # without moving its running statistics
+            images = self.generator(noise).float()
+        for buffer, value in zip(self.generator.buffers(), saved):
+            buffer.copy_(value)
+        grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
+        self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(self.latest_grid).save(self.out_dir / "samples" / f"step_{self.step:06d}.png")
+        self._call("on_sample", self.step, self.latest_grid)
+        return self.latest_grid
+
+    def state_dict(self) -> dict:
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "format": 1, "step": self.step, "batches_seen": self.batches_seen, "config": self.cfg.to_dict(),
+            "generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
+            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+            "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
+            "rng": rng, "history": self.history.records,
+        }
+
+    def load_state(self, state: dict) -> None:
+        try:
+            self.generator.load_state_dict(state["generator"])
+            self.discriminator.load_state_dict(state["discriminator"])
+        except RuntimeError as e:
+            raise ConfigError(f"the checkpoint's networks do not match this config's (image_size, channels, nz, "
+                              f"ngf, ndf or your own modules differ): {str(e).splitlines()[0]}") from e
+        self.opt_g.load_state_dict(state["opt_g"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        self.scaler_g.load_state_dict(state["scaler_g"])
+        self.scaler_d.load_state_dict(state["scaler_d"])
+        self.step, self.batches_seen = state["step"], state["batches_seen"]
+        self.history = History(state["history"])
+        torch.set_rng_state(state["rng"]["cpu"])
+        if self.device.type == "cuda" and "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+
+    def save_checkpoint(self, path=None) -> Path:
+        path = Path(path) if path else self.out_dir / "checkpoint.pt"
+        save_checkpoint(self.state_dict(), path)
+        return path
+
+    # -- the step -----------------------------------------------------------------------------------------------
+    def _train_step(self, real: torch.Tensor) -> None:
+        """One optimizer step of D, then one of G. No host sync here: metrics stay on the device."""
+        cfg, k = self.cfg, self.cfg.grad_accum_steps
+        z = torch.randn(real.shape[0], cfg.nz, device=self.device)
+        reals, zs = real.chunk(k), z.chunk(k)
+        weights = [r.shape[0] / real.shape[0] for r in reals]
+        probs = cfg.loss == "bce"  # report D's outputs as probabilities for the logit losses
+
+        self.opt_d.zero_grad(set_to_none=True)
+        fakes = []
+        for r, zi, w in zip(reals, zs, weights):
+            with self.autocast():
+                if k == 1:  # keep G's graph: the G step below reuses this fake, as the tutorial does
+                    fake = self.g(zi)
+                    fakes.append(fake)
+                else:  # accumulating: holding k graphs would defeat the point, so G re-runs in the G step
+                    with torch.no_grad():
+                        fake = self.g(zi)
+                out_real, out_fake = self.d(r).float(), self.d(fake.detach()).float()
+            loss = d_loss(cfg.loss, out_real, out_fake)
+            self.scaler_d.scale(loss * w).backward()
+            d_real = (out_real.sigmoid() if probs else out_real).mean()
+            d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
+            self._metric_sum[:3] += torch.stack([loss, d_real, d_fake]).detach() * w
+        self.scaler_d.step(self.opt_d)
+        self.scaler_d.update()
+
+        if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
+            self.discriminator.requires_grad_(False)
+        self.opt_g.zero_grad(set_to_none=True)
+        for i, (zi, w) in enumerate(zip(zs, weights)):
+            with self.autocast():
+                fake = fakes[i] if k == 1 else self.g(zi)
+                out = self.d(fake).float()
+            loss_g = g_loss(cfg.loss, out)
+            self.scaler_g.scale(loss_g * w).backward()
+            self._metric_sum[3] += loss_g.detach() * w
+        self.scaler_g.step(self.opt_g)
+        self.scaler_g.update()
+        if cfg.freeze_d:
+            self.discriminator.requires_grad_(True)
+
+        if cfg.sync_every_step:  # the tutorial's five .item() calls per step: each one waits for the device
+            self.step_values.append((loss.item(), d_real.item(), d_fake.item(), loss_g.item()))
+
+    # -- bookkeeping --------------------------------------------------------------------------------------------
+    def _batches(self):
+        """Endless batches, starting exactly where the run left off (epoch and batch within it)."""
+        while True:
+            epoch, batch = divmod(self.batches_seen, len(self.loader))
+            self.loader.set_position(epoch, batch)
+            yield from self.loader
+
+    def _log(self) -> None:
+        hardware.synchronize(self.device)
+        now = time.perf_counter()
+        steps = self.step - self._interval_step
+        if steps == 0:
+            return
+        elapsed = max(now - self._interval_start - self._excluded, 1e-9)
+        self._train_time += elapsed
+        values = (self._metric_sum / steps).tolist()  # the one host sync of the interval
+        self._metric_sum.zero_()
+        record = {"step": self.step, **dict(zip(METRICS, values)),
+                  "step_time_ms": 1e3 * elapsed / steps,
+                  "images_per_sec": steps * self.cfg.batch_size / elapsed,
+                  "data_wait_ms": 1e3 * self._interval_wait / steps,
+                  "peak_mem_mb": hardware.peak_memory_mb(self.device),
+                  "train_time_s": self._train_time}
+        self.history.records.append(record)
+        bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
+               if not math.isfinite(v)]
+        if bad:
+            raise NonFiniteLossError(
+                f"step {self.step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
+                f"loss_g={record['loss_g']}). Likely causes: fp16 overflow (try precision='bf16'), or a learning rate "
+                f"too high (lr_d={self.cfg.lr_d}, lr_g={self.cfg.lr_g}). Resume from the last checkpoint with a "
+                f"fix.")
+        with self._excluded_from_timing(reset=True):
+            self._call("on_log", record)
+
+    @contextlib.contextmanager
+    def _excluded_from_timing(self, reset: bool = False):
+        """Sampling, checkpoints and callbacks are not training: keep their time out of the step times."""
+        hardware.synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            hardware.synchronize(self.device)
+            if reset:
+                self._interval_start, self._interval_step = time.perf_counter(), self.step
+                self._interval_wait, self._excluded = 0.0, 0.0
+            else:
+                self._excluded += time.perf_counter() - t0
+
+    def _check_shapes(self) -> None:
+        """Run G and D once on two images (eval mode, no state change) so a mismatch fails now, clearly."""
+        cfg = self.cfg
+        real = self.dataset[0]
+        real = real[0] if isinstance(real, (tuple, list)) else real
+        expected = (cfg.channels, cfg.image_size, cfg.image_size)
+        if tuple(real.shape) != expected:
+            raise ConfigError(f"the dataset gives images of shape {tuple(real.shape)}, but the config asks for "
+                              f"{expected} (channels, image_size, image_size)")
+        modes = (self.generator.training, self.discriminator.training)
+        self.generator.eval(), self.discriminator.eval()
+        try:
+            with torch.no_grad():
+                z = torch.randn(2, cfg.nz, generator=torch.Generator().manual_seed(0)).to(self.device)
+                try:
+                    fake = self.generator(z)
+                except Exception as e:
+                    raise ConfigError(f"the generator fails on noise of shape (2, {cfg.nz}) (nz={cfg.nz}): {e}") from e
+                if tuple(fake.shape[1:]) != expected:
+                    raise ConfigError(f"the generator makes images of shape {tuple(fake.shape[1:])}, but the data "
+                                      f"is {expected}: match image_size and channels")
+                out = self.discriminator(fake)
+                if out.numel() != 2:
+                    raise ConfigError(f"the discriminator must return one logit per image; for 2 images it "
+                                      f"returned shape {tuple(out.shape)}")
+        finally:
+            self.generator.train(modes[0]), self.discriminator.train(modes[1])
+
+    def _call(self, event: str, *args) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if fn is not None:
+                fn(self, *args)
+
+
+@contextlib.contextmanager
+def _interrupts_stop(trainer: Trainer):
+    """Ctrl-C (or Jupyter's interrupt) asks the trainer to stop after the current step instead of killing it
+    mid-step; a second Ctrl-C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGINT, previous)
+        trainer.stop()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,193 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gantools.data as gdata
+from gantools import (DataError, DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, TrainConfig,
+                      data_root, load_glyphs, make_dataset, make_loader, render_glyphs)
+
+from conftest import SHARED_DATA
+
+needs_shared = pytest.mark.skipif(not (SHARED_DATA / "MNIST" / "raw").is_dir(),
+                                  reason="../shared/data (real MNIST) not present")
+
+
+@pytest.mark.parametrize("size", [28, 32, 64])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_glyphs_have_requested_shape_and_all_ten_labels(size, channels):
+    images, labels = render_glyphs(60, size, channels, seed=3)
+    assert images.shape == (60, channels, size, size) and images.dtype == torch.uint8
+    assert labels.dtype == torch.int64 and set(labels.tolist()) == set(range(10))
+    per_image_std = images.float().flatten(1).std(1)
+    assert (per_image_std > 20).all(), "every glyph must show a digit, not a blank or flat image"
+
+
+def test_glyphs_are_deterministic_per_seed_and_differ_across_seeds():
+    a, la = render_glyphs(32, 32, 1, seed=7)
+    b, lb = render_glyphs(32, 32, 1, seed=7)
+    c, _ = render_glyphs(32, 32, 1, seed=8)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    assert not torch.equal(a, c)
+
+
+def test_coloured_glyphs_have_colour():
+    images, _ = render_glyphs(16, 32, 3, seed=0)
+    channel_means = images.float().mean((2, 3))  # (N, 3)
+    assert (channel_means.max(1).values - channel_means.min(1).values).mean() > 5
+
+
+def test_glyph_cache_is_written_once_atomically_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setattr(gdata, "GLYPH_SPLITS", {"train": (40, 0), "test": (20, 1)})
+    images, labels = load_glyphs(28, 1, "train", root=tmp_path)
+    files = list((tmp_path / "glyphs").iterdir())
+    assert len(files) == 1 and files[0].suffix == ".pt", "one cache file, no temp files left behind"
+    monkeypatch.setattr(gdata, "render_glyphs", lambda *a, **k: pytest.fail("cache was not reused"))
+    again, labels_again = load_glyphs(28, 1, "train", root=tmp_path)
+    assert torch.equal(images, again) and torch.equal(labels, labels_again)
+
+
+def test_damaged_glyph_cache_is_rendered_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(gdata, "GLYPH_SPLITS", {"train": (40, 0), "test": (20, 1)})
+    images, _ = load_glyphs(28, 1, "train", root=tmp_path)
+    cache = next((tmp_path / "glyphs").iterdir())
+    cache.write_bytes(b"not a tensor file")
+    again, _ = load_glyphs(28, 1, "train", root=tmp_path)
+    assert torch.equal(images, again)
+
+
+def test_train_and_test_glyph_splits_differ(tmp_path, monkeypatch):
+    monkeypatch.setattr(gdata, "GLYPH_SPLITS", {"train": (20, 0), "test": (20, 1)})
+    train, _ = load_glyphs(32, 1, "train", root=tmp_path)
+    test, _ = load_glyphs(32, 1, "test", root=tmp_path)
+    assert not torch.equal(train, test)
+
+
+def test_data_root_prefers_argument_then_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("GANTOOLS_DATA", str(tmp_path / "env"))
+    assert data_root() == tmp_path / "env"
+    assert data_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv("GANTOOLS_DATA")
+    assert data_root().name == "data"
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_real_torchvision_datasets_load_offline_at_any_size(name):
+    ds = make_dataset(name, image_size=32, channels=1, root=SHARED_DATA)
+    assert len(ds) == 60000
+    image, label = ds[0]
+    assert image.shape == (1, 32, 32) and image.dtype == torch.uint8 and 0 <= int(label) <= 9
+    test = make_dataset(name, image_size=28, channels=3, split="test", root=SHARED_DATA, transform="per-sample")
+    image, _ = test[0]
+    assert len(test) == 10000 and image.shape == (3, 28, 28) and image.dtype == torch.float32
+    assert -1.0 <= image.min() and image.max() <= 1.0
+
+
+def test_missing_torchvision_dataset_says_where_and_how_to_download(tmp_path):
+    with pytest.raises(DataError) as e:
+        make_dataset("mnist", root=tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path / "MNIST" / "raw") in msg and "--download" in msg and "GANTOOLS_DATA" in msg
+
+
+def _write_images(folder, n, size=(40, 30), mode="RGB"):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        shape = (size[1], size[0], 3) if mode == "RGB" else (size[1], size[0])
+        Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8), mode).save(folder / f"{i}.png")
+
+
+def test_folder_with_class_subfolders_gives_labels_and_resized_images(tmp_path):
+    _write_images(tmp_path / "cats", 3)
+    _write_images(tmp_path / "dogs", 2, size=(50, 70))
+    (tmp_path / "notes.txt").write_text("not an image")
+    ds = ImageFolderDataset(tmp_path, image_size=32, channels=3)
+    assert len(ds) == 5 and ds.classes == ["cats", "dogs"]
+    assert sorted(ds.labels) == [0, 0, 0, 1, 1]
+    image, _ = ds[4]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.uint8
+    grey, _ = ImageFolderDataset(tmp_path, image_size=28, channels=1, transform="per-sample")[0]
+    assert grey.shape == (1, 28, 28) and grey.dtype == torch.float32
+
+
+def test_flat_folder_is_one_class(tmp_path):
+    _write_images(tmp_path, 3, mode="L")
+    ds = ImageFolderDataset(tmp_path, image_size=32, channels=1)
+    assert ds.labels == [0, 0, 0]
+
+
+def test_empty_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(DataError, match="no image files"):
+        ImageFolderDataset(tmp_path)
+
+
+def test_corrupt_first_image_fails_at_construction_naming_the_file(tmp_path):
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(DataError, match="broken.png"):
+        ImageFolderDataset(tmp_path)
+
+
+def test_device_and_host_loaders_give_the_same_batches(glyphs64):
+    host = HostLoader(glyphs64, 16, "cpu", seed=5)
+    device = DeviceLoader(glyphs64, 16, "cpu", seed=5)
+    host_batches, device_batches = list(host), list(device)
+    assert len(host_batches) == len(device_batches) == 4
+    for h, d in zip(host_batches, device_batches):
+        assert torch.equal(h, d) and h.dtype == torch.float32
+        assert -1.0 <= h.min() and h.max() <= 1.0
+
+
+def test_loader_order_depends_only_on_seed_and_epoch_and_can_start_mid_epoch(glyphs64):
+    loader = HostLoader(glyphs64, 16, "cpu", seed=1)
+    loader.set_position(2, 0)
+    epoch2 = list(loader)
+    loader.set_position(2, 3)
+    assert torch.equal(list(loader)[0], epoch2[3])
+    loader.set_position(3, 0)
+    assert not torch.equal(list(loader)[0], epoch2[0])
+
+
+def test_worker_processes_load_the_same_batches(glyphs64):
+    per_sample = ImageTensorDataset(glyphs64.images, glyphs64.labels, transform="per-sample")
+    in_process = list(HostLoader(per_sample, 16, "cpu", seed=2))
+    workers = list(HostLoader(per_sample, 16, "cpu", seed=2, num_workers=2, prefetch_factor=2,
+                              persistent_workers=True))
+    assert all(torch.equal(a, b) for a, b in zip(in_process, workers))
+    on_device = list(HostLoader(glyphs64, 16, "cpu", seed=2))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(in_process, on_device)), \
+        "per-sample PIL transforms and on-device normalisation must give the same images"
+
+
+def test_hflip_flips_about_half_the_images(glyphs64):
+    torch.manual_seed(0)
+    plain = torch.cat(list(DeviceLoader(glyphs64, 16, "cpu", seed=0)))
+    flipped = torch.cat(list(DeviceLoader(glyphs64, 16, "cpu", seed=0, hflip=True)))
+    mirrored = (flipped == plain.flip(-1)).flatten(1).all(1)
+    same = (flipped == plain).flatten(1).all(1)
+    assert (mirrored | same).all() and 10 < int(mirrored.sum()) < 54
+
+
+def test_dataset_smaller_than_a_batch_is_a_clear_error(glyphs64):
+    with pytest.raises(DataError, match="fewer than one batch"):
+        HostLoader(glyphs64, 65, "cpu")
+    with pytest.raises(DataError, match="fewer than one batch"):
+        DeviceLoader(glyphs64, 65, "cpu")
+
+
+def test_device_loader_refuses_streaming_datasets(tmp_path):
+    _write_images(tmp_path, 3)
+    with pytest.raises(DataError, match="loader='dataloader'"):
+        DeviceLoader(ImageFolderDataset(tmp_path), 2, "cpu")
+
+
+def test_make_loader_follows_the_config(glyphs64):
+    cfg = TrainConfig(batch_size=16, loader="device", channels_last=True)
+    loader = make_loader(glyphs64, cfg, "cpu")
+    batch = next(iter(loader))
+    assert isinstance(loader, DeviceLoader) and batch.is_contiguous(memory_format=torch.channels_last)
+    assert isinstance(make_loader(glyphs64, cfg.replace(loader="dataloader"), "cpu"), HostLoader)
