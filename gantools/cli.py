@@ -11,27 +11,9 @@ from pathlib import Path
 from .checkpoint import CheckpointError
 from .config import PRESETS, ConfigError, TrainConfig, preset
 from .data import DataError
+from .display import ProgressBar
 from .hardware import machine_info
 from .train import NonFiniteLossError, Trainer
-
-
-class ProgressBar:
-    """tqdm bar for a run (a widget in Jupyter, text in a terminal or CI), with the latest losses and speed."""
-
-    def on_fit_start(self, trainer):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=trainer.cfg.steps, initial=trainer.step, unit="step", dynamic_ncols=True)
-
-    def on_step_end(self, trainer):
-        self.bar.update(1)
-
-    def on_log(self, trainer, record):
-        self.bar.set_postfix(loss_d=f"{record['loss_d']:.3f}", loss_g=f"{record['loss_g']:.3f}",
-                             img_s=f"{record['images_per_sec']:.0f}", refresh=False)
-
-    def on_fit_end(self, trainer):
-        self.bar.close()
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:

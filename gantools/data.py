@@ -338,3 +338,21 @@ def make_loader(dataset: Dataset, cfg, device) -> HostLoader | DeviceLoader:
     return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers,
                       pin_memory=cfg.pin_memory and torch.device(device).type == "cuda",
                       persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor, **common)
+
+
+def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2) -> float:
+    """Throughput of a loader alone (no training), timed with device synchronisation; the first `warmup`
+    batches (worker start-up) are not counted."""
+    from .hardware import Timer
+
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it)
+    timer, images = Timer(loader.device).start(), 0
+    for _ in range(batches):
+        try:
+            images += next(it).shape[0]
+        except StopIteration:  # an epoch ran out: carry on from the next one
+            it = iter(loader)
+            images += next(it).shape[0]
+    return images / timer.stop()

@@ -150,6 +150,7 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.out_dir = Path(cfg.out_dir)
         self._stop_requested = False
+        self.label_phase = _unlabelled  # profiling swaps in torch.profiler.record_function to label each phase
         self._metric_sum = torch.zeros(len(METRICS), device=dev)
 
     # -- public API ---------------------------------------------------------------------------------------------
@@ -182,7 +183,8 @@ class Trainer:
         with _interrupts_stop(self):
             while self.step < end and not self._stop_requested:
                 t = time.perf_counter()
-                real = next(batches)
+                with self.label_phase("data wait"):
+                    real = next(batches)
                 self._interval_wait += time.perf_counter() - t
                 self._train_step(real)
                 self.step += 1
@@ -261,7 +263,7 @@ class Trainer:
     # -- the step -----------------------------------------------------------------------------------------------
     def _train_step(self, real: torch.Tensor) -> None:
         """One optimizer step of D, then one of G. No host sync here: metrics stay on the device."""
-        cfg, k = self.cfg, self.cfg.grad_accum_steps
+        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
         z = torch.randn(real.shape[0], cfg.nz, device=self.device)
         reals, zs = real.chunk(k), z.chunk(k)
         weights = [r.shape[0] / real.shape[0] for r in reals]
@@ -270,39 +272,47 @@ class Trainer:
         self.opt_d.zero_grad(set_to_none=True)
         fakes = []
         for r, zi, w in zip(reals, zs, weights):
-            with self.autocast():
+            with phase("G forward"), self.autocast():
                 if k == 1:  # keep G's graph: the G step below reuses this fake, as the tutorial does
                     fake = self.g(zi)
                     fakes.append(fake)
                 else:  # accumulating: holding k graphs would defeat the point, so G re-runs in the G step
                     with torch.no_grad():
                         fake = self.g(zi)
-                out_real, out_fake = self.d(r).float(), self.d(fake.detach()).float()
-            loss = d_loss(cfg.loss, out_real, out_fake)
-            self.scaler_d.scale(loss * w).backward()
-            d_real = (out_real.sigmoid() if probs else out_real).mean()
-            d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-            self._metric_sum[:3] += torch.stack([loss, d_real, d_fake]).detach() * w
-        self.scaler_d.step(self.opt_d)
-        self.scaler_d.update()
+            with phase("D forward"):
+                with self.autocast():
+                    out_real, out_fake = self.d(r).float(), self.d(fake.detach()).float()
+                loss = d_loss(cfg.loss, out_real, out_fake)
+                d_real = (out_real.sigmoid() if probs else out_real).mean()
+                d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
+                self._metric_sum[:3] += torch.stack([loss, d_real, d_fake]).detach() * w
+            with phase("D backward"):
+                self.scaler_d.scale(loss * w).backward()
+        with phase("D optimizer step"):
+            self.scaler_d.step(self.opt_d)
+            self.scaler_d.update()
 
         if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
             self.discriminator.requires_grad_(False)
         self.opt_g.zero_grad(set_to_none=True)
         for i, (zi, w) in enumerate(zip(zs, weights)):
-            with self.autocast():
-                fake = fakes[i] if k == 1 else self.g(zi)
-                out = self.d(fake).float()
-            loss_g = g_loss(cfg.loss, out)
-            self.scaler_g.scale(loss_g * w).backward()
-            self._metric_sum[3] += loss_g.detach() * w
-        self.scaler_g.step(self.opt_g)
-        self.scaler_g.update()
+            with phase("G forward"):
+                with self.autocast():
+                    fake = fakes[i] if k == 1 else self.g(zi)
+                    out = self.d(fake).float()
+                loss_g = g_loss(cfg.loss, out)
+                self._metric_sum[3] += loss_g.detach() * w
+            with phase("G backward"):
+                self.scaler_g.scale(loss_g * w).backward()
+        with phase("G optimizer step"):
+            self.scaler_g.step(self.opt_g)
+            self.scaler_g.update()
         if cfg.freeze_d:
             self.discriminator.requires_grad_(True)
 
-        if cfg.sync_every_step:  # the tutorial's five .item() calls per step: each one waits for the device
-            self.step_values.append((loss.item(), d_real.item(), d_fake.item(), loss_g.item()))
+        if cfg.sync_every_step:  # the tutorial's .item() calls every step: each one waits for the device
+            with phase("host sync"):
+                self.step_values.append((loss.item(), d_real.item(), d_fake.item(), loss_g.item()))
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
     def _batches(self):
@@ -388,6 +398,10 @@ class Trainer:
             fn = getattr(cb, event, None)
             if fn is not None:
                 fn(self, *args)
+
+
+def _unlabelled(name: str):
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,209 @@
+"""Notebook output that updates in place: one figure per run, redrawn through a display handle (never by clearing
+the cell), throttled so drawing stays a small, measured fraction of training time."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def _figure(*args, **kwargs):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, **kwargs)
+    plt.close(fig)  # we display it ourselves; this stops the inline backend from showing it a second time
+    return fig, axes
+
+
+def _display(obj, handle=None):
+    from IPython.display import display
+
+    if handle is None:
+        return display(obj, display_id=True)
+    handle.update(obj)
+    return handle
+
+
+class LivePlot:
+    """Trainer callback: loss curves and the fixed-noise sample grid, one figure updated in place.
+
+    Redraws at most every `min_interval_s` seconds (and once at the end); `draw_time_s` is the time spent drawing,
+    which the trainer keeps out of its step times: compare it with `history.summary()['train_time_s']`."""
+
+    def __init__(self, title: str = "", min_interval_s: float = 1.0, widget=None):
+        self.title, self.min_interval_s, self.widget = title, min_interval_s, widget  # widget: ipywidgets.Image
+        self.draw_time_s, self.draws, self.grid, self.handle = 0.0, 0, None, None
+        self._last = 0.0
+
+    def on_fit_start(self, trainer):
+        self.fig, (self.ax_loss, self.ax_img) = _figure(1, 2, figsize=(10, 3.8),
+                                                        gridspec_kw={"width_ratios": [1.5, 1]})
+        self._draw(trainer)
+
+    def on_log(self, trainer, record):
+        if time.perf_counter() - self._last >= self.min_interval_s:
+            self._draw(trainer)
+
+    def on_sample(self, trainer, step, grid):
+        self.grid = grid
+
+    def on_fit_end(self, trainer):
+        self._draw(trainer)
+
+    def _draw(self, trainer):
+        t0 = time.perf_counter()
+        h = trainer.history
+        ax = self.ax_loss
+        ax.clear()
+        if len(h):
+            steps = h.column("step")
+            ax.plot(steps, h.column("loss_d"), label="D loss")
+            ax.plot(steps, h.column("loss_g"), label="G loss")
+            ax.legend(loc="upper right")
+            last = h[-1]
+            ax.set_title(f"{self.title}  step {last['step']}: {last['images_per_sec']:.0f} img/s", fontsize=10)
+        ax.set_xlabel("step")
+        self.ax_img.clear()
+        self.ax_img.axis("off")
+        if self.grid is not None:
+            self.ax_img.imshow(self.grid)
+            self.ax_img.set_title("fixed-noise samples", fontsize=10)
+        if self.widget is not None:  # inside a widget panel: safe to update from the training thread
+            self.widget.value = figure_png(self.fig)
+        else:
+            self.handle = _display(self.fig, self.handle)
+        self._last = time.perf_counter()
+        self.draw_time_s += self._last - t0
+        self.draws += 1
+
+
+def figure_png(fig, dpi: int = 80) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+class ProgressBar:
+    """Trainer callback: a tqdm bar (a widget in Jupyter, text in a terminal or CI) with the latest losses and
+    speed; host-only work, so it never syncs the device."""
+
+    def on_fit_start(self, trainer):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=trainer.cfg.steps, initial=trainer.step, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, trainer):
+        self.bar.update(1)
+
+    def on_log(self, trainer, record):
+        self.bar.set_postfix(loss_d=f"{record['loss_d']:.3f}", loss_g=f"{record['loss_g']:.3f}",
+                             img_s=f"{record['images_per_sec']:.0f}", refresh=False)
+
+    def on_fit_end(self, trainer):
+        self.bar.close()
+
+
+def image_grid(images, nrow: int = 8) -> np.ndarray:
+    """(N, C, H, W) uint8 or [-1, 1] float images -> one (H, W, 3) uint8 grid."""
+    import torch
+    from torchvision.utils import make_grid
+
+    x = torch.as_tensor(images)
+    x = x.float() / 255 if x.dtype == torch.uint8 else (x.float() + 1) / 2
+    return make_grid(x.clamp(0, 1), nrow=nrow).mul(255).round().byte().permute(1, 2, 0).numpy()
+
+
+def show_images(images, nrow: int = 8, title: str = ""):
+    """Show a batch of images (uint8 or [-1, 1]) as one grid."""
+    fig, ax = _figure(figsize=(5, 5))
+    ax.imshow(image_grid(images, nrow))
+    ax.set_title(title, fontsize=10)
+    ax.axis("off")
+    return _display(fig)
+
+
+def show_samples(grids: dict, title: str = ""):
+    """Sample grids side by side, e.g. {'fp32': grid, 'bf16': grid}."""
+    fig, axes = _figure(1, len(grids), figsize=(4 * len(grids), 4.2), squeeze=False)
+    for ax, (name, grid) in zip(axes[0], grids.items()):
+        ax.imshow(grid)
+        ax.set_title(name, fontsize=10)
+        ax.axis("off")
+    fig.suptitle(title)
+    return _display(fig)
+
+
+def comparison_rows(results: dict, baseline: dict) -> list[dict]:
+    """One row per run: speed, speed-up over the baseline, time waiting for data, peak memory, final losses."""
+    rows = []
+    for name, s in results.items():
+        rows.append({"run": name, "images/s": s["images_per_sec"],
+                     "speed-up": s["images_per_sec"] / baseline["images_per_sec"],
+                     "ms/step": s["step_time_ms"], "data wait ms": s["data_wait_ms"],
+                     "peak MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]})
+    return rows
+
+
+def comparison_markdown(rows: list[dict]) -> str:
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["run"], f"{r['images/s']:.0f}", f"{r['speed-up']:.2f}x", f"{r['ms/step']:.1f}",
+                 f"{r['data wait ms']:.2f}", f"{r['peak MB']:.0f}", f"{r['loss D']:.3f}", f"{r['loss G']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per second against the baseline"):
+    fig, ax = _figure(figsize=(7, 0.8 + 0.45 * len(rows)))
+    bars = ax.barh([r["run"] for r in rows][::-1], [r["images/s"] for r in rows][::-1], color="tab:blue")
+    ax.axvline(baseline["images_per_sec"], color="grey", ls="--", label="baseline")
+    for bar, r in zip(bars, rows[::-1]):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['speed-up']:.2f}x", va="center")
+    ax.set_xlim(0, max(r["images/s"] for r in rows) * 1.2)
+    ax.set_xlabel("images / s")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def show_comparison(results: dict, baseline: dict, title: str = "images per second against the baseline"):
+    """A table and a bar chart of runs (name -> History.summary()) against the baseline summary."""
+    from IPython.display import Markdown
+
+    rows = comparison_rows(results, baseline)
+    _display(Markdown(comparison_markdown(rows)))
+    return _display(comparison_chart(rows, baseline, title))
+
+
+def compare_losses(histories: dict, title: str = "losses"):
+    """Loss curves of several runs on shared axes (D solid, G dashed), e.g. {'fp32': history, 'bf16': history}."""
+    fig, axes = _figure(1, 2, figsize=(11, 3.5))
+    for i, (name, h) in enumerate(histories.items()):
+        color = f"C{i}"
+        axes[0].plot(h.column("step"), h.column("loss_d"), color=color, label=f"{name}")
+        axes[1].plot(h.column("step"), h.column("loss_g"), color=color, ls="--", label=f"{name}")
+    for ax, what in zip(axes, ("discriminator loss", "generator loss")):
+        ax.set_title(f"{title}: {what}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _display(fig)
+
+
+def plot_phases(report, title: str = "where one training step's time goes"):
+    """Horizontal bar chart of a ProfileReport's per-phase milliseconds."""
+    fig, ax = _figure(figsize=(7, 3))
+    names = list(report.phases_ms)[::-1]
+    ms = [report.phases_ms[n] for n in names]
+    ax.barh(names, ms, color="tab:orange")
+    for y, v in enumerate(ms):
+        ax.text(v, y, f" {v:.1f} ms ({100 * v / report.step_time_ms:.0f}%)", va="center", fontsize=8)
+    ax.set_xlabel(f"ms per step (step: {report.step_time_ms:.1f} ms on {report.device})")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(0, max(ms) * 1.35 if ms else 1)
+    fig.tight_layout()
+    return _display(fig)

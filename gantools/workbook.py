@@ -1,0 +1,63 @@
+"""What the notebooks share: quick mode (GANTOOLS_QUICK=1, for tests), run sizes, and the results file that lets a
+later notebook compare with the baseline measured in 00_baseline on this machine."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .config import TrainConfig, preset
+from .hardware import machine_info, resolve_device
+
+QUICK = os.environ.get("GANTOOLS_QUICK", "") not in ("", "0")
+# Quick mode: a tiny DCGAN and a handful of steps, so every notebook runs in seconds on a 2-core CPU.
+QUICK_SIZE = dict(nz=16, ngf=8, ndf=8, batch_size=32, steps=12, log_interval=3, sample_interval=6)
+
+
+def real_size() -> dict:
+    """Meaningful runs: DCGAN at 32 px, batch 128; enough steps for digits to appear; more on a GPU."""
+    gpu = resolve_device("auto").type == "cuda"
+    return dict(nz=100, ngf=64, ndf=64, batch_size=128, steps=1500 if gpu else 300, log_interval=25,
+                sample_interval=100 if gpu else 50)
+
+
+def runs_dir() -> Path:
+    """Notebook outputs: runs/ next to the notebooks, runs/quick/ in quick mode (tests never touch real results)."""
+    return Path("runs") / "quick" if QUICK else Path("runs")
+
+
+def workbook_config(name: str = "default", run: str | None = None, **overrides) -> TrainConfig:
+    """A preset sized for the mode (quick or real), writing to runs/<run>. Overrides win."""
+    size = QUICK_SIZE if QUICK else real_size()
+    values = {**size, "out_dir": str(runs_dir() / (run or name)), **overrides}
+    return preset(name, **values)
+
+
+def save_result(name: str, history, cfg: TrainConfig, path=None) -> dict:
+    """Add one run's summary (with its config and machine) to runs/results.json, atomically."""
+    path = Path(path or runs_dir() / "results.json")
+    results = load_results(path)
+    results[name] = {"summary": history.summary(), "config": cfg.to_dict(),
+                     "machine": machine_info(cfg.device), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+    return results[name]
+
+
+def load_results(path=None) -> dict:
+    path = Path(path or runs_dir() / "results.json")
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def baseline(path=None) -> dict:
+    """The baseline summary saved by 00_baseline on this machine; a clear error if that notebook was not run."""
+    results = load_results(path)
+    if "baseline" not in results:
+        raise FileNotFoundError(f"no baseline in {Path(path or runs_dir() / 'results.json')}: run "
+                                "00_baseline.ipynb first (it measures the reference loop on this machine)")
+    return results["baseline"]["summary"]

@@ -1,0 +1,64 @@
+import time
+
+import pytest
+
+import gantools.panel as gp
+from gantools.panel import RUNS, ControlPanel, TECHNIQUES
+
+
+@pytest.fixture
+def panel(tiny):
+    RUNS.clear()
+    gp._ACTIVE.update(thread=None, stop=None, trainer=None)
+    base = {"images_per_sec": 100.0}
+    yield ControlPanel(tiny.replace(dataset="glyphs", steps=4), base)
+    gp.stop_active_run()
+    RUNS.clear()
+
+
+def test_panel_has_a_control_for_every_technique(panel):
+    assert set(panel.controls) == set(TECHNIQUES)
+    assert panel.controls["precision"].options == ("fp32", "fp16", "bf16")
+    assert panel.config() == panel.base
+
+
+def test_run_trains_with_the_controls_and_adds_a_row(panel):
+    history = panel.set(loader="device", precision="bf16").run()
+    assert history[-1]["step"] == 4
+    assert list(RUNS) == ["precision=bf16, loader=device"]  # in the order of the controls
+    assert "1 x" not in panel.status.value and "Done" in panel.status.value
+    assert panel.plot.value[:4] == b"\x89PNG" and len(panel.table.outputs) == 2
+    panel.run()
+    assert len(RUNS) == 2, "a second run with the same settings gets its own row"
+
+
+def test_a_bad_combination_is_reported_not_run(panel):
+    assert panel.set(loader="device", num_workers=2).run() is None
+    assert "Cannot run" in panel.status.value and "DataLoader knobs" in panel.status.value
+    assert not RUNS
+
+
+def test_a_new_panel_stops_the_running_loop(panel, tiny):
+    panel.set(steps=100000, loader="device")
+    panel.run(block=False)
+    deadline = time.time() + 30
+    while gp._ACTIVE["trainer"] is None or gp._ACTIVE["trainer"].step < 2:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    trainer, thread = gp._ACTIVE["trainer"], gp._ACTIVE["thread"]
+    ControlPanel(tiny, {"images_per_sec": 1.0})  # what re-running the widget cell does
+    assert not thread.is_alive() and trainer.step < 100000
+    assert (trainer.out_dir / "checkpoint.pt").is_file(), "the stopped run still wrote its checkpoint"
+
+
+def test_stop_button_ends_the_run_between_steps(panel):
+    panel.set(steps=100000, loader="device")
+    panel.run_button.click()
+    deadline = time.time() + 30
+    while gp._ACTIVE["trainer"] is None or gp._ACTIVE["trainer"].step < 1:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    panel.stop_button.click()
+    gp._ACTIVE["thread"].join(30)
+    assert not gp._ACTIVE["thread"].is_alive()
+    assert "stopped early" in panel.status.value and len(RUNS) == 1
