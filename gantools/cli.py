@@ -42,15 +42,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a GAN (DCGAN on glyphs unless told otherwise)",
                            description="Train a GAN. Flags override the preset; every flag is a TrainConfig field.")
-    train.add_argument("--preset", choices=tuple(PRESETS), default="default",
-                       help="starting config: 'reference' is the PyTorch DCGAN tutorial's loop (default: default)")
+    _add_preset_flag(train)
     train.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
                        help="continue from a checkpoint (default path: <out-dir>/checkpoint.pt); flags given here "
                             "override its config, e.g. --steps to train longer")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_config_flags(train)
+    prof = sub.add_parser("profile", help="profile a few steps and say what to fix next",
+                          description="Profile a config with torch.profiler: per-phase breakdown, op table, trace "
+                                      "for Perfetto, and a verdict (data-, host-overhead-, compute- or "
+                                      "memory-bound) with the fix to try next.")
+    _add_preset_flag(prof)
+    prof.add_argument("--profile-steps", type=int, default=5, help="steps recorded by the profiler (default: 5)")
+    prof.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default: 2)")
+    prof.add_argument("--trace", default=None, help="chrome trace path (default: <out-dir>/trace.json)")
+    _add_config_flags(prof)
     sub.add_parser("info", help="print what this machine is (device, versions, cores) as JSON")
     return parser
+
+
+def _add_preset_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="default",
+                        help="starting config: 'reference' is the PyTorch DCGAN tutorial's loop (default: default)")
 
 
 def main(argv=None) -> int:
@@ -59,9 +72,11 @@ def main(argv=None) -> int:
     if command == "info":
         print(json.dumps(machine_info(), indent=1))
         return 0
-    resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
     if "betas" in args:
         args["betas"] = tuple(args["betas"])
+    if command == "profile":
+        return _profile(args)
+    resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
     callbacks = () if quiet else (ProgressBar(),)
     try:
         if resume is not None:
@@ -80,4 +95,22 @@ def main(argv=None) -> int:
           f"warm-up), {s['step_time_ms']:.1f} ms/step, peak memory {s['peak_mem_mb']:.0f} MB, "
           f"loss_d {s['loss_d']:.3f}, loss_g {s['loss_g']:.3f}. Samples: {trainer.out_dir / 'samples'}, "
           f"checkpoint: {trainer.out_dir / 'checkpoint.pt'}")
+    return 0
+
+
+def _profile(args: dict) -> int:
+    from .profiling import profile
+
+    steps, warmup, trace, name = args.pop("profile_steps"), args.pop("warmup"), args.pop("trace"), args.pop("preset")
+    if steps < 1 or warmup < 0:
+        print("gantools: error: --profile-steps must be >= 1 and --warmup >= 0", file=sys.stderr)
+        return 2
+    try:
+        report = profile(preset(name, **args), steps=steps, warmup=warmup, trace_path=trace)
+    except (ConfigError, DataError, NonFiniteLossError) as e:
+        print(f"gantools: error: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    print(report.table)
+    print(f"trace (open in https://ui.perfetto.dev): {report.trace_path}")
     return 0

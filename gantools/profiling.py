@@ -1,7 +1,24 @@
-"""torch.profiler over a few training steps of any config: where does a step's time go?"""
+"""torch.profiler over a few training steps of any config, and the answer to "what do I fix next?".
+
+The verdict (`Verdict`) is decided by documented thresholds, in this order:
+
+1. **data-bound** when the step waits for its batch for at least `DATA_BOUND` (20%) of the step time.
+   Fix: per-batch normalisation on the device, worker processes, or the device-resident loader (03_data_loading).
+2. **host-overhead-bound** (CUDA only) when the GPU is idle for at least `HOST_BOUND` (40%) of the step: kernel
+   launches and host syncs (`.item()`) leave it waiting. Fix: no per-step syncs, torch.compile with
+   reduce-overhead (CUDA graphs), a larger batch (05_all_together).
+3. Otherwise the device is busy. **compute-bound** when convolutions and matrix multiplies take at least
+   `COMPUTE_SHARE` (50%) of the busy time; fix: 16-bit autocast, channels_last (02_mixed_precision).
+   **memory-bound** when other ops (BatchNorm, activations, copies: bandwidth-limited) dominate; fix:
+   torch.compile to fuse them, channels_last (05_all_together).
+
+On a CPU there is no separate device to sit idle: the verdict rests on waiting for data against computing
+(compute-bound, naming the heaviest ops, whenever the step is not data-bound).
+"""
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,36 +33,93 @@ if not torch.cuda.is_available():  # a CUDA build on a CPU-only machine: kineto'
 
 PHASES = ("data wait", "G forward", "D forward", "D backward", "D optimizer step", "G backward",
           "G optimizer step", "host sync")
+DATA_BOUND = 0.20      # share of the step spent waiting for data
+HOST_BOUND = 0.40      # share of the step the GPU sits idle
+COMPUTE_SHARE = 0.50   # share of busy time in convolutions / matmuls
+COMPUTE_OPS = ("conv", "mm", "gemm", "cudnn", "xmma", "cutlass", "linear", "matmul")
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")  # host waits for GPU
+
+
+@dataclass
+class Verdict:
+    """The bottleneck, the numbers that decided it, what to try and where it is taught, and the most removing
+    the bottleneck could gain (Amdahl: the step minus the bottleneck's share)."""
+
+    bottleneck: str
+    evidence: dict
+    technique: str
+    notebook: str
+    fix: dict
+    estimated_speedup: float | None
+
+    def __str__(self):
+        ev = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.evidence.items())
+        gain = (f"up to {self.estimated_speedup:.2f}x" if self.estimated_speedup
+                else "no estimate (already in 16-bit; measure it)")
+        return (f"verdict: {self.bottleneck}\n  evidence: {ev}\n  try next: {self.technique} "
+                f"(notebook {self.notebook}; config {self.fix})\n"
+                f"  estimated gain if this bottleneck were removed: {gain}")
 
 
 @dataclass
 class ProfileReport:
-    """What one profile found: the op table, milliseconds per step in each phase, and the trace for Perfetto."""
+    """What one profile found. Times are milliseconds per step."""
 
     device: str
     steps: int
-    step_time_ms: float
+    batch_size: int
+    step_time_ms: float            # profiled, host wall time per step
+    unprofiled_step_time_ms: float  # the same config without the profiler, synchronised
     phases_ms: dict = field(default_factory=dict)
+    device_busy_ms: float = 0.0
+    h2d_copy_ms: float = 0.0
+    host_syncs_per_step: float = 0.0
+    top_ops: list = field(default_factory=list)  # (name, ms per step) by self time on the device in use
+    peak_mem_mb: float = 0.0
     table: str = ""
+    cpu_table: str = ""
     trace_path: str | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def images_per_sec(self) -> float:
+        return self.batch_size / (self.unprofiled_step_time_ms / 1e3)
+
+    @property
+    def overhead(self) -> float:
+        """Profiled step time over unprofiled: what the profiler itself costs."""
+        return self.step_time_ms / self.unprofiled_step_time_ms
 
     def __str__(self):
-        lines = [f"{self.steps} profiled steps on {self.device}: {self.step_time_ms:.1f} ms/step"]
+        lines = [f"{self.steps} profiled steps on {self.device}: {self.step_time_ms:.1f} ms/step profiled, "
+                 f"{self.unprofiled_step_time_ms:.1f} ms/step without the profiler "
+                 f"(overhead {self.overhead:.2f}x), {self.images_per_sec:.0f} images/s"]
         lines += [f"  {name:<18} {ms:8.2f} ms  {100 * ms / self.step_time_ms:5.1f}%"
                   for name, ms in self.phases_ms.items()]
+        lines.append(f"  device busy {self.device_busy_ms:.1f} ms, host-to-device copies {self.h2d_copy_ms:.2f} ms,"
+                     f" host syncs {self.host_syncs_per_step:.1f} per step, peak memory {self.peak_mem_mb:.0f} MB")
+        if self.verdict:
+            lines.append(str(self.verdict))
         return "\n".join(lines)
+
+
+def _self_device_ms(event) -> float:
+    return getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)) / 1e3
 
 
 def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_path=None,
             row_limit: int = 15) -> ProfileReport:
-    """Profile `steps` steps of a config (or of a Trainer you built with your own G and D) after `warmup`
-    unrecorded ones. Phases are host (CPU) time inside each labelled range of the step; on CUDA the op table is
-    sorted by time on the GPU."""
-    trainer = cfg if isinstance(cfg, Trainer) else Trainer(cfg.replace(sample_interval=0))
-    device = trainer.device
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    """Profile `steps` steps of a config (or of a Trainer you built with your own G and D). First `warmup`
+    steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed without the profiler (to
+    state its overhead). Phases are host
+    time inside each labelled range; the op table is sorted by self time on the device in use."""
+    trainer = cfg if isinstance(cfg, Trainer) else Trainer(cfg.replace(sample_interval=0, log_interval=steps))
+    device, cfg = trainer.device, trainer.cfg
+    cuda = device.type == "cuda"
+    trainer.fit(warmup)
     trace_path = Path(trace_path or trainer.out_dir / "trace.json")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
     class StepProfiler:
         def on_step_end(self, t):
@@ -54,27 +128,126 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     unlabelled, trainer.label_phase = trainer.label_phase, record_function
     trainer.callbacks.append(stepper := StepProfiler())
     try:
-        with torch.profiler.profile(activities=activities, schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
+        with torch.profiler.profile(activities=activities,
+                                    schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
                                     on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
-            trainer.fit(warmup + steps)
+            trainer.fit(1 + steps)
     finally:
         trainer.callbacks.remove(stepper)
         trainer.label_phase = unlabelled
+
+    # The same number of steps without the profiler, after it (everything is warm by now): its overhead.
+    start, first_record = trainer.step, len(trainer.history)
+    trainer.fit(steps)
+    total_ms, previous = 0.0, start
+    for record in trainer.history.records[first_record:]:  # synced step times, weighted by steps per record
+        total_ms += record["step_time_ms"] * (record["step"] - previous)
+        previous = record["step"]
+    unprofiled_ms = total_ms / steps
+
     averages = prof.key_averages()
     by_name = {e.key: e for e in averages}
-    phases = {name: by_name[name].cpu_time_total / 1e3 / steps for name in PHASES if name in by_name}
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = averages.table(sort_by=sort, row_limit=row_limit)
     step = by_name.get("ProfilerStep*")  # the profiler folds ProfilerStep#N into one row
     step_ms = step.cpu_time_total / 1e3 / step.count if step else float("nan")
-    return ProfileReport(str(device), steps, step_ms, phases, table, str(trace_path))
+    phases = {name: by_name[name].cpu_time_total / 1e3 / steps for name in PHASES if name in by_name}
+    ops = [e for e in averages if not e.key.startswith("ProfilerStep") and e.key not in PHASES]
+    if cuda:
+        kernels = {e.key: _self_device_ms(e) / steps for e in ops if _self_device_ms(e) > 0}
+        busy = sum(ms for name, ms in kernels.items() if not name.startswith("Memcpy"))
+        h2d = sum(ms for name, ms in kernels.items() if name.startswith("Memcpy HtoD"))
+        top = sorted(kernels.items(), key=lambda kv: -kv[1])
+        sort = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
+        table = averages.table(sort_by=sort, row_limit=row_limit)
+    else:  # on a CPU the device is the CPU: busy is the step minus waiting for data
+        busy, h2d = step_ms - phases.get("data wait", 0.0), 0.0
+        top = sorted(((e.key, e.self_cpu_time_total / 1e3 / steps) for e in ops if e.key.startswith("aten::")),
+                     key=lambda kv: -kv[1])
+        table = None
+    cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit)
+    # On a CPU nothing waits for a device, so there are no host syncs to count.
+    syncs = sum(by_name[n].count for n in SYNC_EVENTS if n in by_name) / steps if cuda else 0.0
+    report = ProfileReport(str(device), steps, cfg.batch_size, step_ms, unprofiled_ms, phases, busy, h2d, syncs,
+                           top[:10], trainer.history[-1]["peak_mem_mb"], table or cpu_table, cpu_table,
+                           str(trace_path))
+    report.verdict = diagnose(report, cfg)
+    return report
+
+
+def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
+    """Apply the thresholds in this module's docstring to a report."""
+    step = report.step_time_ms
+    wait = report.phases_ms.get("data wait", 0.0)
+    cuda = report.device.startswith("cuda")
+    if wait / step >= DATA_BOUND:
+        if cfg.transform == "per-sample" and cfg.dataset != "folder":
+            fix = {"transform": "on-device", "num_workers": 0, "persistent_workers": False,
+                   "prefetch_factor": None}
+            technique = "drop per-image PIL transforms: copy uint8 batches and normalise them on the device"
+        elif cfg.num_workers == 0:
+            workers = max(1, min(4, (os.cpu_count() or 2)))
+            fix = {"num_workers": workers, "persistent_workers": True}
+            technique = f"decode in {workers} DataLoader worker processes, kept alive between epochs"
+        else:
+            fix = {"num_workers": cfg.num_workers * 2, "persistent_workers": True}
+            technique = "more DataLoader workers, or a dataset decoded once and held on the device"
+        return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
+                       technique, "03_data_loading", fix, step / max(step - wait, 1e-9))
+    if cuda and 1 - report.device_busy_ms / step >= HOST_BOUND:
+        fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": "reduce-overhead"}
+        return Verdict("host-overhead-bound",
+                       {"GPU busy ms": report.device_busy_ms, "step ms": step,
+                        "GPU idle share": 1 - report.device_busy_ms / step,
+                        "host syncs per step": report.host_syncs_per_step},
+                       "remove per-step host syncs (.item()), then CUDA graphs via torch.compile "
+                       "mode='reduce-overhead', or a larger batch", "05_all_together", fix,
+                       step / max(report.device_busy_ms, 1e-9))
+    compute = sum(ms for name, ms in report.top_ops if any(k in name.lower() for k in COMPUTE_OPS))
+    busy = max(report.device_busy_ms, 1e-9)
+    heaviest = ", ".join(name for name, _ in report.top_ops[:3])
+    evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
+    if compute / busy >= COMPUTE_SHARE or not cuda:  # on a CPU: data against compute only
+        if cfg.precision == "fp32":
+            # 16-bit halves the convolution time at best (measured 1.95x for the whole step on the 2-core CPU);
+            # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too
+            fix = {"precision": "bf16", **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
+            return Verdict("compute-bound", evidence, "bf16 autocast (fp16 + GradScaler on older GPUs)",
+                           "02_mixed_precision", fix, step / max(step - compute / 2, 1e-9))
+        return Verdict("compute-bound", evidence, "channels_last, then torch.compile", "05_all_together",
+                       {"channels_last": True}, None)  # no model of its gain: measure it
+    other = busy - compute
+    return Verdict("memory-bound", evidence, "torch.compile to fuse elementwise ops, channels_last",
+                   "05_all_together", {"compile": "default"}, step / max(step - other / 2, 1e-9))
+
+
+@dataclass
+class Comparison:
+    """Before and after a fix: each phase and the (unprofiled) images per second."""
+
+    before: ProfileReport
+    after: ProfileReport
+
+    @property
+    def speedup(self) -> float:
+        return self.after.images_per_sec / self.before.images_per_sec
+
+    def __str__(self):
+        lines = [f"{'phase':>18}  {'before':>9}  {'after':>9}  (ms per step)"]
+        for name in dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]):
+            lines.append(f"{name:>18}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
+                         f"{self.after.phases_ms.get(name, 0.0):9.2f}")
+        lines.append(f"{'images/s':>18}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
+                     f"-> {self.speedup:.2f}x (measured without the profiler)")
+        return "\n".join(lines)
+
+
+def compare(before: ProfileReport, after: ProfileReport) -> Comparison:
+    """The change in each phase and in images per second after a fix: profile, fix, measure in two lines."""
+    return Comparison(before, after)
 
 
 def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"), repeats: int = 30) -> dict:
     """Median milliseconds of one optimizer step over both DCGAN networks, per implementation. The variants are
     timed interleaved (one step of each, repeated) so a noisy machine disturbs them all alike."""
-    import statistics
-
     from .hardware import Timer, resolve_device
     from .models import build_dcgan
     from .train import make_optimizer

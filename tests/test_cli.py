@@ -63,3 +63,17 @@ def test_python_dash_m_entry_point(tmp_path):
     assert "2 steps on" in result.stdout
     info = subprocess.run([sys.executable, "-m", "gantools", "info"], capture_output=True, text=True, timeout=60)
     assert json.loads(info.stdout)["torch"]
+
+
+def test_profile_prints_verdict_evidence_table_and_trace(tmp_path, capsys):
+    args = ["profile", "--profile-steps", "2", "--warmup", "1", "--out-dir", str(tmp_path), "--loader", "device",
+            *[a for a in TINY if a != "--quiet"]]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "verdict: compute-bound" in out and "evidence:" in out and "try next:" in out
+    assert "Self CPU" in out and (tmp_path / "trace.json").is_file()
+
+
+def test_profile_refuses_bad_step_counts(capsys):
+    assert main(["profile", "--profile-steps", "0"]) == 2
+    assert "--profile-steps" in capsys.readouterr().err

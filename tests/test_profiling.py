@@ -1,32 +1,104 @@
 import json
 
-from gantools import Trainer, preset
-from gantools.profiling import PHASES, profile
+import numpy as np
+import pytest
+from PIL import Image
 
-from conftest import BatchFreeD, BatchFreeG
+from gantools import Trainer, TrainConfig, preset
+from gantools.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, PHASES, ProfileReport, compare, diagnose,
+                                profile, time_optimizer_steps)
+
+from conftest import BatchFreeD, BatchFreeG, cuda_only
 
 
 def test_profile_labels_every_phase_of_the_reference_step(tiny, tmp_path):
     cfg = preset("reference", **{k: getattr(tiny, k) for k in ("nz", "ngf", "ndf", "batch_size", "out_dir")},
                  num_workers=0)
     report = profile(cfg, steps=3, warmup=1, trace_path=tmp_path / "trace.json")
-    assert set(report.phases_ms) == set(PHASES)  # the reference syncs every step: "host sync" shows up
-    assert report.step_time_ms > 0
+    assert set(report.phases_ms) == set(PHASES)  # the reference reads losses every step: "host sync" shows up
+    assert report.step_time_ms > 0 and report.unprofiled_step_time_ms > 0 and report.overhead > 0
     assert sum(report.phases_ms.values()) <= report.step_time_ms * 1.05
-    assert "aten::" in report.table
+    assert "aten::" in report.table and report.top_ops and report.peak_mem_mb > 0
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
-    assert "ms/step" in str(report)
+    text = str(report)
+    assert "overhead" in text and "verdict:" in text and "images/s" in text
 
 
 def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
     trainer = Trainer(tiny, generator=BatchFreeG(), discriminator=BatchFreeD(), dataset=glyphs64)
     report = profile(trainer, steps=2, warmup=1)
     assert "host sync" not in report.phases_ms and report.phases_ms["D backward"] > 0
-    assert trainer.step == 3 and not any(type(c).__name__ == "StepProfiler" for c in trainer.callbacks)
+    assert trainer.step == 1 + 1 + 2 + 2  # warm-up, profiler warm-up, profiled, unprofiled
+    assert not any(type(c).__name__ == "StepProfiler" for c in trainer.callbacks)
+
+
+@pytest.fixture(scope="module")
+def big_images(tmp_path_factory):
+    """Large PNGs: decoding and resizing them per image, in the training process, starves a tiny model."""
+    root = tmp_path_factory.mktemp("big")
+    rng = np.random.default_rng(0)
+    for i in range(48):
+        Image.fromarray(rng.integers(0, 255, (640, 640, 3), dtype=np.uint8)).save(root / f"{i}.png")
+    return root
+
+
+def test_slow_loader_is_data_bound_and_the_recommended_fix_speeds_it_up(tiny, big_images):
+    cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0)
+    before = profile(cfg, steps=6, warmup=1)
+    v = before.verdict
+    assert v.bottleneck == "data-bound" and v.notebook == "03_data_loading"
+    assert v.evidence["data wait share"] >= DATA_BOUND and v.estimated_speedup > 1
+    after = profile(cfg.replace(**v.fix), steps=6, warmup=2)
+    change = compare(before, after)
+    assert change.speedup > 1, str(change)
+    assert after.phases_ms["data wait"] < before.phases_ms["data wait"]
+    assert "images/s" in str(change)
+
+
+def test_in_memory_data_with_a_large_model_is_compute_bound(tmp_path):
+    cfg = TrainConfig(loader="device", ngf=64, ndf=64, batch_size=64, out_dir=str(tmp_path), loss="bce-sigmoid")
+    report = profile(cfg, steps=2, warmup=1)
+    v = report.verdict
+    assert v.bottleneck == "compute-bound" and "conv" in v.evidence["heaviest ops"]
+    assert v.fix == {"precision": "bf16", "loss": "bce"}  # BCELoss is unsafe under autocast: the fix says so
+    cfg.replace(**v.fix).validate()
+
+
+def _report(device="cpu", step=100.0, wait=0.0, busy=None, syncs=0.0, top=(("aten::convolution", 80.0),)):
+    busy = step - wait if busy is None else busy
+    return ProfileReport(device, 5, 64, step, step, {"data wait": wait}, busy, 0.0, syncs, list(top))
+
+
+def test_thresholds_decide_the_verdict():
+    cfg = TrainConfig()
+    assert diagnose(_report(wait=100 * DATA_BOUND + 1), cfg).bottleneck == "data-bound"
+    assert diagnose(_report(wait=100 * DATA_BOUND - 1), cfg).bottleneck == "compute-bound"
+    idle = diagnose(_report("cuda", busy=100 * (1 - HOST_BOUND) - 1, syncs=4), cfg)
+    assert idle.bottleneck == "host-overhead-bound" and idle.fix == {"sync_every_step": False}
+    assert idle.estimated_speedup == pytest.approx(100 / 59)
+    busy = diagnose(_report("cuda", busy=100 * (1 - HOST_BOUND) + 1), cfg)
+    assert busy.bottleneck == "compute-bound"
+    elementwise = (("aten::convolution", 100 * COMPUTE_SHARE - 10), ("aten::native_batch_norm", 60.0))
+    assert diagnose(_report("cuda", busy=100, top=elementwise), cfg).bottleneck == "memory-bound"
+    assert diagnose(_report("cpu", top=elementwise), cfg).bottleneck == "compute-bound"  # CPU: data vs compute
+    per_sample = diagnose(_report(wait=50), cfg.replace(transform="per-sample"))
+    assert per_sample.fix["transform"] == "on-device" and per_sample.estimated_speedup == pytest.approx(2.0)
+
+
+@cuda_only
+def test_small_model_syncing_every_step_is_host_overhead_bound_on_cuda(tiny, glyphs64):
+    cfg = tiny.replace(device="cuda", loader="device", sync_every_step=True, batch_size=8)
+    report = profile(Trainer(cfg, dataset=glyphs64), steps=10, warmup=3)
+    assert report.verdict.bottleneck == "host-overhead-bound", str(report)
+    assert report.host_syncs_per_step >= 4
 
 
 def test_optimizer_step_timing_covers_each_implementation(tiny):
-    from gantools.profiling import time_optimizer_steps
-
     ms = time_optimizer_steps(tiny, repeats=3)
     assert set(ms) == {"for-loop", "foreach", "fused"} and all(v > 0 for v in ms.values())
+
+
+def test_compute_bound_in_16_bit_makes_no_gain_claim():
+    v = diagnose(_report(), TrainConfig(precision="bf16"))
+    assert v.fix == {"channels_last": True} and v.estimated_speedup is None
+    assert "no estimate" in str(v)
