@@ -150,6 +150,7 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.out_dir = Path(cfg.out_dir)
         self._stop_requested = False
+        self._stream = None  # the batch generator, positioned at batches_seen
         self.label_phase = _unlabelled  # profiling swaps in torch.profiler.record_function to label each phase
         self._metric_sum = torch.zeros(len(METRICS), device=dev)
 
@@ -174,7 +175,9 @@ class Trainer:
         end = self.step + steps if steps is not None else cfg.steps
         self._stop_requested = False
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        batches = self._batches()
+        if self._stream is None:  # kept across fit() calls: DataLoader workers are not restarted each time
+            self._stream = self._batches()
+        batches = self._stream
         self._call("on_fit_start")
         hardware.reset_peak_memory(self.device)
         self._interval_start = time.perf_counter()
@@ -213,18 +216,27 @@ class Trainer:
         from PIL import Image
         from torchvision.utils import make_grid
 
-        noise = self.fixed_noise if noise is None else noise.to(self.device)
-        saved = [b.clone() for b in self.generator.buffers()]  # train-mode BatchNorm, as in training, but
-        with self.autocast():                                  # without moving its running statistics
-            images = self.generator(noise).float()
-        for buffer, value in zip(self.generator.buffers(), saved):
-            buffer.copy_(value)
+        images = self._generate(self.fixed_noise if noise is None else noise.to(self.device))
         grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
         self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
         Image.fromarray(self.latest_grid).save(self.out_dir / "samples" / f"step_{self.step:06d}.png")
         self._call("on_sample", self.step, self.latest_grid)
         return self.latest_grid
+
+    @torch.no_grad()
+    def generate(self, n: int, seed: int = 0, batch_size: int = 256) -> torch.Tensor:
+        """n images in [-1, 1] (CPU float), from seeded noise, for quality metrics."""
+        noise = torch.randn(n, self.cfg.nz, generator=torch.Generator().manual_seed(seed))
+        return torch.cat([self._generate(z.to(self.device)).cpu() for z in noise.split(batch_size)])
+
+    def _generate(self, noise: torch.Tensor) -> torch.Tensor:
+        saved = [b.clone() for b in self.generator.buffers()]  # train-mode BatchNorm, as in training, but
+        with self.autocast():                                  # without moving its running statistics
+            images = self.generator(noise).float()
+        for buffer, value in zip(self.generator.buffers(), saved):
+            buffer.copy_(value)
+        return images
 
     def state_dict(self) -> dict:
         rng = {"cpu": torch.get_rng_state()}
@@ -250,6 +262,7 @@ class Trainer:
         self.scaler_g.load_state_dict(state["scaler_g"])
         self.scaler_d.load_state_dict(state["scaler_d"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
+        self._stream = None  # restart the data stream at the restored position
         self.history = History(state["history"])
         torch.set_rng_state(state["rng"]["cpu"])
         if self.device.type == "cuda" and "cuda" in state["rng"]:

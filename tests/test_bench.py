@@ -1,0 +1,42 @@
+import json
+
+import pytest
+
+from gantools import bench
+
+TINY = dict(ngf=8, ndf=8, nz=16, batch_size=32)
+PLAN = dict(warmup_images=32, images_per_repeat=64, repeats=2, quality_images=32 * 40)
+
+
+def test_ladder_rows_are_measured_interleaved_and_saved(tmp_path):
+    order = []
+    result = bench.run("cpu", "cpu", variants=["bf16 autocast", "all together", "max throughput (batch x2)"],
+                       overrides=TINY, plan=PLAN, out_dir=tmp_path, progress=order.append)
+    names = [r["variant"] for r in result["rows"]]
+    assert names == ["reference (tutorial loop)", "bf16 autocast", "all together", "max throughput (batch x2)"]
+    assert order[-2:] == ["repeat 1/2 done", "repeat 2/2 done"]
+    for row in result["rows"]:
+        assert len(row["images_per_sec_runs"]) == 2 and row["images_per_sec"] > 0
+        assert row["spread"][0] <= row["images_per_sec"] <= row["spread"][1] and row["tflops"] > 0
+        assert row["mfu"] is None  # no peak to divide by on a CPU
+    assert result["rows"][0]["speedup"] == 1.0
+    assert result["rows"][3]["batch_size"] == 64 and result["flops_per_image"] > 0
+    table = bench.markdown(result)
+    assert "| reference (tutorial loop) |" in table and "best:" in table and "interleaved" in table
+    bench.save(result, tmp_path / "b.json", tmp_path / "b.png")
+    assert json.loads((tmp_path / "b.json").read_text())["rows"][1]["variant"] == "bf16 autocast"
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_quality_puts_fid_beside_speed_at_an_equal_image_budget(tmp_path):
+    result = bench.run("cpu", "cpu", variants=["max throughput (batch x2)"], quality=True, overrides=TINY,
+                       plan=PLAN, out_dir=tmp_path, quality_samples=512, progress=lambda _: None)
+    ref, fast = result["rows"]
+    assert ref["images_trained"] == fast["images_trained"] == 32 * 40
+    assert ref["fid"] > 0 and fast["fid"] > 0 and "note" in ref  # fewer than 2048 samples is said
+    assert "FID" in bench.markdown(result)
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match="unknown variant"):
+        bench.run("cpu", "cpu", variants=["warp drive"], overrides=TINY, plan=PLAN)

@@ -1,0 +1,56 @@
+"""Sanity of the quality metrics: they must rank what is obviously better as better."""
+import pytest
+import torch
+
+import gantools.metrics as gm
+from gantools import Trainer, TrainConfig, make_dataset
+from gantools.metrics import QualityMeter, class_coverage, load_classifier
+
+
+@pytest.fixture(scope="module")
+def meter():
+    return QualityMeter("glyphs", 32, 1, n=1024)
+
+
+def test_classifier_is_accurate_and_cached(monkeypatch):
+    model, accuracy = load_classifier("glyphs", 32, 1)
+    assert accuracy >= 0.95
+    path = gm._path("glyphs", 32, 1)
+    assert path.is_file() and "test_accuracy" in torch.load(path, weights_only=True)
+    monkeypatch.setattr(torch.optim, "Adam", lambda *a, **k: pytest.fail("the cached classifier was retrained"))
+    assert load_classifier("glyphs", 32, 1)[1] == accuracy
+
+
+def test_real_against_real_scores_near_zero_and_noise_far_worse(meter):
+    other_half = QualityMeter("glyphs", 32, 1, n=1024, offset=1024).real  # disjoint from the meter's real set
+    real = meter.score(other_half)
+    noise = meter.score(torch.rand(1024, 1, 32, 32) * 2 - 1)
+    assert real["fid"] < 0.01 * noise["fid"] and real["kid"] < 0.01 * noise["kid"]
+    assert real["classes_covered"] == 10 and real["class_evenness"] > 0.95
+    assert real["n_samples"] == 1024 and "1024 samples" in real["note"]
+
+
+def test_a_generator_of_one_class_scores_far_worse_and_shows_poor_coverage(meter):
+    ds = make_dataset("glyphs", 32, 1)
+    ones = ds.images[ds.labels == 1][:1024]
+    real = meter.score(QualityMeter("glyphs", 32, 1, n=1024, offset=1024).real)
+    collapsed = meter.score(ones)
+    assert collapsed["fid"] > 20 * real["fid"]
+    assert collapsed["classes_covered"] <= 3 and collapsed["class_evenness"] < 0.5
+
+
+def test_a_few_hundred_steps_of_training_improve_the_score(meter, tmp_path):
+    cfg = TrainConfig(nz=32, ngf=16, ndf=16, batch_size=64, steps=300, log_interval=50, sample_interval=0,
+                      loader="device", precision="bf16", out_dir=str(tmp_path))
+    trainer = Trainer(cfg)
+    untrained = meter.score(trainer.generate(1024))
+    trainer.fit()
+    trained = meter.score(trainer.generate(1024))
+    assert trained["fid"] < 0.8 * untrained["fid"], (untrained["fid"], trained["fid"])  # measured: 850 -> 547
+
+
+def test_coverage_counts_classes_with_a_fair_share():
+    preds = torch.tensor([0] * 50 + [1] * 45 + [2] * 5)
+    cov = class_coverage(preds, 4)
+    assert cov["classes_covered"] == 2 and 0 < cov["class_evenness"] < 1
+    assert class_coverage(torch.arange(10).repeat(10), 10)["class_evenness"] == pytest.approx(1.0)
