@@ -74,6 +74,7 @@ def load_classifier(dataset: str = "glyphs", image_size: int = 32, channels: int
     path = _path(dataset, image_size, channels, root)
     train = make_dataset(dataset, image_size, channels, "train", root)
     classes = int(train.labels.max()) + 1
+    torch.manual_seed(0)  # the same classifier (and feature space) whatever ran before
     model = Classifier(channels, classes)
     if path.is_file():
         try:
@@ -82,7 +83,6 @@ def load_classifier(dataset: str = "glyphs", image_size: int = 32, channels: int
             return model.to(device).eval(), state["test_accuracy"]
         except Exception:  # a damaged cache is retrained, never trusted
             pass
-    torch.manual_seed(0)
     model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=max_steps)

@@ -40,13 +40,13 @@ def test_a_generator_of_one_class_scores_far_worse_and_shows_poor_coverage(meter
 
 
 def test_a_few_hundred_steps_of_training_improve_the_score(meter, tmp_path):
-    cfg = TrainConfig(nz=32, ngf=16, ndf=16, batch_size=64, steps=300, log_interval=50, sample_interval=0,
+    cfg = TrainConfig(nz=32, ngf=32, ndf=32, batch_size=64, steps=300, log_interval=50, sample_interval=0,
                       loader="device", precision="bf16", out_dir=str(tmp_path))
     trainer = Trainer(cfg)
     untrained = meter.score(trainer.generate(1024))
     trainer.fit()
     trained = meter.score(trainer.generate(1024))
-    assert trained["fid"] < 0.8 * untrained["fid"], (untrained["fid"], trained["fid"])  # measured: 850 -> 547
+    assert trained["fid"] < 0.8 * untrained["fid"], (untrained["fid"], trained["fid"])  # measured: 1075 -> 569, 1088 -> 427 (seeds 0, 1)
 
 
 def test_coverage_counts_classes_with_a_fair_share():
