@@ -58,17 +58,16 @@ def ladder(device: torch.device, compile_variants: bool) -> dict:
         together["tf32"] = True
     steps["all together"] = together
     # twice the batch; Adam's learning rate scaled by sqrt(2), the usual rule for adaptive optimizers
-    steps["max throughput (batch x2)"] = {**together, "batch_size": None, "lr_scale": math.sqrt(2)}
+    steps["max throughput (batch x2)"] = {**together, "batch_scale": 2, "lr_scale": math.sqrt(2)}
     return steps
 
 
 def _config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> TrainConfig:
     changes = dict(changes)
-    scale = changes.pop("lr_scale", 1.0)
-    if "batch_size" in changes:
-        changes["batch_size"] = base.batch_size * 2
+    scale, batch_scale = changes.pop("lr_scale", 1.0), changes.pop("batch_scale", 1)
     return base.replace(
-        **{**changes, "lr_g": base.lr_g * scale, "lr_d": base.lr_d * scale, "sample_interval": 0,
+        **{**changes, "batch_size": base.batch_size * batch_scale, "lr_g": base.lr_g * scale,
+           "lr_d": base.lr_d * scale, "sample_interval": 0,
            "out_dir": str(out_dir / name.split(" (")[0].replace(" ", "-").replace("/", "-"))}).validate()
 
 

@@ -16,14 +16,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, damaged, tampered with or not a gantools checkpoint."""
 
 
-def atomic_save(obj, path: str | os.PathLike) -> None:
-    """torch.save to a temp file, fsync, then rename: readers see the old file or the new one, never half."""
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """`write(binary_file)` into a temp file, fsync, then rename: readers see the old file or the new one, never
+    half of either."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -31,6 +32,11 @@ def atomic_save(obj, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_save(obj, path: str | os.PathLike) -> None:
+    """torch.save, atomically."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> None:

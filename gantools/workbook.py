@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
+from .checkpoint import atomic_write
 from .config import TrainConfig, preset
 from .hardware import machine_info, resolve_device
 
@@ -41,11 +41,7 @@ def save_result(name: str, history, cfg: TrainConfig, path=None) -> dict:
     results = load_results(path)
     results[name] = {"summary": history.summary(), "config": cfg.to_dict(),
                      "machine": machine_info(cfg.device), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(json.dumps(results, indent=1).encode()))
     return results[name]
 
 
