@@ -5,12 +5,12 @@ from .data import (DataError, DeviceLoader, HostLoader, ImageFolderDataset, Imag
                    dataset_from_config, load_glyphs, make_dataset, make_loader, render_glyphs)
 from .hardware import Timer, machine_info, resolve_device
 from .models import Discriminator, Generator, build_dcgan, dcgan_init
-from .train import History, NonFiniteLossError, Trainer
+from .train import History, NonFiniteLossError, OutOfMemory, Trainer
 
 __version__ = "0.1.0"
 __all__ = [
     "CheckpointError", "ConfigError", "DataError", "DeviceLoader", "Discriminator", "Generator", "History",
-    "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "NonFiniteLossError", "Timer", "TrainConfig",
+    "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "NonFiniteLossError", "OutOfMemory", "Timer", "TrainConfig",
     "Trainer", "build_dcgan", "data_root", "dataset_from_config", "dcgan_init", "load_checkpoint", "load_glyphs",
     "machine_info", "make_dataset", "make_loader", "preset", "render_glyphs", "resolve_device", "save_checkpoint",
 ]

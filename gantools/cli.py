@@ -13,7 +13,7 @@ from .config import PRESETS, ConfigError, TrainConfig, preset
 from .data import DataError
 from .display import ProgressBar
 from .hardware import machine_info
-from .train import NonFiniteLossError, Trainer
+from .train import NonFiniteLossError, OutOfMemory, Trainer
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quality", action="store_true", help="also train every variant on the same number of "
                                                                "images and report FID, KID and class coverage")
     bench.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                       help="include torch.compile variants (default: on a GPU only; slow to compile on a CPU)")
+                       help="include torch.compile variants (default: wherever it can compile: CUDA, or a CPU with a C++ compiler)")
     bench.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: 5)")
     bench.add_argument("--variants", nargs="+", default=None, help="run only these ladder rows (quote names)")
     bench.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON (default: %(default)s)")
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         else:
             trainer = Trainer(preset(name, **args), callbacks=callbacks)
         history = trainer.fit()
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError) as e:
+    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, OutOfMemory) as e:
         print(f"gantools: error: {e}", file=sys.stderr)
         return 2
     s = history.summary()

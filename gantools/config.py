@@ -18,6 +18,7 @@ OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 LOSSES = ("bce", "hinge", "bce-sigmoid")
 LOADERS = ("dataloader", "device")
+NONFINITE = ("stop", "skip")
 TRANSFORMS = ("on-device", "per-sample")
 IMAGE_SIZES = (28, 32, 64)
 
@@ -87,7 +88,11 @@ class TrainConfig:
     # output
     log_interval: int = _f(25, "steps between loss/speed records (the only host syncs)")
     sample_interval: int = _f(100, "steps between fixed-noise sample grids (0: only at the end)")
-    checkpoint_interval: int = _f(0, "steps between checkpoints (0: only at the end)")
+    checkpoint_interval: int = _f(200, "steps between checkpoints, so a crash loses at most this many "
+                                  "(0: only at the end or on a clean stop)")
+    on_nonfinite: str = _f("stop", "a NaN/inf loss: stop (with the step, network and likely cause), or skip: "
+                           "restore the last good log interval's weights and go on with the next batches", NONFINITE)
+    max_skips: int = _f(3, "with on_nonfinite=skip: non-finite log intervals in a row before the run stops")
     out_dir: str = _f("runs/latest", "where samples, history and checkpoints go")
 
     # -- presets ----------------------------------------------------------------------------
@@ -270,6 +275,7 @@ def _value_problems(c: TrainConfig) -> list[str]:
     at_least("log_interval", 1)
     at_least("sample_interval", 0)
     at_least("checkpoint_interval", 0)
+    at_least("max_skips", 1)
     if not c.out_dir:
         p.append("out_dir is empty: give a folder for samples and checkpoints")
     return p

@@ -156,7 +156,31 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self._crop = T.Compose([T.Resize(image_size), T.CenterCrop(image_size)])
         self._pipeline = _per_sample_transform(image_size, channels) if transform == "per-sample" else None
-        self[0]  # fail now, not inside a worker, if the first image cannot be read
+        self._check_files()
+        self[0]  # fail now, not inside a worker, if the first image cannot be decoded
+
+    def _check_files(self) -> None:
+        """Every file must be an image PIL can parse (PIL's verify: corrupt, truncated PNGs, a text file named
+        .png), and a JPEG must end with its end-of-image marker (verify does not read JPEG data), so bad files are
+        reported now, all of them at once, not from inside a worker mid-run. Far cheaper than decoding them all."""
+        from PIL import Image
+
+        bad = []
+        for path in self.files:
+            try:
+                with Image.open(path) as f:
+                    f.verify()
+                if path.suffix.lower() in (".jpg", ".jpeg"):
+                    with open(path, "rb") as f:
+                        f.seek(max(0, path.stat().st_size - 64))
+                        if b"\xff\xd9" not in f.read():
+                            raise OSError("truncated JPEG: no end-of-image marker")
+            except Exception as e:  # PIL raises many types for broken files
+                bad.append(f"{path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'})")
+        if bad:
+            shown = "\n  ".join(bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
+            raise DataError(f"{len(bad)} of {len(self.files)} files under {self.root} are not readable images:\n  "
+                            f"{shown}\nRemove or replace them, then run again.")
 
     def __len__(self):
         return len(self.files)

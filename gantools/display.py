@@ -136,28 +136,41 @@ def show_samples(grids: dict, title: str = ""):
 
 
 def comparison_rows(results: dict, baseline: dict) -> list[dict]:
-    """One row per run: speed, speed-up over the baseline, time waiting for data, peak memory, final losses."""
+    """One row per run: speed, speed-up over the baseline, time waiting for data, peak memory, final losses, and
+    image quality (FID, classes covered, images trained) for runs scored by metrics.QualityCallback."""
     rows = []
     for name, s in results.items():
-        rows.append({"run": name, "images/s": s["images_per_sec"],
-                     "speed-up": s["images_per_sec"] / baseline["images_per_sec"],
-                     "ms/step": s["step_time_ms"], "data wait ms": s["data_wait_ms"],
-                     "peak MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]})
+        row = {"run": name, "images/s": s["images_per_sec"],
+               "speed-up": s["images_per_sec"] / baseline["images_per_sec"],
+               "ms/step": s["step_time_ms"], "data wait ms": s["data_wait_ms"],
+               "peak MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]}
+        if "fid" in s or "fid" in baseline:
+            row.update({"FID": s.get("fid"), "FID vs baseline": s["fid"] / baseline["fid"]
+                        if "fid" in s and "fid" in baseline else None,
+                        "classes": s.get("classes_covered"), "images trained": s.get("images_trained")})
+        rows.append(row)
     return rows
 
 
+FORMATS = {"images/s": "{:.0f}", "speed-up": "{:.2f}x", "ms/step": "{:.1f}", "data wait ms": "{:.2f}",
+           "peak MB": "{:.0f}", "loss D": "{:.3f}", "loss G": "{:.3f}", "FID": "{:.1f}", "FID vs baseline": "{:.2f}x"}
+
+
 def comparison_markdown(rows: list[dict]) -> str:
-    head = list(rows[0])
+    head = list(dict.fromkeys(k for r in rows for k in r))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["run"], f"{r['images/s']:.0f}", f"{r['speed-up']:.2f}x", f"{r['ms/step']:.1f}",
-                 f"{r['data wait ms']:.2f}", f"{r['peak MB']:.0f}", f"{r['loss D']:.3f}", f"{r['loss G']:.3f}"]
+        cells = ["n/a" if r.get(k) is None else FORMATS.get(k, "{}").format(r[k]) for k in head]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per second against the baseline"):
-    fig, ax = _figure(figsize=(7, 0.8 + 0.45 * len(rows)))
+    """Speed bars against the baseline; beside them, speed against FID when the runs were scored for quality."""
+    scored = [r for r in rows if r.get("FID") is not None]
+    fig, axes = _figure(1, 2 if scored else 1, figsize=(12 if scored else 7, 0.8 + 0.45 * max(len(rows), 6)),
+                        squeeze=False)
+    ax = axes[0][0]
     bars = ax.barh([r["run"] for r in rows][::-1], [r["images/s"] for r in rows][::-1], color="tab:blue")
     ax.axvline(baseline["images_per_sec"], color="grey", ls="--", label="baseline")
     for bar, r in zip(bars, rows[::-1]):
@@ -166,6 +179,17 @@ def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per 
     ax.set_xlabel("images / s")
     ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right")
+    if scored:
+        ax = axes[0][1]
+        for i, r in enumerate(scored):
+            ax.scatter(r["images/s"], r["FID"], color=f"C{i}")
+            ax.annotate(f" {r['run']}", (r["images/s"], r["FID"]), fontsize=8)
+        if "fid" in baseline:
+            ax.scatter(baseline["images_per_sec"], baseline["fid"], color="grey", marker="x", label="baseline")
+            ax.legend(loc="upper right")
+        ax.set_xlabel("images / s (right is faster)")
+        ax.set_ylabel("FID (lower is better)")
+        ax.set_title("speed against image quality", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -3,11 +3,16 @@ real dataset, and per-class mode coverage from the same classifier.
 
 Inception features are the usual choice, but their weights are a download; a classifier trained here in a minute
 on the dataset itself needs nothing from the network and sees exactly the classes the GAN must cover. Its scores
-are comparable between runs on the same dataset and size, not with published Inception FIDs.
+are comparable between runs on the same dataset and size, not with published Inception FIDs. Inception FID is
+offered too (`features="inception"`) when torch-fidelity and its weights file are already on this machine
+(`inception_weights()` says where it looked); nothing is downloaded unless you call `download_inception_weights()`.
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,6 +23,40 @@ from .hardware import resolve_device
 
 CLASSIFIER_VERSION = 1
 MIN_SAMPLES = 2048
+INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's FID Inception (TF port)
+INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
+
+
+class QualityError(RuntimeError):
+    """A quality metric cannot be computed as asked (missing package or weights); the message says how to fix it."""
+
+
+def inception_weights(root=None) -> Path | None:
+    """The local Inception weights file, if any: $GANTOOLS_INCEPTION_WEIGHTS, data/inception/, or torch's hub
+    cache (where torch-fidelity keeps it). Never downloads."""
+    candidates = [os.environ.get("GANTOOLS_INCEPTION_WEIGHTS"), data_root(root) / "inception" / INCEPTION_FILE,
+                  Path(torch.hub.get_dir()) / "checkpoints" / INCEPTION_FILE]
+    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+
+
+def download_inception_weights(root=None) -> Path:
+    """Fetch the Inception weights (about 100 MB, needs internet) into data/inception/. Only ever called by you."""
+    path = data_root(root) / "inception" / INCEPTION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.hub.download_url_to_file(INCEPTION_URL, str(path))
+    return path
+
+
+def _inception_problem(root=None) -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch_fidelity") is None:
+        return "Inception FID needs torch-fidelity: pip install -c constraints.txt -e '.[inception]'"
+    if inception_weights(root) is None:
+        return (f"no Inception weights on this machine (looked in $GANTOOLS_INCEPTION_WEIGHTS, "
+                f"{data_root(root) / 'inception'}, {Path(torch.hub.get_dir()) / 'checkpoints'}); fetch them once with "
+                f"gantools.metrics.download_inception_weights() (needs internet), or copy {INCEPTION_FILE} there")
+    return None
 
 
 class Classifier(nn.Module):
@@ -123,10 +162,18 @@ class QualityMeter:
     Build it once (it holds the real features) and call `score(fake_images)` for each run."""
 
     def __init__(self, dataset: str = "glyphs", image_size: int = 32, channels: int = 1, root=None,
-                 n: int = MIN_SAMPLES, device="auto", split: str = "train", offset: int = 0):
+                 n: int = MIN_SAMPLES, device="auto", split: str = "train", offset: int = 0,
+                 features: str = "classifier"):
         from torchmetrics.image.fid import FrechetInceptionDistance
         from torchmetrics.image.kid import KernelInceptionDistance
 
+        if dataset == "folder":
+            raise QualityError("quality metrics need a labelled dataset (glyphs, mnist, fashion-mnist, cifar10) for "
+                               "the feature classifier; a folder of images has no labels")
+        if features not in ("classifier", "inception"):
+            raise QualityError(f"features={features!r}: choose 'classifier' or 'inception'")
+        if features == "inception" and _inception_problem(root):
+            raise QualityError(_inception_problem(root))
         self.device = resolve_device(device)
         self.classifier, self.classifier_accuracy = load_classifier(dataset, image_size, channels, root,
                                                                     self.device)
@@ -135,15 +182,23 @@ class QualityMeter:
         order = torch.randperm(len(real), generator=torch.Generator().manual_seed(1234))
         self.real = real.images[order[offset:offset + n]]
         self.n = len(self.real)
-        features = ClassifierFeatures(self.classifier)
-        self.fid = FrechetInceptionDistance(feature=features, reset_real_features=False).to(self.device)
-        self.kid = KernelInceptionDistance(feature=features, subsets=50, subset_size=min(1000, self.n // 2),
+        if features == "inception":  # torchmetrics' Inception wants uint8 RGB; it resizes to 299 itself
+            extractor = dict(feature=2048, feature_extractor_weights_path=str(inception_weights(root)))
+            self._to_input = lambda x: _to_uint8_rgb(x, self.device)
+            self.feature_space = "Inception v3 pool3 (2048-d)"
+        else:
+            extractor = dict(feature=ClassifierFeatures(self.classifier))
+            self._to_input = lambda x: prepare_batch(x, self.device)
+            self.feature_space = (f"classifier trained on {dataset} {image_size}px "
+                                  f"(test accuracy {self.classifier_accuracy:.3f})")
+        self.fid = FrechetInceptionDistance(**extractor, reset_real_features=False).to(self.device)
+        kid_extractor = dict(extractor, feature=self.fid.inception) if features == "inception" else extractor
+        kid_extractor.pop("feature_extractor_weights_path", None)
+        self.kid = KernelInceptionDistance(**kid_extractor, subsets=50, subset_size=min(1000, self.n // 2),
                                            reset_real_features=False).to(self.device)
         for x in self.real.split(512):
-            batch = prepare_batch(x, self.device)
-            self.fid.update(batch, real=True)
-            self.kid.update(batch, real=True)
-        self.feature_space = f"classifier trained on {dataset} {image_size}px (test accuracy {self.classifier_accuracy:.3f})"
+            self.fid.update(self._to_input(x), real=True)
+            self.kid.update(self._to_input(x), real=True)
 
     @torch.no_grad()
     def score(self, fake: torch.Tensor) -> dict:
@@ -152,10 +207,9 @@ class QualityMeter:
         self.kid.reset()
         predictions = []
         for x in fake.split(512):
-            batch = prepare_batch(x, self.device)
-            self.fid.update(batch, real=False)
-            self.kid.update(batch, real=False)
-            predictions.append(self.classifier(batch).argmax(1).cpu())
+            self.fid.update(self._to_input(x), real=False)
+            self.kid.update(self._to_input(x), real=False)
+            predictions.append(self.classifier(prepare_batch(x, self.device)).argmax(1).cpu())
         kid_mean, kid_std = self.kid.compute()
         n = len(fake)
         result = {"fid": self.fid.compute().item(), "kid": kid_mean.item(), "kid_std": kid_std.item(),
@@ -164,3 +218,36 @@ class QualityMeter:
         if min(n, self.n) < MIN_SAMPLES:
             result["note"] = f"computed from {min(n, self.n)} samples (< {MIN_SAMPLES}): expect a biased, noisier FID"
         return result
+
+
+def _to_uint8_rgb(x: torch.Tensor, device) -> torch.Tensor:
+    x = x.to(device)
+    if x.is_floating_point():  # [-1, 1] -> [0, 255]
+        x = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+
+
+@functools.lru_cache(maxsize=4)
+def quality_meter(dataset: str = "glyphs", image_size: int = 32, channels: int = 1, root=None, device="auto",
+                  n: int = MIN_SAMPLES) -> QualityMeter:
+    """One shared meter per dataset and size, so notebooks and the widget panel hold the real features once."""
+    return QualityMeter(dataset, image_size, channels, root, n=n, device=device)
+
+
+class QualityCallback:
+    """A Trainer callback: at the end of each fit(), score `n` generated images and put FID, KID and coverage into
+    the run's `History.summary()`, so every comparison shows quality beside speed."""
+
+    def __init__(self, meter: QualityMeter | None = None):
+        self.meter = meter
+
+    def on_fit_start(self, trainer) -> None:  # before any training: a dataset it cannot score fails here
+        cfg = trainer.cfg
+        self.meter = self.meter or quality_meter(cfg.dataset, cfg.image_size, cfg.channels, cfg.data_root,
+                                                 str(trainer.device))
+
+    def on_fit_end(self, trainer) -> None:
+        meter, cfg = self.meter, trainer.cfg
+        score = meter.score(trainer.generate(meter.n))
+        trainer.history.quality = {**{k: v for k, v in score.items() if k != "class_shares"},
+                                   "images_trained": trainer.step * cfg.batch_size}

@@ -8,7 +8,8 @@ from dataclasses import fields
 from .config import ConfigError, TrainConfig
 from .data import DataError
 from .display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, figure_png
-from .train import NonFiniteLossError, Trainer
+from .metrics import QualityCallback, QualityError
+from .train import NonFiniteLossError, OutOfMemory, Trainer
 
 TECHNIQUES = ("precision", "loader", "num_workers", "pin_memory", "persistent_workers", "optimizer",
               "optimizer_impl", "grad_accum_steps", "channels_last", "compile", "batch_size", "steps")
@@ -39,11 +40,11 @@ class ControlPanel:
     """ipywidgets bound to TrainConfig fields, Run and Stop buttons, a progress bar, a live plot and the table of
     runs against the baseline. `run()` is what the Run button does, blocking: notebooks and tests call it."""
 
-    def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES):
+    def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES, quality: bool = True):
         import ipywidgets as W
 
         stop_active_run()
-        self.base, self.baseline = base, baseline
+        self.base, self.baseline, self.quality = base, baseline, quality
         self.controls = {}
         meta = {f.name: f for f in fields(TrainConfig)}
         for name in techniques:
@@ -120,10 +121,11 @@ class ControlPanel:
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.status.value = f"Running <b>{name}</b> ..."
         try:
-            trainer = Trainer(cfg, callbacks=[Progress(), LivePlot(name, widget=self.plot), _StopWhenAsked(stop)])
+            callbacks = [Progress(), LivePlot(name, widget=self.plot), _StopWhenAsked(stop)]
+            trainer = Trainer(cfg, callbacks=callbacks + ([QualityCallback()] if self.quality else []))
             _ACTIVE["trainer"] = trainer
             history = trainer.fit(0 if stop.is_set() else None)
-        except (ConfigError, DataError, NonFiniteLossError) as e:
+        except (ConfigError, DataError, NonFiniteLossError, OutOfMemory, QualityError) as e:
             self.status.value = f"<b style='color:#b00'>Run failed:</b><pre>{e}</pre>"
             return None
         finally:
@@ -134,8 +136,10 @@ class ControlPanel:
             return history
         RUNS[name] = summary
         stopped = " (stopped early)" if trainer.step < cfg.steps else ""
+        quality = f", FID {summary['fid']:.1f}" if "fid" in summary else ""
         self.status.value = (f"Done: <b>{name}</b>{stopped}: {summary['images_per_sec']:.0f} images/s, "
-                             f"{summary['images_per_sec'] / self.baseline['images_per_sec']:.2f}x the baseline.")
+                             f"{summary['images_per_sec'] / self.baseline['images_per_sec']:.2f}x the baseline"
+                             f"{quality}.")
         self._show_table()
         return history
 

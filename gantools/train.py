@@ -19,6 +19,7 @@ import signal
 import statistics
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import hardware
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .data import dataset_from_config, make_loader
 from .models import build_dcgan
@@ -34,8 +35,15 @@ from .models import build_dcgan
 METRICS = ("loss_d", "d_real", "d_fake", "loss_g")  # D's three first: the D step adds them as one slice
 
 
+SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
+
+
 class NonFiniteLossError(FloatingPointError):
     """A loss became NaN or infinite; raised at the next log interval (checking every step would sync)."""
+
+
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory; the message says what to change (batch, accumulation, 16-bit)."""
 
 
 class History:
@@ -43,6 +51,7 @@ class History:
 
     def __init__(self, records=None):
         self.records = list(records or [])
+        self.quality: dict = {}  # FID, KID, coverage at the end of the last fit(), from metrics.QualityCallback
 
     def __len__(self):
         return len(self.records)
@@ -69,10 +78,11 @@ class History:
             "peak_mem_mb": max(r["peak_mem_mb"] for r in self.records),
             "train_time_s": last["train_time_s"],
             **{k: last[k] for k in METRICS},
+            **self.quality,
         }
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps(self.records, indent=1))
+        atomic_write(path, lambda f: f.write(json.dumps(self.records, indent=1).encode()))
 
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -153,6 +163,7 @@ class Trainer:
         self._stream = None  # the batch generator, positioned at batches_seen
         self.label_phase = _unlabelled  # profiling swaps in torch.profiler.record_function to label each phase
         self._metric_sum = torch.zeros(len(METRICS), device=dev)
+        self._skips, self._good_state = 0, None  # on_nonfinite='skip': intervals skipped in a row, the rollback
 
     # -- public API ---------------------------------------------------------------------------------------------
     @classmethod
@@ -179,6 +190,8 @@ class Trainer:
             self._stream = self._batches()
         batches = self._stream
         self._call("on_fit_start")
+        if cfg.on_nonfinite == "skip" and self._good_state is None:
+            self._good_state = self._snapshot()
         hardware.reset_peak_memory(self.device)
         self._interval_start = time.perf_counter()
         self._interval_step, self._interval_wait, self._excluded = self.step, 0.0, 0.0
@@ -189,7 +202,10 @@ class Trainer:
                 with self.label_phase("data wait"):
                     real = next(batches)
                 self._interval_wait += time.perf_counter() - t
-                self._train_step(real)
+                try:
+                    self._train_step(real)
+                except torch.OutOfMemoryError as e:
+                    raise self._out_of_memory(e) from None
                 self.step += 1
                 self.batches_seen += 1
                 self._call("on_step_end")
@@ -219,8 +235,8 @@ class Trainer:
         images = self._generate(self.fixed_noise if noise is None else noise.to(self.device))
         grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
         self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-        (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(self.latest_grid).save(self.out_dir / "samples" / f"step_{self.step:06d}.png")
+        atomic_write(self.out_dir / "samples" / f"step_{self.step:06d}.png",
+                     lambda f: Image.fromarray(self.latest_grid).save(f, format="PNG"))
         self._call("on_sample", self.step, self.latest_grid)
         return self.latest_grid
 
@@ -269,8 +285,11 @@ class Trainer:
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
 
     def save_checkpoint(self, path=None) -> Path:
+        """The whole run state, atomically (the previous checkpoint stays until the new one is complete), and the
+        history beside it, so a crash at any moment leaves a consistent run to resume."""
         path = Path(path) if path else self.out_dir / "checkpoint.pt"
         save_checkpoint(self.state_dict(), path)
+        self.history.save(self.out_dir / "history.json")
         return path
 
     # -- the step -----------------------------------------------------------------------------------------------
@@ -320,8 +339,7 @@ class Trainer:
         with phase("G optimizer step"):
             self.scaler_g.step(self.opt_g)
             self.scaler_g.update()
-        if cfg.freeze_d:
-            self.discriminator.requires_grad_(True)
+        self.discriminator.requires_grad_(True)
 
         if cfg.sync_every_step:  # the tutorial's .item() calls every step: each one waits for the device
             with phase("host sync"):
@@ -351,17 +369,80 @@ class Trainer:
                   "data_wait_ms": 1e3 * self._interval_wait / steps,
                   "peak_mem_mb": hardware.peak_memory_mb(self.device),
                   "train_time_s": self._train_time}
+        for name, scaler in (("d", self.scaler_d), ("g", self.scaler_g)):
+            if scaler.is_enabled():
+                record[f"scale_{name}"] = scaler.get_scale()
         self.history.records.append(record)
+        self._check_scales(record)
         bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
                if not math.isfinite(v)]
         if bad:
-            raise NonFiniteLossError(
-                f"step {self.step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
-                f"loss_g={record['loss_g']}). Likely causes: fp16 overflow (try precision='bf16'), or a learning rate "
-                f"too high (lr_d={self.cfg.lr_d}, lr_g={self.cfg.lr_g}). Resume from the last checkpoint with a "
-                f"fix.")
+            self._non_finite(record, bad)
+        elif self.cfg.on_nonfinite == "skip":
+            self._skips = 0
+            with self._excluded_from_timing():
+                self._good_state = self._snapshot()
         with self._excluded_from_timing(reset=True):
             self._call("on_log", record)
+
+    def _non_finite(self, record: dict, bad: list) -> None:
+        cfg = self.cfg
+        scaled = [n for n in ("d", "g") if record.get(f"scale_{n}", math.inf) < SCALE_COLLAPSE]
+        cause = ("fp16 overflow: the GradScaler scale collapsed (try precision='bf16')" if scaled else
+                 "fp16 overflow (try precision='bf16')" if cfg.precision == "fp16" else
+                 "a learning rate too high for this model and batch")
+        message = (f"step {self.step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
+                   f"loss_g={record['loss_g']}) in the {self.step - self._interval_step} steps since the last log. "
+                   f"Likely cause: {cause}; lr_d={cfg.lr_d}, lr_g={cfg.lr_g}.")
+        self._skips += 1
+        if cfg.on_nonfinite == "stop" or self._skips > cfg.max_skips:
+            if cfg.on_nonfinite == "skip":
+                message += f" Skipping did not help: {self._skips} non-finite intervals in a row (max_skips)."
+            raise NonFiniteLossError(message + " Resume from the last checkpoint with a lower learning rate, "
+                                               "or set on_nonfinite='skip'.")
+        self._restore(self._good_state)  # the last healthy interval's weights; step count and data go on
+        record["skipped"] = True
+        warnings.warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
+                      f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=2)
+
+    _ROLLBACK = ("generator", "discriminator", "opt_g", "opt_d", "scaler_g", "scaler_d")
+
+    def _snapshot(self) -> dict:
+        """A copy of the networks, optimizers and scalers to roll back to (on_nonfinite='skip'), on the device."""
+        import copy
+
+        state = self.state_dict()
+        return {"step": self.step, **copy.deepcopy({k: state[k] for k in self._ROLLBACK})}
+
+    def _restore(self, snapshot: dict) -> None:
+        for key in self._ROLLBACK:
+            getattr(self, key).load_state_dict(snapshot[key])
+
+    def _out_of_memory(self, error: Exception) -> OutOfMemory:
+        cfg = self.cfg
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        tips = [f"a smaller batch_size (now {cfg.batch_size})"]
+        if cfg.batch_size // cfg.grad_accum_steps >= 2:
+            tips.append(f"the same batch in micro-batches: grad_accum_steps={cfg.grad_accum_steps * 2}")
+        if cfg.precision == "fp32":
+            tips.append("precision='bf16' (or 'fp16' on GPUs without bf16): about half the activation memory")
+        where = (f"the last checkpoint is {self.out_dir / 'checkpoint.pt'}" if (self.out_dir / "checkpoint.pt").is_file()
+                 else "no checkpoint was written yet")
+        return OutOfMemory(f"out of {self.device.type} memory at step {self.step + 1} (micro-batch "
+                           f"{cfg.batch_size // cfg.grad_accum_steps}, {cfg.image_size} px, precision {cfg.precision}). "
+                           f"Try {'; or '.join(tips)}. This step was not completed; {where}. "
+                           f"Detail: {str(error).splitlines()[0]}")
+
+    def _check_scales(self, record: dict) -> None:
+        for name in ("d", "g"):
+            scale = record.get(f"scale_{name}")
+            if scale is not None and scale < SCALE_COLLAPSE:
+                record["scale_collapsed"] = True
+                net = "discriminator" if name == "d" else "generator"
+                warnings.warn(f"step {self.step}: the {net}'s fp16 GradScaler scale fell to {scale:.3g}: its "
+                              f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
+                              f"or use precision='bf16'.", stacklevel=3)
 
     @contextlib.contextmanager
     def _excluded_from_timing(self, reset: bool = False):

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from gantools import bench
 
@@ -11,18 +12,20 @@ PLAN = dict(warmup_images=32, images_per_repeat=64, repeats=2, quality_images=32
 def test_ladder_rows_are_measured_interleaved_and_saved(tmp_path):
     order = []
     result = bench.run("cpu", "cpu", variants=["bf16 autocast", "all together", "max throughput (batch x2)"],
-                       overrides=TINY, plan=PLAN, out_dir=tmp_path, progress=order.append)
+                       overrides=TINY, plan=PLAN, out_dir=tmp_path, progress=order.append, compile=False)
     names = [r["variant"] for r in result["rows"]]
     assert names == ["reference (tutorial loop)", "bf16 autocast", "all together", "max throughput (batch x2)"]
     assert order[-2:] == ["repeat 1/2 done", "repeat 2/2 done"]
     for row in result["rows"]:
         assert len(row["images_per_sec_runs"]) == 2 and row["images_per_sec"] > 0
         assert row["spread"][0] <= row["images_per_sec"] <= row["spread"][1] and row["tflops"] > 0
-        assert row["mfu"] is None  # no peak to divide by on a CPU
+        assert row["mfu"] is None  # no published peak to divide by on a CPU
+        assert 0 < row["matmul_share"] == pytest.approx(row["tflops"] * 1e12 / result["measured_matmul_flops"]["bf16"])
     assert result["rows"][0]["speedup"] == 1.0
     assert result["rows"][3]["batch_size"] == 64 and result["flops_per_image"] > 0
     table = bench.markdown(result)
     assert "| reference (tutorial loop) |" in table and "best:" in table and "interleaved" in table
+    assert "target 3.0x: " in table  # the CPU target is checked, met or not
     bench.save(result, tmp_path / "b.json", tmp_path / "b.png")
     assert json.loads((tmp_path / "b.json").read_text())["rows"][1]["variant"] == "bf16 autocast"
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
@@ -30,11 +33,18 @@ def test_ladder_rows_are_measured_interleaved_and_saved(tmp_path):
 
 def test_quality_puts_fid_beside_speed_at_an_equal_image_budget(tmp_path):
     result = bench.run("cpu", "cpu", variants=["max throughput (batch x2)"], quality=True, overrides=TINY,
-                       plan=PLAN, out_dir=tmp_path, quality_samples=512, progress=lambda _: None)
+                       plan=PLAN, out_dir=tmp_path, quality_samples=512, progress=lambda _: None, compile=False)
     ref, fast = result["rows"]
     assert ref["images_trained"] == fast["images_trained"] == 32 * 40
     assert ref["fid"] > 0 and fast["fid"] > 0 and "note" in ref  # fewer than 2048 samples is said
-    assert "FID" in bench.markdown(result)
+    assert "FID" in bench.markdown(result) and "target <= 1.10" in bench.markdown(result)
+
+
+def test_matmul_peak_is_measured_and_the_ladder_adds_compile_where_it_can():
+    assert bench.matmul_peak(torch.device("cpu"), torch.float32, n=256, repeats=2) > 1e8
+    cpu = torch.device("cpu")
+    assert ("torch.compile" in bench.ladder(cpu, True)) and "torch.compile" not in bench.ladder(cpu, False)
+    assert bench.ladder(cpu, True)["all together"]["compile"] == "default"
 
 
 def test_unknown_variant_is_refused():

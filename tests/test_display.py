@@ -4,7 +4,7 @@ import pytest
 
 import gantools.display as gd
 from gantools import Trainer
-from gantools.display import LivePlot, comparison_markdown, comparison_rows, image_grid
+from gantools.display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, image_grid
 
 matplotlib.use("Agg")
 
@@ -65,3 +65,14 @@ def test_comparison_rows_give_speed_up_against_the_baseline():
     rows = comparison_rows({"fast": {**base, "images_per_sec": 250.0}}, base)
     assert rows[0]["speed-up"] == pytest.approx(2.5)
     assert "| fast | 250 | 2.50x |" in comparison_markdown(rows)
+
+
+def test_comparison_shows_quality_beside_speed_when_runs_were_scored():
+    base = {"images_per_sec": 100.0, "step_time_ms": 10, "data_wait_ms": 1, "peak_mem_mb": 5, "loss_d": 1,
+            "loss_g": 2, "fid": 40.0, "classes_covered": 9, "images_trained": 1000}
+    rows = comparison_rows({"fast": {**base, "images_per_sec": 250.0, "fid": 44.0},
+                            "unscored": {k: v for k, v in base.items() if k != "fid"}}, base)
+    assert rows[0]["FID vs baseline"] == pytest.approx(1.1) and rows[1]["FID"] is None
+    table = comparison_markdown(rows)
+    assert "| fast | 250 | 2.50x |" in table and "| 44.0 | 1.10x | 9 | 1000 |" in table and "n/a" in table
+    assert len(comparison_chart(rows, base).axes) == 2  # speed bars and speed against FID

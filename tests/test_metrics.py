@@ -54,3 +54,31 @@ def test_coverage_counts_classes_with_a_fair_share():
     cov = class_coverage(preds, 4)
     assert cov["classes_covered"] == 2 and 0 < cov["class_evenness"] < 1
     assert class_coverage(torch.arange(10).repeat(10), 10)["class_evenness"] == pytest.approx(1.0)
+
+
+def test_inception_is_offered_only_from_local_files_with_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("GANTOOLS_INCEPTION_WEIGHTS", str(tmp_path / "absent.pth"))
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("downloaded silently"))
+    assert gm.inception_weights(tmp_path) is None
+    with pytest.raises(gm.QualityError, match="torch-fidelity|download_inception_weights"):
+        QualityMeter("glyphs", 32, 1, root=tmp_path, features="inception")
+    (tmp_path / "w.pth").write_bytes(b"x")
+    monkeypatch.setenv("GANTOOLS_INCEPTION_WEIGHTS", str(tmp_path / "w.pth"))
+    assert gm.inception_weights(tmp_path) == tmp_path / "w.pth"
+
+
+def test_quality_callback_puts_fid_in_the_summary_and_the_comparison(meter, tmp_path):
+    from gantools.display import comparison_markdown, comparison_rows
+
+    cfg = TrainConfig(nz=16, ngf=8, ndf=8, batch_size=32, steps=4, log_interval=2, sample_interval=0,
+                      loader="device", out_dir=str(tmp_path))
+    summary = Trainer(cfg, callbacks=[gm.QualityCallback(meter)]).fit().summary()
+    assert summary["fid"] > 0 and summary["images_trained"] == 4 * 32 and summary["n_samples"] == 1024
+    rows = comparison_rows({"run": summary}, summary)
+    assert rows[0]["FID vs baseline"] == 1.0 and "| FID |" in comparison_markdown(rows)
+
+
+def test_quality_of_an_unlabelled_folder_is_refused_before_training(tmp_path):
+    with pytest.raises(gm.QualityError, match="labelled"):
+        QualityMeter("folder", 32, 1)

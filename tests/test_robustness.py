@@ -1,0 +1,220 @@
+"""Nothing lost, clear errors: interruptions at many points, non-finite losses, out of memory, bad files,
+two processes sharing a cache."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gantools.checkpoint as ck
+from gantools import (DataError, ImageFolderDataset, NonFiniteLossError, OutOfMemory, Trainer, load_checkpoint,
+                      load_glyphs)
+from gantools.cli import main
+
+from conftest import BatchFreeD, BatchFreeG, weights
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _same_run(a: Trainer, b: Trainer) -> None:
+    for x, y in ((a.generator, b.generator), (a.discriminator, b.discriminator)):
+        wx, wy = weights(x), weights(y)
+        assert all(torch.equal(wx[k], wy[k]) for k in wx)
+    assert a.history.column("loss_g") == b.history.column("loss_g")
+    assert a.history.column("loss_d") == b.history.column("loss_d")
+
+
+class _Boom(KeyboardInterrupt):
+    """A hard interrupt (a second Ctrl-C, a dying kernel) at an exact point."""
+
+
+def _raise_on_call(n):
+    calls = {"n": 0}
+
+    def hook(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise _Boom()
+    return hook
+
+
+@pytest.mark.parametrize("where", ["between D and G step", "inside G's optimizer step", "while writing a checkpoint",
+                                   "while loading a batch", "while saving samples"])
+def test_a_hard_interrupt_anywhere_resumes_to_the_uninterrupted_run(tiny, glyphs64, tmp_path, where, monkeypatch):
+    cfg = tiny.replace(steps=9, log_interval=1, checkpoint_interval=2, sample_interval=3)
+    full = Trainer(cfg.replace(out_dir=str(tmp_path / "full")), dataset=glyphs64)
+    full.fit()
+    run = Trainer(cfg.replace(out_dir=str(tmp_path / "cut")), dataset=glyphs64)
+    if where == "between D and G step":
+        original = run.scaler_d.update
+        hook = _raise_on_call(5)
+        monkeypatch.setattr(run.scaler_d, "update", lambda *a: (original(*a), hook()))
+    elif where == "inside G's optimizer step":
+        original_step = run.opt_g.step
+        hook = _raise_on_call(6)
+        monkeypatch.setattr(run.opt_g, "step", lambda *a, **k: (hook(), original_step(*a, **k)))
+    elif where == "while writing a checkpoint":  # the second checkpoint (step 4) dies before its rename
+        original_replace = os.replace
+        hook = _raise_on_call(2)
+        monkeypatch.setattr(ck.os, "replace", lambda a, b: (hook(), original_replace(a, b)) if
+                            str(b).endswith("checkpoint.pt") else original_replace(a, b))
+    elif where == "while loading a batch":
+        original_iter = type(run.loader).__iter__
+        hook = _raise_on_call(2)
+
+        def interrupted_iter(loader):
+            for i, batch in enumerate(original_iter(loader)):
+                if i == 1:
+                    hook()  # second pass over the loader (second epoch): step 5
+                yield batch
+        monkeypatch.setattr(type(run.loader), "__iter__", interrupted_iter)
+    else:
+        original_sample = run.sample
+        hook = _raise_on_call(2)
+        monkeypatch.setattr(run, "sample", lambda *a: (hook(), original_sample(*a))[1])
+    with pytest.raises(_Boom):
+        run.fit()
+    monkeypatch.undo()
+    cut_at = run.step
+    checkpoint = tmp_path / "cut" / "checkpoint.pt"
+    assert not list(checkpoint.parent.glob("*.tmp")), "a half-written file was left behind"
+    state = load_checkpoint(checkpoint)  # the last complete checkpoint, never a torn one
+    assert state["step"] % 2 == 0 and state["step"] <= cut_at
+    resumed = Trainer.resume(checkpoint, dataset=glyphs64)
+    resumed.fit()
+    _same_run(full, resumed)
+
+
+def _cli(args, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "gantools", "train", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill -9", "ctrl-c"])
+def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
+    args = ["--steps", "150", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8", "--batch-size", "16",
+            "--log-interval", "5", "--checkpoint-interval", "10", "--sample-interval", "0", "--quiet"]
+    full = _cli([*args, "--out-dir", str(tmp_path / "full")])
+    assert full.wait(timeout=300) == 0, full.stderr.read()
+    cut = _cli([*args, "--out-dir", str(tmp_path / "cut")])
+    checkpoint = tmp_path / "cut" / "checkpoint.pt"
+    deadline = time.time() + 120
+    while not checkpoint.is_file() and time.time() < deadline and cut.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    cut.send_signal(sig)
+    code = cut.wait(timeout=60)
+    stopped_at = load_checkpoint(checkpoint)["step"]
+    assert stopped_at < 150, "the run finished before it could be interrupted: make it longer"
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 0)
+    resumed = _cli(["--resume", str(checkpoint), "--steps", "150", "--out-dir", str(tmp_path / "cut"), "--quiet"])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    a, b = load_checkpoint(tmp_path / "full" / "checkpoint.pt"), load_checkpoint(checkpoint)
+    assert b["step"] == 150
+    for net in ("generator", "discriminator"):
+        assert all(torch.equal(a[net][k], b[net][k]) for k in a[net])
+    losses = [{r["step"]: r["loss_g"] for r in run["history"]} for run in (a, b)]
+    boundary = stopped_at - stopped_at % 5  # a clean stop logs a short interval at the step it stopped
+    kept = [s for s in losses[0] if s <= boundary or s >= boundary + 10]
+    assert [losses[0][s] for s in kept] == [losses[1][s] for s in kept] and len(kept) >= len(losses[0]) - 1
+
+
+class FlakyD(BatchFreeD):
+    """Returns NaN on the calls of chosen steps (D runs three times a step: real, fake, and in G's step)."""
+
+    def __init__(self, bad_steps):
+        super().__init__()
+        self.calls, self.bad_steps = 0, set(bad_steps)
+
+    def forward(self, x):
+        self.calls += 1
+        out = super().forward(x)
+        return out * float("nan") if (self.calls - 1) // 3 + 1 in self.bad_steps else out
+
+
+def test_skip_restores_the_last_good_weights_and_goes_on(tiny, glyphs64):
+    trainer = Trainer(tiny.replace(steps=8, log_interval=2, on_nonfinite="skip"), generator=BatchFreeG(),
+                      discriminator=FlakyD(bad_steps=[4]), dataset=glyphs64)
+    with pytest.warns(UserWarning, match=r"step 4: the discriminator and generator loss is not finite.*Skipped: "
+                                         r"restored the weights of step 2"):
+        history = trainer.fit()
+    assert trainer.step == 8 and [r.get("skipped", False) for r in history] == [False, True, False, False]
+    assert all(torch.isfinite(p).all() for p in trainer.discriminator.parameters())
+    assert math.isfinite(history[-1]["loss_d"])
+
+
+def test_skip_gives_up_after_max_skips_and_stop_is_the_default(tiny, glyphs64):
+    trainer = Trainer(tiny.replace(steps=20, log_interval=2, on_nonfinite="skip", max_skips=2),
+                      generator=BatchFreeG(), discriminator=FlakyD(bad_steps=range(3, 100)), dataset=glyphs64)
+    with pytest.warns(UserWarning), pytest.raises(NonFiniteLossError, match="Skipping did not help: 3"):
+        trainer.fit()
+    default = Trainer(tiny, generator=BatchFreeG(), discriminator=FlakyD(bad_steps=[1]), dataset=glyphs64)
+    with pytest.raises(NonFiniteLossError, match="step 2: .*learning rate.*on_nonfinite='skip'"):
+        default.fit()
+
+
+def test_a_collapsing_grad_scaler_is_reported(tiny, glyphs64):
+    trainer = Trainer(tiny.replace(steps=2, log_interval=2), dataset=glyphs64)
+    trainer.scaler_g = torch.amp.GradScaler("cpu", init_scale=2.0 ** -6)  # what fp16 overflows drive it to
+    with pytest.warns(UserWarning, match="generator's fp16 GradScaler scale fell to 0.0156.*bf16"):
+        history = trainer.fit()
+    assert history[-1]["scale_g"] < 1 and history[-1]["scale_collapsed"] and "scale_d" not in history[-1]
+
+
+def test_out_of_memory_is_one_clear_error_with_what_to_change(tiny, glyphs64, monkeypatch, capsys, tmp_path):
+    def oom(self, real):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(Trainer, "_train_step", oom)
+    with pytest.raises(OutOfMemory, match=r"at step 1 .*batch_size \(now 16\).*grad_accum_steps=2.*bf16"):
+        Trainer(tiny, dataset=glyphs64).fit()
+    assert main(["train", "--steps", "2", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8",
+                 "--batch-size", "16", "--out-dir", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gantools: error: out of cpu memory") and "Traceback" not in err
+
+
+def _png(path, size=(40, 30)):
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+
+
+def test_bad_files_anywhere_in_a_folder_are_all_named_before_training(tmp_path):
+    for i in range(4):
+        _png(tmp_path / f"ok{i}.png")
+    _png(tmp_path / "cut.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "cut.png").read_bytes()[:300])  # truncated mid-file
+    _png(tmp_path / "photo.jpg")
+    (tmp_path / "photo.jpg").write_bytes((tmp_path / "photo.jpg").read_bytes()[:-40])  # truncated JPEG
+    (tmp_path / "readme.png").write_text("not an image at all")
+    with pytest.raises(DataError) as e:
+        ImageFolderDataset(tmp_path)
+    message = str(e.value)
+    assert message.startswith("3 of 7 files") and all(n in message for n in ("cut.png", "photo.jpg", "readme.png"))
+    assert "ok0.png" not in message and "Remove or replace" in message
+
+
+def test_two_processes_filling_the_same_cache_at_once_do_not_corrupt_it(tmp_path):
+    code = ("import sys, hashlib; from gantools import load_glyphs; "
+            "x, y = load_glyphs(32, 1, 'test', root=sys.argv[1]); "
+            "print(hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest())")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    digests = {o[0].strip() for o in outs}
+    assert len(digests) == 1
+    x, y = load_glyphs(32, 1, "test", root=tmp_path)  # the cache left behind is whole and the same
+    import hashlib
+    assert hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest() in digests
+    assert not list(tmp_path.rglob("*.tmp"))
