@@ -169,12 +169,15 @@ class ImageFolderDataset(Dataset):
         for path in self.files:
             try:
                 with Image.open(path) as f:
+                    jpeg = f.format == "JPEG"
                     f.verify()
-                if path.suffix.lower() in (".jpg", ".jpeg"):
+                if jpeg:
                     with open(path, "rb") as f:
                         f.seek(max(0, path.stat().st_size - 64))
-                        if b"\xff\xd9" not in f.read():
-                            raise OSError("truncated JPEG: no end-of-image marker")
+                        marker = b"\xff\xd9" in f.read()
+                    if not marker:  # missing end marker: truncated, or trailing data; decoding decides
+                        with Image.open(path) as f:
+                            f.load()
             except Exception as e:  # PIL raises many types for broken files
                 bad.append(f"{path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'})")
         if bad:

@@ -145,8 +145,9 @@ def comparison_rows(results: dict, baseline: dict) -> list[dict]:
                "ms/step": s["step_time_ms"], "data wait ms": s["data_wait_ms"],
                "peak MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]}
         if "fid" in s or "fid" in baseline:
+            same_budget = s.get("images_trained") == baseline.get("images_trained")  # else the ratio misleads
             row.update({"FID": s.get("fid"), "FID vs baseline": s["fid"] / baseline["fid"]
-                        if "fid" in s and "fid" in baseline else None,
+                        if "fid" in s and "fid" in baseline and same_budget else None,
                         "classes": s.get("classes_covered"), "images trained": s.get("images_trained")})
         rows.append(row)
     return rows

@@ -227,27 +227,50 @@ def _to_uint8_rgb(x: torch.Tensor, device) -> torch.Tensor:
     return x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
 
 
-@functools.lru_cache(maxsize=4)
 def quality_meter(dataset: str = "glyphs", image_size: int = 32, channels: int = 1, root=None, device="auto",
                   n: int = MIN_SAMPLES) -> QualityMeter:
-    """One shared meter per dataset and size, so notebooks and the widget panel hold the real features once."""
+    """One shared meter per dataset, size, device and sample count, so notebooks and the widget panel hold the
+    real features once."""
+    return _cached_meter(dataset, image_size, channels, str(data_root(root)), str(resolve_device(device)), n)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_meter(dataset, image_size, channels, root, device, n) -> QualityMeter:
     return QualityMeter(dataset, image_size, channels, root, n=n, device=device)
 
 
 class QualityCallback:
     """A Trainer callback: at the end of each fit(), score `n` generated images and put FID, KID and coverage into
-    the run's `History.summary()`, so every comparison shows quality beside speed."""
+    the run's `History.summary()`, so every comparison shows quality beside speed. It draws no random numbers
+    from the run's generators: a scored run trains exactly as an unscored one."""
 
-    def __init__(self, meter: QualityMeter | None = None):
-        self.meter = meter
+    def __init__(self, meter: QualityMeter | None = None, n: int | None = None):
+        from .workbook import QUICK
 
-    def on_fit_start(self, trainer) -> None:  # before any training: a dataset it cannot score fails here
+        self.meter, self.n = meter, n or (256 if QUICK else MIN_SAMPLES)  # quick mode (tests): fewer samples
+        self.skip_reason = None
+
+    def on_fit_start(self, trainer) -> None:  # before any training: the meter is built (or found) now
         cfg = trainer.cfg
-        self.meter = self.meter or quality_meter(cfg.dataset, cfg.image_size, cfg.channels, cfg.data_root,
-                                                 str(trainer.device))
+        if self.meter is None:
+            try:
+                with torch.random.fork_rng(devices=_rng_devices(trainer.device)):  # classifier training seeds
+                    self.meter = quality_meter(cfg.dataset, cfg.image_size, cfg.channels, cfg.data_root,
+                                               trainer.device, self.n)
+            except QualityError as e:  # e.g. an unlabelled folder: train anyway, say why there is no FID
+                import warnings
+
+                self.skip_reason = str(e)
+                warnings.warn(f"no quality scores for this run: {e}", stacklevel=2)
 
     def on_fit_end(self, trainer) -> None:
-        meter, cfg = self.meter, trainer.cfg
-        score = meter.score(trainer.generate(meter.n))
+        if self.meter is None:
+            return
+        with torch.random.fork_rng(devices=_rng_devices(trainer.device)):  # KID subsets draw random numbers
+            score = self.meter.score(trainer.generate(self.meter.n))
         trainer.history.quality = {**{k: v for k, v in score.items() if k != "class_shares"},
-                                   "images_trained": trainer.step * cfg.batch_size}
+                                   "images_trained": trainer.step * trainer.cfg.batch_size}
+
+
+def _rng_devices(device: torch.device) -> list:
+    return [device] if device.type == "cuda" else []

@@ -189,6 +189,7 @@ class Trainer:
         if self._stream is None:  # kept across fit() calls: DataLoader workers are not restarted each time
             self._stream = self._batches()
         batches = self._stream
+        self.history.quality = {}  # set again by metrics.QualityCallback for this fit
         self._call("on_fit_start")
         if cfg.on_nonfinite == "skip" and self._good_state is None:
             self._good_state = self._snapshot()
@@ -202,10 +203,13 @@ class Trainer:
                 with self.label_phase("data wait"):
                     real = next(batches)
                 self._interval_wait += time.perf_counter() - t
+                oom = None
                 try:
                     self._train_step(real)
                 except torch.OutOfMemoryError as e:
-                    raise self._out_of_memory(e) from None
+                    oom = str(e).splitlines()[0] if str(e) else "out of memory"
+                if oom is not None:  # outside the except block, so the failed step's tensors can be freed
+                    raise self._out_of_memory(oom)
                 self.step += 1
                 self.batches_seen += 1
                 self._call("on_step_end")
@@ -216,7 +220,8 @@ class Trainer:
                         self.sample()
                 if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
                     with self._excluded_from_timing():
-                        self.save_checkpoint()
+                        if self._weights_finite():  # never replace a good checkpoint with NaN weights
+                            self.save_checkpoint()
         if self.step > self._interval_step:
             self._log()
         if self.latest_grid is None or self._stop_requested:
@@ -279,6 +284,7 @@ class Trainer:
         self.scaler_d.load_state_dict(state["scaler_d"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self._stream = None  # restart the data stream at the restored position
+        self._skips, self._good_state = 0, None  # a rollback point belongs to the run it was taken in
         self.history = History(state["history"])
         torch.set_rng_state(state["rng"]["cpu"])
         if self.device.type == "cuda" and "cuda" in state["rng"]:
@@ -326,20 +332,22 @@ class Trainer:
 
         if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
             self.discriminator.requires_grad_(False)
-        self.opt_g.zero_grad(set_to_none=True)
-        for i, (zi, w) in enumerate(zip(zs, weights)):
-            with phase("G forward"):
-                with self.autocast():
-                    fake = fakes[i] if k == 1 else self.g(zi)
-                    out = self.d(fake).float()
-                loss_g = g_loss(cfg.loss, out)
-                self._metric_sum[3] += loss_g.detach() * w
-            with phase("G backward"):
-                self.scaler_g.scale(loss_g * w).backward()
-        with phase("G optimizer step"):
-            self.scaler_g.step(self.opt_g)
-            self.scaler_g.update()
-        self.discriminator.requires_grad_(True)
+        try:
+            self.opt_g.zero_grad(set_to_none=True)
+            for i, (zi, w) in enumerate(zip(zs, weights)):
+                with phase("G forward"):
+                    with self.autocast():
+                        fake = fakes[i] if k == 1 else self.g(zi)
+                        out = self.d(fake).float()
+                    loss_g = g_loss(cfg.loss, out)
+                    self._metric_sum[3] += loss_g.detach() * w
+                with phase("G backward"):
+                    self.scaler_g.scale(loss_g * w).backward()
+            with phase("G optimizer step"):
+                self.scaler_g.step(self.opt_g)
+                self.scaler_g.update()
+        finally:  # also after an exception (out of memory, an interrupt): D must train again next step
+            self.discriminator.requires_grad_(True)
 
         if cfg.sync_every_step:  # the tutorial's .item() calls every step: each one waits for the device
             with phase("host sync"):
@@ -379,9 +387,9 @@ class Trainer:
         if bad:
             self._non_finite(record, bad)
         elif self.cfg.on_nonfinite == "skip":
-            self._skips = 0
             with self._excluded_from_timing():
-                self._good_state = self._snapshot()
+                if self._weights_finite():  # finite average losses can still end in a NaN update
+                    self._skips, self._good_state = 0, self._snapshot()
         with self._excluded_from_timing(reset=True):
             self._call("on_log", record)
 
@@ -395,11 +403,15 @@ class Trainer:
                    f"loss_g={record['loss_g']}) in the {self.step - self._interval_step} steps since the last log. "
                    f"Likely cause: {cause}; lr_d={cfg.lr_d}, lr_g={cfg.lr_g}.")
         self._skips += 1
-        if cfg.on_nonfinite == "stop" or self._skips > cfg.max_skips:
-            if cfg.on_nonfinite == "skip":
-                message += f" Skipping did not help: {self._skips} non-finite intervals in a row (max_skips)."
+        if cfg.on_nonfinite == "stop":
             raise NonFiniteLossError(message + " Resume from the last checkpoint with a lower learning rate, "
                                                "or set on_nonfinite='skip'.")
+        if self._skips > cfg.max_skips:
+            self._restore(self._good_state)  # leave the trainer holding finite weights
+            raise NonFiniteLossError(message + f" Skipping did not help: {self._skips} non-finite intervals in a "
+                                     f"row (max_skips={cfg.max_skips}); the weights of step "
+                                     f"{self._good_state['step']} were restored. Lower the learning rate and resume "
+                                     f"from the last checkpoint.")
         self._restore(self._good_state)  # the last healthy interval's weights; step count and data go on
         record["skipped"] = True
         warnings.warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
@@ -415,15 +427,27 @@ class Trainer:
         return {"step": self.step, **copy.deepcopy({k: state[k] for k in self._ROLLBACK})}
 
     def _restore(self, snapshot: dict) -> None:
-        for key in self._ROLLBACK:
-            getattr(self, key).load_state_dict(snapshot[key])
+        import copy
 
-    def _out_of_memory(self, error: Exception) -> OutOfMemory:
+        for key in self._ROLLBACK:  # a copy: optimizers keep the tensors they are given, and would alter these
+            getattr(self, key).load_state_dict(copy.deepcopy(snapshot[key]))
+
+    def _weights_finite(self) -> bool:
+        params = [p for m in (self.generator, self.discriminator) for p in m.parameters()]
+        return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one sync
+
+    def _out_of_memory(self, detail: str) -> OutOfMemory:
+        import gc
+
         cfg = self.cfg
+        self.opt_d.zero_grad(set_to_none=True)
+        self.opt_g.zero_grad(set_to_none=True)
+        self._metric_sum.zero_()
+        gc.collect()
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # so the notebook can run again with a smaller batch
         tips = [f"a smaller batch_size (now {cfg.batch_size})"]
-        if cfg.batch_size // cfg.grad_accum_steps >= 2:
+        if cfg.batch_size % (cfg.grad_accum_steps * 2) == 0:
             tips.append(f"the same batch in micro-batches: grad_accum_steps={cfg.grad_accum_steps * 2}")
         if cfg.precision == "fp32":
             tips.append("precision='bf16' (or 'fp16' on GPUs without bf16): about half the activation memory")
@@ -432,7 +456,7 @@ class Trainer:
         return OutOfMemory(f"out of {self.device.type} memory at step {self.step + 1} (micro-batch "
                            f"{cfg.batch_size // cfg.grad_accum_steps}, {cfg.image_size} px, precision {cfg.precision}). "
                            f"Try {'; or '.join(tips)}. This step was not completed; {where}. "
-                           f"Detail: {str(error).splitlines()[0]}")
+                           f"Detail: {detail}")
 
     def _check_scales(self, record: dict) -> None:
         for name in ("d", "g"):

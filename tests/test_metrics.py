@@ -82,3 +82,31 @@ def test_quality_callback_puts_fid_in_the_summary_and_the_comparison(meter, tmp_
 def test_quality_of_an_unlabelled_folder_is_refused_before_training(tmp_path):
     with pytest.raises(gm.QualityError, match="labelled"):
         QualityMeter("folder", 32, 1)
+
+
+def test_scoring_a_run_does_not_change_its_training(meter, tmp_path):
+    cfg = TrainConfig(nz=16, ngf=8, ndf=8, batch_size=32, steps=8, log_interval=2, sample_interval=0,
+                      loader="device", out_dir=str(tmp_path))
+    runs = []
+    for callbacks in ([], [gm.QualityCallback(meter)]):  # one after the other: they share torch's global RNG
+        trainer = Trainer(cfg, callbacks=callbacks)
+        trainer.fit(4)
+        trainer.fit(4)  # the score after the first fit must not shift the second's noise
+        runs.append(trainer)
+    plain, scored = runs
+    assert plain.history.column("loss_g") == scored.history.column("loss_g")
+    assert "fid" in scored.history.summary() and "fid" not in plain.history.summary()
+
+
+def test_quality_callback_on_a_folder_trains_and_says_why_there_is_no_fid(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    for i in range(40):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    cfg = TrainConfig(dataset="folder", data_path=str(tmp_path), nz=8, ngf=8, ndf=8, batch_size=16, steps=2,
+                      log_interval=1, sample_interval=0, out_dir=str(tmp_path / "run"))
+    callback = gm.QualityCallback()
+    with pytest.warns(UserWarning, match="no quality scores.*labelled"):
+        summary = Trainer(cfg, callbacks=[callback]).fit().summary()
+    assert summary["steps"] == 2 and "fid" not in summary and "labelled" in callback.skip_reason

@@ -109,6 +109,7 @@ def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
     while not checkpoint.is_file() and time.time() < deadline and cut.poll() is None:
         time.sleep(0.01)
     time.sleep(0.05)
+    assert checkpoint.is_file() and cut.poll() is None, "the run ended or wrote no checkpoint before the interrupt"
     cut.send_signal(sig)
     code = cut.wait(timeout=60)
     stopped_at = load_checkpoint(checkpoint)["step"]
@@ -127,7 +128,8 @@ def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
 
 
 class FlakyD(BatchFreeD):
-    """Returns NaN on the calls of chosen steps (D runs three times a step: real, fake, and in G's step)."""
+    """Returns NaN on the calls of chosen steps (D runs three times a step: real, fake, and in G's step).
+    Reset `calls` after building the Trainer: its shape check calls D once."""
 
     def __init__(self, bad_steps):
         super().__init__()
@@ -139,25 +141,55 @@ class FlakyD(BatchFreeD):
         return out * float("nan") if (self.calls - 1) // 3 + 1 in self.bad_steps else out
 
 
+def _flaky(cfg, glyphs64, bad_steps):
+    trainer = Trainer(cfg, generator=BatchFreeG(), discriminator=FlakyD(bad_steps), dataset=glyphs64)
+    trainer.discriminator.calls = 0
+    return trainer
+
+
+def _finite(trainer):
+    tensors = [*trainer.generator.parameters(), *trainer.discriminator.parameters()]
+    tensors += [v for opt in (trainer.opt_g, trainer.opt_d) for st in opt.state.values() for v in st.values()
+                if torch.is_tensor(v)]
+    return all(torch.isfinite(t).all() for t in tensors)
+
+
 def test_skip_restores_the_last_good_weights_and_goes_on(tiny, glyphs64):
-    trainer = Trainer(tiny.replace(steps=8, log_interval=2, on_nonfinite="skip"), generator=BatchFreeG(),
-                      discriminator=FlakyD(bad_steps=[4]), dataset=glyphs64)
+    trainer = _flaky(tiny.replace(steps=8, log_interval=2, on_nonfinite="skip"), glyphs64, bad_steps=[4])
     with pytest.warns(UserWarning, match=r"step 4: the discriminator and generator loss is not finite.*Skipped: "
                                          r"restored the weights of step 2"):
         history = trainer.fit()
     assert trainer.step == 8 and [r.get("skipped", False) for r in history] == [False, True, False, False]
-    assert all(torch.isfinite(p).all() for p in trainer.discriminator.parameters())
-    assert math.isfinite(history[-1]["loss_d"])
+    assert _finite(trainer) and math.isfinite(history[-1]["loss_d"])
+
+
+def test_several_skips_in_a_row_still_recover(tiny, glyphs64):
+    trainer = _flaky(tiny.replace(steps=14, log_interval=2, on_nonfinite="skip", max_skips=3), glyphs64,
+                     bad_steps=[3, 4, 5, 6, 7, 8])  # three bad intervals in a row, then healthy again
+    with pytest.warns(UserWarning, match="3 of 3 skips in a row"):
+        history = trainer.fit()
+    assert [r.get("skipped", False) for r in history] == [False, True, True, True, False, False, False]
+    assert _finite(trainer) and math.isfinite(history[-1]["loss_g"])
 
 
 def test_skip_gives_up_after_max_skips_and_stop_is_the_default(tiny, glyphs64):
-    trainer = Trainer(tiny.replace(steps=20, log_interval=2, on_nonfinite="skip", max_skips=2),
-                      generator=BatchFreeG(), discriminator=FlakyD(bad_steps=range(3, 100)), dataset=glyphs64)
-    with pytest.warns(UserWarning), pytest.raises(NonFiniteLossError, match="Skipping did not help: 3"):
+    trainer = _flaky(tiny.replace(steps=20, log_interval=2, on_nonfinite="skip", max_skips=2), glyphs64,
+                     bad_steps=range(3, 100))
+    with pytest.warns(UserWarning), pytest.raises(NonFiniteLossError, match="Skipping did not help: 3 .*step 2 "
+                                                                          "were restored"):
         trainer.fit()
-    default = Trainer(tiny, generator=BatchFreeG(), discriminator=FlakyD(bad_steps=[1]), dataset=glyphs64)
+    assert _finite(trainer)  # left holding the last good weights
+    default = _flaky(tiny, glyphs64, bad_steps=[1])
     with pytest.raises(NonFiniteLossError, match="step 2: .*learning rate.*on_nonfinite='skip'"):
         default.fit()
+
+
+def test_a_nan_update_never_replaces_a_good_checkpoint(tiny, glyphs64):
+    trainer = _flaky(tiny.replace(steps=8, log_interval=4, checkpoint_interval=2), glyphs64, bad_steps=[3])
+    with pytest.raises(NonFiniteLossError, match="step 4"):
+        trainer.fit()
+    state = load_checkpoint(trainer.out_dir / "checkpoint.pt")  # step 4's weights were NaN: step 2's stays
+    assert state["step"] == 2 and all(torch.isfinite(v).all() for v in state["discriminator"].values())
 
 
 def test_a_collapsing_grad_scaler_is_reported(tiny, glyphs64):
@@ -172,9 +204,23 @@ def test_out_of_memory_is_one_clear_error_with_what_to_change(tiny, glyphs64, mo
     def oom(self, real):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(Trainer, "_train_step", oom)
+    real_step = Trainer._train_step
+
+    def oom_in_g_step(self, real):  # D has stepped and is frozen for G's step when memory runs out
+        original = self.scaler_g.scale
+        self.scaler_g.scale = lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory."))
+        try:
+            real_step(self, real)
+        finally:
+            self.scaler_g.scale = original
+
+    monkeypatch.setattr(Trainer, "_train_step", oom_in_g_step)
+    trainer = Trainer(tiny, dataset=glyphs64)
     with pytest.raises(OutOfMemory, match=r"at step 1 .*batch_size \(now 16\).*grad_accum_steps=2.*bf16"):
-        Trainer(tiny, dataset=glyphs64).fit()
+        trainer.fit()
+    assert all(p.requires_grad for p in trainer.discriminator.parameters())  # D trains again after the error
+    assert all(p.grad is None for p in trainer.generator.parameters())  # the half step's gradients are freed
+    monkeypatch.setattr(Trainer, "_train_step", oom)
     assert main(["train", "--steps", "2", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8",
                  "--batch-size", "16", "--out-dir", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err
