@@ -139,12 +139,13 @@ def comparison_rows(results: dict, baseline: dict) -> list[dict]:
     """One row per run: speed, speed-up over the baseline, time waiting for data, peak memory, final losses, and
     image quality (FID, classes covered, images trained) for runs scored by metrics.QualityCallback."""
     rows = []
+    scored = any("fid" in s for s in results.values())  # quality columns only when some run was scored
     for name, s in results.items():
         row = {"run": name, "images/s": s["images_per_sec"],
                "speed-up": s["images_per_sec"] / baseline["images_per_sec"],
                "ms/step": s["step_time_ms"], "data wait ms": s["data_wait_ms"],
                "peak MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]}
-        if "fid" in s or "fid" in baseline:
+        if scored:
             same_budget = s.get("images_trained") == baseline.get("images_trained")  # else the ratio misleads
             row.update({"FID": s.get("fid"), "FID vs baseline": s["fid"] / baseline["fid"]
                         if "fid" in s and "fid" in baseline and same_budget else None,

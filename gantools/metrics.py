@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -194,8 +195,10 @@ class QualityMeter:
         self.fid = FrechetInceptionDistance(**extractor, reset_real_features=False).to(self.device)
         kid_extractor = dict(extractor, feature=self.fid.inception) if features == "inception" else extractor
         kid_extractor.pop("feature_extractor_weights_path", None)
-        self.kid = KernelInceptionDistance(**kid_extractor, subsets=50, subset_size=min(1000, self.n // 2),
-                                           reset_real_features=False).to(self.device)
+        with warnings.catch_warnings():  # "will save all extracted features": 2048 x 128 floats here, by design
+            warnings.filterwarnings("ignore", message=".*will save all extracted features")
+            self.kid = KernelInceptionDistance(**kid_extractor, subsets=50, subset_size=min(1000, self.n // 2),
+                                               reset_real_features=False).to(self.device)
         for x in self.real.split(512):
             self.fid.update(self._to_input(x), real=True)
             self.kid.update(self._to_input(x), real=True)
@@ -258,8 +261,6 @@ class QualityCallback:
                     self.meter = quality_meter(cfg.dataset, cfg.image_size, cfg.channels, cfg.data_root,
                                                trainer.device, self.n)
             except QualityError as e:  # e.g. an unlabelled folder: train anyway, say why there is no FID
-                import warnings
-
                 self.skip_reason = str(e)
                 warnings.warn(f"no quality scores for this run: {e}", stacklevel=2)
 

@@ -76,3 +76,5 @@ def test_comparison_shows_quality_beside_speed_when_runs_were_scored():
     table = comparison_markdown(rows)
     assert "| fast | 250 | 2.50x |" in table and "| 44.0 | 1.10x | 9 | 1000 |" in table and "n/a" in table
     assert len(comparison_chart(rows, base).axes) == 2  # speed bars and speed against FID
+    unscored = comparison_rows({"fast": {k: v for k, v in base.items() if k != "fid"}}, base)
+    assert "FID" not in unscored[0]  # a scored baseline alone adds no empty quality columns
