@@ -167,16 +167,15 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
                    mfu=statistics.median(runs) * flops / peak if peak else None,
                    matmul_share=statistics.median(runs) * flops / max(measured.values()))
     if quality:  # same image budget for every variant, then FID/KID/coverage
-        from .metrics import QualityMeter
+        from .metrics import QualityCallback, QualityMeter
 
         meter = QualityMeter(base.dataset, base.image_size, base.channels, n=quality_samples, device=dev)
         progress(f"training every variant to {plan['quality_images']} images for FID ...")
         for name, (trainer, _) in trainers.items():
             seen = trainer.step * trainer.cfg.batch_size
-            extra = max(0, plan["quality_images"] - seen) // trainer.cfg.batch_size
-            trainer.fit(extra)
-            rows[name].update(meter.score(trainer.generate(quality_samples)))
-            rows[name]["images_trained"] = trainer.step * trainer.cfg.batch_size
+            trainer.callbacks.append(QualityCallback(meter))
+            trainer.fit(max(0, plan["quality_images"] - seen) // trainer.cfg.batch_size)
+            rows[name].update(trainer.history.quality)
             progress(f"quality of {name}: FID {rows[name]['fid']:.2f}")
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "plan": plan,
             "flops_per_image": flops, "peak_bf16_flops": peak, "measured_matmul_flops": measured,
@@ -194,7 +193,7 @@ def markdown(result: dict) -> str:
     lines = [f"{m['device_name']} ({m['device']}), torch {m['torch']}, {result['date']}, preset {result['size']}: "
              f"DCGAN {result['config']['image_size']} px, {result['config']['channels']} ch, "
              f"{result['config']['dataset']}, batch {result['config']['batch_size']}, median of "
-             f"{result['plan']['repeats']} interleaved repeats. A 2048x2048 matmul runs here at "
+             f"{result['plan']['repeats']} interleaved repeats. A large square matmul runs here at "
              f"{result['measured_matmul_flops']['fp32'] / 1e12:.2f} TFLOP/s in fp32 and "
              f"{result['measured_matmul_flops']['bf16'] / 1e12:.2f} in bf16 (\"of matmul peak\": a row's TFLOP/s "
              f"against the faster of the two); MFU is against the GPU's published bf16 dense peak.", "",

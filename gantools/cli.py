@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quality", action="store_true", help="also train every variant on the same number of "
                                                                "images and report FID, KID and class coverage")
     bench.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                       help="include torch.compile variants (default: wherever it can compile: CUDA, or a CPU with a C++ compiler)")
+                       help="include torch.compile variants (default: wherever it can compile: CUDA, or a CPU "
+                            "with a C++ compiler)")
     bench.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: 5)")
     bench.add_argument("--variants", nargs="+", default=None, help="run only these ladder rows (quote names)")
     bench.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON (default: %(default)s)")

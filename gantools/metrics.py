@@ -173,8 +173,9 @@ class QualityMeter:
                                "the feature classifier; a folder of images has no labels")
         if features not in ("classifier", "inception"):
             raise QualityError(f"features={features!r}: choose 'classifier' or 'inception'")
-        if features == "inception" and _inception_problem(root):
-            raise QualityError(_inception_problem(root))
+        problem = _inception_problem(root) if features == "inception" else None
+        if problem:
+            raise QualityError(problem)
         self.device = resolve_device(device)
         self.classifier, self.classifier_accuracy = load_classifier(dataset, image_size, channels, root,
                                                                     self.device)
@@ -193,11 +194,10 @@ class QualityMeter:
             self.feature_space = (f"classifier trained on {dataset} {image_size}px "
                                   f"(test accuracy {self.classifier_accuracy:.3f})")
         self.fid = FrechetInceptionDistance(**extractor, reset_real_features=False).to(self.device)
-        kid_extractor = dict(extractor, feature=self.fid.inception) if features == "inception" else extractor
-        kid_extractor.pop("feature_extractor_weights_path", None)
         with warnings.catch_warnings():  # "will save all extracted features": 2048 x 128 floats here, by design
             warnings.filterwarnings("ignore", message=".*will save all extracted features")
-            self.kid = KernelInceptionDistance(**kid_extractor, subsets=50, subset_size=min(1000, self.n // 2),
+            self.kid = KernelInceptionDistance(feature=self.fid.inception, subsets=50,  # FID's extractor, shared
+                                               subset_size=min(1000, self.n // 2),
                                                reset_real_features=False).to(self.device)
         for x in self.real.split(512):
             self.fid.update(self._to_input(x), real=True)

@@ -8,7 +8,7 @@ from dataclasses import fields
 from .config import ConfigError, TrainConfig
 from .data import DataError
 from .display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, figure_png
-from .metrics import QualityCallback, QualityError
+from .metrics import QualityCallback
 from .train import NonFiniteLossError, OutOfMemory, Trainer
 
 TECHNIQUES = ("precision", "loader", "num_workers", "pin_memory", "persistent_workers", "optimizer",
@@ -125,7 +125,7 @@ class ControlPanel:
             trainer = Trainer(cfg, callbacks=callbacks + ([QualityCallback()] if self.quality else []))
             _ACTIVE["trainer"] = trainer
             history = trainer.fit(0 if stop.is_set() else None)
-        except (ConfigError, DataError, NonFiniteLossError, OutOfMemory, QualityError) as e:
+        except (ConfigError, DataError, NonFiniteLossError, OutOfMemory) as e:
             self.status.value = f"<b style='color:#b00'>Run failed:</b><pre>{e}</pre>"
             return None
         finally:

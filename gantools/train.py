@@ -13,6 +13,7 @@ model without batch statistics (BatchNorm sees k smaller batches: the notebook o
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import signal
@@ -402,17 +403,16 @@ class Trainer:
         message = (f"step {self.step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
                    f"loss_g={record['loss_g']}) in the {self.step - self._interval_step} steps since the last log. "
                    f"Likely cause: {cause}; lr_d={cfg.lr_d}, lr_g={cfg.lr_g}.")
-        self._skips += 1
         if cfg.on_nonfinite == "stop":
             raise NonFiniteLossError(message + " Resume from the last checkpoint with a lower learning rate, "
                                                "or set on_nonfinite='skip'.")
+        self._skips += 1
+        self._restore(self._good_state)  # the last healthy interval's weights; step count and data go on
         if self._skips > cfg.max_skips:
-            self._restore(self._good_state)  # leave the trainer holding finite weights
             raise NonFiniteLossError(message + f" Skipping did not help: {self._skips} non-finite intervals in a "
                                      f"row (max_skips={cfg.max_skips}); the weights of step "
                                      f"{self._good_state['step']} were restored. Lower the learning rate and resume "
                                      f"from the last checkpoint.")
-        self._restore(self._good_state)  # the last healthy interval's weights; step count and data go on
         record["skipped"] = True
         warnings.warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
                       f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=2)
@@ -421,14 +421,9 @@ class Trainer:
 
     def _snapshot(self) -> dict:
         """A copy of the networks, optimizers and scalers to roll back to (on_nonfinite='skip'), on the device."""
-        import copy
-
-        state = self.state_dict()
-        return {"step": self.step, **copy.deepcopy({k: state[k] for k in self._ROLLBACK})}
+        return {"step": self.step, **copy.deepcopy({k: getattr(self, k).state_dict() for k in self._ROLLBACK})}
 
     def _restore(self, snapshot: dict) -> None:
-        import copy
-
         for key in self._ROLLBACK:  # a copy: optimizers keep the tensors they are given, and would alter these
             getattr(self, key).load_state_dict(copy.deepcopy(snapshot[key]))
 
