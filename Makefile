@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test setup clean
+.PHONY: lab test test-browser setup chromium clean
 
 # Create .venv if missing, then install the project with pinned versions.
 # Re-runs only when pyproject.toml or constraints.txt change.
@@ -21,8 +21,30 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
-test: setup
+# The browser test drives a system Chromium (Playwright's own download needs the internet). Install Debian's
+# package when none is found and we are root or have password-less sudo; otherwise say so (the test then skips).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
+chromium:
+	@if [ -n "$$GANTOOLS_CHROMIUM" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+	    || command -v google-chrome >/dev/null; then exit 0; fi; \
+	if command -v apt-get >/dev/null && { [ -z "$(SUDO)" ] || sudo -n true 2>/dev/null; }; then \
+	    echo "Installing Chromium for the browser test (apt-get install chromium) ..."; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    $(SUDO) apt-get install -y -qq chromium >/dev/null 2>&1 \
+	    || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; } \
+	    || echo "Could not install Chromium: tests/test_browser.py will be skipped."; \
+	else \
+	    echo "No Chromium here and no root, sudo or apt-get to install it: tests/test_browser.py will be skipped."; \
+	    echo "Install Chromium yourself (e.g. sudo apt-get install chromium) or set GANTOOLS_CHROMIUM=/path/to/chrome."; \
+	fi
+
+# Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium).
+test: setup chromium
 	$(PY) -m pytest -q
 
+# Only the browser test: each notebook run in JupyterLab, the widget panel clicked; screenshots in artifacts/browser/.
+test-browser: setup chromium
+	$(PY) -m pytest -q -m browser tests/test_browser.py
+
 clean:
-	rm -rf $(VENV) runs notebooks/runs .pytest_cache
+	rm -rf $(VENV) runs notebooks/runs .pytest_cache artifacts

@@ -1,0 +1,282 @@
+"""The workbook as a reader meets it: JupyterLab in headless Chromium, driven by Playwright.
+
+nbval proves that the cells execute; this proves what a reader sees. Every notebook (quick mode, copied to a temporary
+folder so the stored outputs are never touched) is opened in JupyterLab and run with Run > Run All Cells; no cell may
+show an error and every widget must render. In 05_all_together a control is changed with the mouse and Run pressed:
+the run's loss plot and sample grid must update in place and its result must reach the comparison table.
+Screenshots land in artifacts/browser/ for a person to look at.
+
+Needs Chromium (Debian's `chromium`; `make test` installs it where it can) or $GANTOOLS_CHROMIUM. Playwright's own
+browser download is not used: it does not work offline.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from playwright.sync_api import expect, sync_playwright
+
+from gantools.panel import TECHNIQUES
+from gantools.workbook import workbook_config
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+ARTIFACTS = ROOT / "artifacts" / "browser"
+CHROMIUM_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--disable-quic", "--no-first-run"]  # a closed network: ask it for nothing
+# JupyterLab settings: every cell in the DOM (no virtual scrolling), no news or update checks (offline).
+LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+                "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}}
+APP = "window.jupyterapp.shell.currentWidget"  # the open notebook panel (the app is exposed for tests)
+RUN_TIMEOUT_S = 240
+BASE = workbook_config("default")  # what 05's panel starts from; its run names list what differs from this
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def chromium_path() -> str | None:
+    """$GANTOOLS_CHROMIUM, else a Chromium or Chrome on PATH."""
+    if os.environ.get("GANTOOLS_CHROMIUM"):
+        return os.environ["GANTOOLS_CHROMIUM"]
+    names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on a free localhost port with a token, serving a copy of the notebooks in quick mode."""
+    home = tmp_path_factory.mktemp("lab")
+    notebooks = home / "notebooks"
+    notebooks.mkdir()
+    for name in NOTEBOOKS:
+        shutil.copy(ROOT / "notebooks" / name, notebooks / name)
+    for plugin, values in LAB_SETTINGS.items():
+        path = home / "settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--port={port}",
+           "--port-retries=0", f"--IdentityProvider.token={token}", f"--notebook-dir={notebooks}",
+           "--expose-app-in-browser", f"--LabApp.user_settings_dir={home / 'settings'}",
+           f"--LabApp.workspaces_dir={home / 'workspaces'}"] + (["--allow-root"] if os.geteuid() == 0 else [])
+    env = dict(os.environ, GANTOOLS_QUICK="1", JUPYTER_CONFIG_DIR=str(home / "config"))
+    log = open(home / "lab.log", "wb")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {server.returncode}:\n{(home / 'lab.log').read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not answer in 90 s:\n{(home / 'lab.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield {"url": url, "token": token, "dir": notebooks}
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no Chromium found, so the browser test cannot run: install Debian's package "
+                    "(sudo apt-get install chromium; `make test` does this where it runs as root or with sudo) "
+                    "or point $GANTOOLS_CHROMIUM at a Chromium or Chrome binary")
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+class Notebook:
+    """One notebook open in JupyterLab: run it as a reader does and read back what the page shows."""
+
+    def __init__(self, browser, lab, name: str):
+        self.name = name
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.goto(f"{lab['url']}/lab/tree/{name}?token={lab['token']}&reset")
+        self.page.wait_for_function(f"{APP} && {APP}.context && {APP}.context.path === '{name}' && "
+                                    f"{APP}.sessionContext.session?.kernel?.status === 'idle'", timeout=90_000)
+
+    def run_all(self) -> dict:
+        """Clear the stored outputs, then Run > Run All Cells through the menus; wait until a cell has run and
+        nothing is queued or running; return the notebook's JSON as the page holds it."""
+        self.page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+        self.page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+        self.page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+        self.page.wait_for_function(
+            f"{APP}.context.model.toJSON().cells.some(c => c.execution_count) && "
+            "!Array.from(document.querySelectorAll('.jp-InputPrompt')).some(e => e.textContent.includes('*')) && "
+            f"{APP}.sessionContext.session.kernel.status === 'idle'", timeout=RUN_TIMEOUT_S * 1000, polling=250)
+        self.page.wait_for_timeout(500)  # let the last widget views attach
+        return self.page.evaluate(f"{APP}.context.model.toJSON()")
+
+    def problems(self, notebook: dict) -> list[str]:
+        """Everything a reader would see go wrong: error outputs, cells that never ran, widgets that did not render."""
+        found = []
+        for i, cell in enumerate(c for c in notebook["cells"] if c["cell_type"] == "code"):
+            head = "".join(cell["source"]).strip().splitlines()[:1]
+            for out in cell["outputs"]:
+                if out["output_type"] == "error":
+                    found.append(f"code cell {i + 1} ({head}) shows {out['ename']}: {out['evalue']}")
+            if cell["execution_count"] is None and "".join(cell["source"]).strip():
+                found.append(f"code cell {i + 1} ({head}) never ran")
+        wanted = sum("application/vnd.jupyter.widget-view+json" in out.get("data", {})
+                     for c in notebook["cells"] if c["cell_type"] == "code" for out in c["outputs"])
+        shown = self.page.locator(".jp-OutputArea-output:has(.jupyter-widgets)").count()
+        if shown < wanted:
+            found.append(f"{wanted} widget outputs in the notebook but only {shown} rendered")
+        for text in ("Error displaying widget", "Loading widget..."):
+            if self.page.locator(f".jp-OutputArea-output:has-text('{text}')").count():
+                found.append(f"an output shows '{text}'")
+        return found
+
+    def screenshot(self, path: Path) -> None:
+        """The whole notebook in one picture: grow the viewport to the notebook's height, then put it back."""
+        height = self.page.evaluate("Math.max(...Array.from(document.querySelectorAll("
+                                    "'.jp-NotebookPanel .jp-WindowedPanel-outer, .jp-NotebookPanel-notebook'), "
+                                    "e => e.scrollHeight))")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.page.set_viewport_size({"width": 1400, "height": min(max(int(height) + 200, 1000), 12000)})
+        self.page.evaluate("window.jupyterapp.shell.collapseLeft(); document.querySelectorAll("
+                           "'.jp-NotebookPanel .jp-WindowedPanel-outer').forEach(e => e.scrollTop = 0)")
+        self.page.wait_for_timeout(300)
+        self.page.screenshot(path=str(path))
+        self.page.set_viewport_size({"width": 1400, "height": 1000})
+
+    def close(self) -> None:
+        self.page.evaluate(f"{APP}.sessionContext.shutdown()")
+        self.page.close()
+
+
+def _ran(lab) -> bool:
+    results = lab["dir"] / "runs" / "quick" / "results.json"
+    return results.is_file() and "baseline" in json.loads(results.read_text())
+
+
+def _png(page, img) -> np.ndarray:
+    """The pixels an <img> shows (its blob: URL read back in the page)."""
+    data = page.evaluate("""async (img) => {
+        const bytes = new Uint8Array(await (await fetch(img.src)).arrayBuffer());
+        let s = ''; for (const b of bytes) s += String.fromCharCode(b); return btoa(s); }""", img.element_handle())
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("L"), dtype=np.float32)
+
+
+def check_panel(nb: Notebook) -> None:
+    """05: the panel renders its controls; change precision with the mouse, press Run, watch it train in place."""
+    page = nb.page
+    panel = page.locator(".widget-vbox:has(> .widget-hbox button:has-text('Run'))").first
+    assert panel.is_visible(), "the ControlPanel did not render"
+    labels = panel.locator(".widget-label, .widget-label-basic").all_inner_texts()
+    missing = [t for t in TECHNIQUES if t.replace("_", " ") not in labels]
+    assert not missing, f"panel renders without controls for {missing} (labels seen: {labels})"
+    for button in ("Run", "Stop"):
+        assert panel.locator(f"button:has-text('{button}')").is_visible(), f"no {button} button"
+
+    plot, status = panel.locator("img.widget-image"), panel.locator(".widget-html").first
+    assert plot.count() == 1
+    before_status, before_png = status.inner_text(), _png(page, plot)
+    rows_before = panel.locator(".widget-output table tbody tr").count()
+    cell_outputs = page.locator(".jp-OutputArea-output:not(.jupyter-widgets *)")  # not those inside widgets
+    outputs_before = cell_outputs.count()
+    panel.screenshot(path=str(ARTIFACTS / f"{Path(nb.name).stem}-panel-before.png"))
+    # Watch the plot: every new picture must arrive in the same <img> (in place), none through a new output.
+    plot.evaluate("""img => { img.dataset.watched = 'yes'; window.__plotUpdates = 0;
+        new MutationObserver(m => { window.__plotUpdates += m.length; })
+            .observe(img, {attributes: true, attributeFilter: ['src']}); }""")
+
+    precision = panel.locator(".widget-dropdown:has(label:text-is('precision')) select")
+    new = next(o for o in ("fp32", "bf16") if o != precision.input_value())
+    precision.select_option(new)
+    panel.locator("button:has-text('Run')").click()
+    page.wait_for_function("([s, before]) => s.innerText !== before && /^(Done|Run failed|Cannot run|Stopped)/"
+                           ".test(s.innerText)", arg=[status.element_handle(), before_status],
+                           timeout=RUN_TIMEOUT_S * 1000, polling=200)
+    after_status = status.inner_text()
+    assert after_status.startswith("Done"), f"pressing Run did not finish a run: {after_status}"
+    changed = f"precision={new}" in after_status if new != BASE.precision else "precision=" not in after_status
+    assert changed, f"the run did not use precision={new} set with the mouse: {after_status}"
+
+    rows = panel.locator(".widget-output table tbody tr")
+    try:  # the table is redrawn just after the status line
+        expect(rows).to_have_count(rows_before + 1, timeout=10_000)
+    except AssertionError:
+        pytest.fail(f"the run's result did not reach the comparison table ({rows.count()} rows, {rows_before} before)")
+    updates = page.evaluate("window.__plotUpdates")
+    assert updates >= 2, f"the live plot updated {updates} time(s) during the run; expected at the start and end"
+    assert page.locator("img.widget-image[data-watched='yes']").count() == 1, "the plot's <img> was replaced"
+    assert cell_outputs.count() == outputs_before, "the run added or removed cell outputs"
+    after_png = _png(page, plot)
+    assert after_png.shape != before_png.shape or np.abs(after_png - before_png).mean() > 0.5, \
+        "the plot shows the same picture as before the run"
+    width = after_png.shape[1]
+    loss, grid = after_png[:, : width // 2], after_png[:, int(width * 0.62):]
+    assert (loss < 128).mean() > 0.01, "no loss curves drawn on the left of the live plot"
+    assert grid.std() > 10, "no sample grid drawn on the right of the live plot"
+
+    run_name = after_status.split(":")[1].strip()
+    assert any(run_name in row for row in rows.all_inner_texts()), f"no row for '{run_name}' in the comparison"
+    panel.screenshot(path=str(ARTIFACTS / f"{Path(nb.name).stem}-panel-after.png"))
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_in_browser(browser, lab, name):
+    if name != NOTEBOOKS[0] and not _ran(lab):  # later notebooks compare against 00's baseline
+        first = Notebook(browser, lab, NOTEBOOKS[0])
+        first.run_all()
+        first.close()
+    nb = Notebook(browser, lab, name)
+    try:
+        notebook = nb.run_all()
+        nb.screenshot(ARTIFACTS / f"{Path(name).stem}.png")
+        problems = nb.problems(notebook)
+        assert not problems, f"{name} in JupyterLab:\n" + "\n".join(problems)
+        if name == "05_all_together.ipynb":
+            check_panel(nb)
+    finally:
+        nb.close()
+
+
+def test_a_failing_cell_is_caught(browser, lab):
+    """The checks above can fail: a notebook with an error and a cell it never reaches is reported as such."""
+    bad = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": src}
+                     for src in ("x = 1", "1 / 0", "print('never')")],
+           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+           "nbformat": 4, "nbformat_minor": 5}
+    (lab["dir"] / "broken.ipynb").write_text(json.dumps(bad))
+    nb = Notebook(browser, lab, "broken.ipynb")
+    try:
+        problems = nb.problems(nb.run_all())
+    finally:
+        nb.close()
+    assert any("ZeroDivisionError" in p for p in problems), problems
+    assert any("cell 3" in p and "never ran" in p for p in problems), problems
