@@ -308,10 +308,12 @@ def scaling_markdown(result: dict) -> str:
                      f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f} | {r['speedup']:.2f}x | "
                      f"{100 * r['efficiency']:.0f}% |")
     if cpu:
-        threads = ", ".join(f"{t} thread(s) each for {n}" for n, t in result["threads_per_process"].items())
+        threads = "; ".join(f"{n} process{'es' if int(n) > 1 else ''}: {t} thread{'s' if t > 1 else ''}"
+                            f"{' each' if int(n) > 1 else ''}" for n, t in result["threads_per_process"].items())
         lines += ["", f"On a CPU the processes share its {m['cpu_cores']} cores ({threads}), so N processes have no "
-                      "more compute than one: the efficiency shows what the gradient all-reduces and running as "
-                      "separate processes cost, not what more GPUs would buy."]
+                      "more compute than one: any speed-up comes from keeping the same cores busier (a thread per "
+                      "process instead of one process splitting each op over threads), net of the gradient "
+                      "all-reduces. It is not what N GPUs would buy."]
     return "\n".join(lines)
 
 
