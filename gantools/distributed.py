@@ -2,17 +2,19 @@
 
 torchrun starts one process per GPU (or per CPU share) and tells each where it stands through RANK, WORLD_SIZE and
 LOCAL_RANK. Without them (a notebook, a plain `python -m gantools train`) `world()` is one process of one and every
-helper here returns at once: no process group, no wrapper, no collective, nothing imported from torch.distributed.
+helper here returns at once: no process group, no wrapper, no collective.
 
 How N processes stay exactly one training run (tested on the CPU with gloo):
 - `batch_size` is the *global* batch. Every rank builds the same seed+epoch batch order and keeps its contiguous
   slice of each global batch (`data.EpochBatchSampler`), and draws the whole batch's noise and flips from the same
   seeded RNG, keeping its slice. So the ranks together see exactly the images and noise one process would.
 - Losses are means over the local batch and DDP averages gradients over ranks: with equal local batches that is
-  the global mean, the gradient one process computes. Only batch statistics differ (BatchNorm normalises over the
-  local batch unless `sync_batchnorm`).
+  the global mean, the gradient one process computes. Only batch statistics differ: BatchNorm normalises over the
+  local batch.
 - Decisions (stop, skip a non-finite interval) are taken from numbers all-reduced at log intervals, so every rank
   takes the same one at the same step.
+- `sync_batchnorm` (CUDA only) makes BatchNorm use the global batch's statistics, at the price of one more collective
+  per BatchNorm layer in every forward and backward.
 """
 from __future__ import annotations
 

@@ -121,7 +121,8 @@ class Trainer:
     `callbacks` are objects with any of `on_fit_start(trainer)`, `on_step_end(trainer)` (every step: keep it
     host-only, reading a tensor there would sync), `on_log(trainer, record)`, `on_sample(trainer, step, grid)` and
     `on_fit_end(trainer)`. `stop()` (or Ctrl-C / kernel interrupt) ends the run
-    cleanly between steps and writes a checkpoint."""
+    cleanly between steps and writes a checkpoint. Under torchrun callbacks run in every process; `trainer.world`
+    says which one this is (`trainer.world.is_main` for rank 0)."""
 
     def __init__(self, cfg: TrainConfig | None = None, *, generator: nn.Module | None = None,
                  discriminator: nn.Module | None = None, dataset=None, callbacks=()):
