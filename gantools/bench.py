@@ -6,17 +6,25 @@ own); then the variants take turns, one chunk of steps each per repeat, so machi
 Every chunk is timed with the device synchronised; a row reports the median images/s over repeats and its spread
 (min to max). Every variant trains on the same number of images, so with `quality=True` their FID, KID and class
 coverage are comparable.
+
+`scaling()` adds the row for more than one GPU: the same training under torchrun with 1..N processes (N: the GPUs
+here; on a CPU, 2 processes with gloo), each process with the preset's batch (so the global batch grows with N, the
+usual "weak scaling"), and the scaling efficiency images/s(N) / (N x images/s(1)).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from . import distributed
 from .config import TrainConfig, preset
 from .hardware import machine_info, resolve_device
 
@@ -225,6 +233,87 @@ def markdown(result: dict) -> str:
     if cuda and top is not None and top["mfu"] is not None:
         lines.append(f"max-throughput MFU {100 * top['mfu']:.1f}% (target >= {100 * MFU_TARGET:.0f}%: "
                      f"{'met' if top['mfu'] >= MFU_TARGET else 'NOT met'})")
+    return "\n".join(lines)
+
+
+def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None = None, repeats: int = 3,
+            steps: int = 25, log_interval: int = 5, overrides=None, out_dir="runs/bench/scaling",
+            progress=print) -> dict:
+    """Images/s of 'all together' (without compile) trained by 1..N processes under torchrun, the process counts
+    interleaved over `repeats`; each run's figure is its median over log intervals after the first (warm-up).
+    On a CPU the processes share the machine's cores (each gets cores / N threads), so there the figure measures
+    what data parallelism costs, not what more hardware buys."""
+    dev = resolve_device(device)
+    gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
+    n_max = max_processes or (gpus if gpus else 2)
+    if gpus and n_max > gpus:
+        raise ValueError(f"{n_max} processes need {n_max} GPUs; {gpus} visible")
+    base = preset("reference", device=dev.type, **SIZES[size]).replace(**ladder(dev, False)["all together"])
+    base = base.replace(**(overrides or {}))
+    per_process, cores = base.batch_size, os.cpu_count() or 1
+    threads = None if gpus else {n: max(1, cores // n) for n in range(1, n_max + 1)}
+    runs = {n: [] for n in range(1, n_max + 1)}
+    for r in range(repeats):
+        for n in runs:
+            run_dir = Path(out_dir) / f"{n}-processes-{r}"
+            cfg = base.replace(batch_size=per_process * n, steps=steps, log_interval=log_interval, sample_interval=0,
+                               checkpoint_interval=0, out_dir=str(run_dir)).validate()
+            args = ["-m", "gantools", "train", "--preset", "reference", "--quiet", *_flags(cfg, preset("reference"))]
+            command = [sys.executable, *args] if n == 1 else distributed.launch_command(n, *args)
+            env = {**os.environ, **({"OMP_NUM_THREADS": str(threads[n])} if threads else {})}
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{n}-process run failed:\n{done.stderr[-3000:]}")
+            records = json.loads((run_dir / "history.json").read_text())
+            runs[n].append(statistics.median(x["images_per_sec"] for x in records[1:] or records))
+            progress(f"{n} process(es), repeat {r + 1}/{repeats}: {runs[n][-1]:.0f} images/s")
+    one = statistics.median(runs[1])
+    rows = [{"processes": n, "batch_per_process": per_process, "global_batch": per_process * n,
+             "images_per_sec": statistics.median(v), "images_per_sec_runs": v, "spread": (min(v), max(v)),
+             "speedup": statistics.median(v) / one, "efficiency": statistics.median(v) / (n * one)}
+            for n, v in runs.items()]
+    return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "repeats": repeats,
+            "steps": steps, "threads_per_process": threads,
+            "date": time.strftime("%Y-%m-%d"), "rows": rows}
+
+
+def _flags(cfg: TrainConfig, start: TrainConfig) -> list[str]:
+    """The CLI flags that turn config `start` into `cfg`."""
+    flags = []
+    for name, value in cfg.to_dict().items():
+        if value == start.to_dict()[name]:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (tuple, list)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def scaling_markdown(result: dict) -> str:
+    m, c = result["machine"], result["config"]
+    cpu = not m["device"].startswith("cuda")
+    lines = [f"{m['device_name']} ({m['device']}), torch {m['torch']}, {result['date']}: all together without "
+             f"compile, DCGAN {c['image_size']} px, {c['dataset']}, {c['precision']}, "
+             f"{result['rows'][0]['batch_per_process']} images per process per step, {result['steps']} steps a run, "
+             f"median of {result['repeats']} interleaved repeats; torchrun + DistributedDataParallel "
+             f"({'gloo' if cpu else 'NCCL'}).", "",
+             "| processes | global batch | images/s | spread | vs 1 process | scaling efficiency |",
+             "|---:|---:|---:|---|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['processes']} | {r['global_batch']} | {r['images_per_sec']:.0f} | "
+                     f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f} | {r['speedup']:.2f}x | "
+                     f"{100 * r['efficiency']:.0f}% |")
+    if cpu:
+        threads = "; ".join(f"{n} process{'es' if int(n) > 1 else ''}: {t} thread{'s' if t > 1 else ''}"
+                            f"{' each' if int(n) > 1 else ''}" for n, t in result["threads_per_process"].items())
+        lines += ["", f"On a CPU the processes share its {m['cpu_cores']} cores ({threads}), so N processes have no "
+                      "more compute than one: any speed-up comes from keeping the same cores busier (a thread per "
+                      "process instead of one process splitting each op over threads), net of the gradient "
+                      "all-reduces. It is not what N GPUs would buy."]
     return "\n".join(lines)
 
 

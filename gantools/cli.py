@@ -1,4 +1,5 @@
-"""`python -m gantools train`: every TrainConfig field is a flag; errors are one line, never a traceback."""
+"""`python -m gantools train`: every TrainConfig field is a flag; errors are one line, never a traceback.
+`torchrun --nproc_per_node N -m gantools train ...` runs the same training data-parallel (see distributed.py)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from . import distributed
 from .checkpoint import CheckpointError
 from .config import PRESETS, ConfigError, TrainConfig, preset
 from .data import DataError
@@ -71,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "with a C++ compiler)")
     bench.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: 5)")
     bench.add_argument("--variants", nargs="+", default=None, help="run only these ladder rows (quote names)")
-    bench.add_argument("--json", default="runs/bench/bench.json", help="where to write the JSON (default: %(default)s)")
+    bench.add_argument("--scaling", action="store_true",
+                       help="instead of the ladder: images/s and scaling efficiency for 1..N processes under torchrun "
+                            "(N: the GPUs here; on a CPU, 2 processes sharing its cores)")
+    bench.add_argument("--max-processes", type=int, default=None, help="with --scaling: the largest N")
+    bench.add_argument("--json", default=None,
+                       help="where to write the JSON (default: runs/bench/bench.json, or scaling.json)")
     bench.add_argument("--png", default="runs/bench/bench.png", help="where to write the chart (default: %(default)s)")
     sub.add_parser("info", help="print what this machine is (device, versions, cores) as JSON")
     return parser
@@ -85,6 +92,10 @@ def _add_preset_flag(parser: argparse.ArgumentParser) -> None:
 def main(argv=None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
+    if command in ("bench", "profile") and distributed.world().distributed:
+        print(f"gantools: error: {command} runs as one process; start it without torchrun "
+              f"(bench --scaling launches torchrun itself)", file=sys.stderr)
+        return 2
     if command == "bench":
         return _bench(args)
     if command == "info":
@@ -94,8 +105,16 @@ def main(argv=None) -> int:
         args["betas"] = tuple(args["betas"])
     if command == "profile":
         return _profile(args)
+    try:
+        return _train(args)
+    finally:
+        distributed.shutdown()
+
+
+def _train(args: dict) -> int:
     resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
-    callbacks = () if quiet else (ProgressBar(),)
+    world = distributed.world()
+    callbacks = () if quiet or not world.is_main else (ProgressBar(),)  # under torchrun: rank 0 reports
     try:
         if resume is not None:
             out_dir = args.get("out_dir", TrainConfig().out_dir)
@@ -105,11 +124,17 @@ def main(argv=None) -> int:
             trainer = Trainer(preset(name, **args), callbacks=callbacks)
         history = trainer.fit()
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, OutOfMemory) as e:
-        print(f"gantools: error: {e}", file=sys.stderr)
+        # config, data and all-reduced losses are the same on every rank: rank 0 says it once
+        if world.is_main or isinstance(e, (CheckpointError, OutOfMemory)):
+            rank = "" if world.is_main else f" (rank {world.rank})"
+            print(f"gantools: error{rank}: {e}", file=sys.stderr)
         return 2
+    if not world.is_main:
+        return 0
     s = history.summary()
     stopped = " (stopped early: resume with --resume)" if trainer.step < trainer.cfg.steps else ""
-    print(f"{s['steps']} steps{stopped} on {trainer.device}: {s['images_per_sec']:.0f} images/s (median after "
+    where = f"{world.size} processes ({trainer.device.type})" if world.distributed else trainer.device
+    print(f"{s['steps']} steps{stopped} on {where}: {s['images_per_sec']:.0f} images/s (median after "
           f"warm-up), {s['step_time_ms']:.1f} ms/step, peak memory {s['peak_mem_mb']:.0f} MB, "
           f"loss_d {s['loss_d']:.3f}, loss_g {s['loss_g']:.3f}. Samples: {trainer.out_dir / 'samples'}, "
           f"checkpoint: {trainer.out_dir / 'checkpoint.pt'}")
@@ -142,6 +167,9 @@ def _bench(args: dict) -> int:
     if args["repeats"] is not None and args["repeats"] < 1:
         print("gantools: error: --repeats must be >= 1", file=sys.stderr)
         return 2
+    if args["scaling"]:
+        return _scaling(args, size)
+    args["json"] = args["json"] or "runs/bench/bench.json"
     try:
         result = bench.run(size, args["device"], args["variants"], args["quality"], args["compile"], args["repeats"],
                            progress=lambda line: print(line, file=sys.stderr))
@@ -151,4 +179,23 @@ def _bench(args: dict) -> int:
     bench.save(result, args["json"], args["png"])
     print(bench.markdown(result))
     print(f"\nJSON: {args['json']}  chart: {args['png']}")
+    return 0
+
+
+def _scaling(args: dict, size: str) -> int:
+    from . import bench
+
+    if args["max_processes"] is not None and args["max_processes"] < 1:
+        print("gantools: error: --max-processes must be >= 1", file=sys.stderr)
+        return 2
+    path = args["json"] or "runs/bench/scaling.json"
+    try:
+        result = bench.scaling(size, args["device"], args["max_processes"], args["repeats"] or 3,
+                               progress=lambda line: print(line, file=sys.stderr))
+    except (ValueError, ConfigError, DataError, RuntimeError) as e:
+        print(f"gantools: error: {e}", file=sys.stderr)
+        return 2
+    bench.save(result, path)
+    print(bench.scaling_markdown(result))
+    print(f"\nJSON: {path}")
     return 0

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from . import hardware
+from . import distributed, hardware
 
 DATASETS = ("glyphs", "glyphs-color", "mnist", "fashion-mnist", "cifar10", "folder")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -64,8 +64,12 @@ class TrainConfig:
     nz: int = _f(100, "latent size")
     ngf: int = _f(64, "generator width (feature maps in its last hidden layer)")
     ndf: int = _f(64, "discriminator width (feature maps in its first layer)")
+    sync_batchnorm: bool = _f(False, "under torchrun: BatchNorm statistics over the global batch (SyncBatchNorm, "
+                              "CUDA only; costs one extra collective per BatchNorm layer in every forward and "
+                              "backward). Off: each process normalises over its own share of the batch")
     # schedule
-    batch_size: int = _f(128, "images per optimizer step (split into grad_accum_steps micro-batches)")
+    batch_size: int = _f(128, "images per optimizer step, over all processes under torchrun (split into "
+                         "grad_accum_steps micro-batches)")
     steps: int = _f(200, "optimizer steps to train for (a resumed run continues up to this many)")
     grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")
     # numerics and speed
@@ -190,8 +194,9 @@ def _value_problems(c: TrainConfig) -> list[str]:
 
     # device
     device = None
+    world = distributed.world()
     try:
-        device = hardware.resolve_device(c.device)
+        device = distributed.device(c.device, world)
         if device.type not in ("cpu", "cuda"):
             p.append(f"device={c.device!r}: gantools runs on cpu or cuda")
             device = None
@@ -199,7 +204,13 @@ def _value_problems(c: TrainConfig) -> list[str]:
             p.append(f"device={c.device!r}: no CUDA GPU is visible to PyTorch; use device='cpu' (or 'auto')")
             device = None
         elif device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            p.append(f"device={c.device!r}: only {torch.cuda.device_count()} GPU(s) visible")
+            p.append(f"device={c.device!r}: only {torch.cuda.device_count()} GPU(s) visible" +
+                     (f" on this machine, but torchrun started process LOCAL_RANK={world.local_rank} here: "
+                      f"--nproc_per_node must not exceed the GPUs per machine" if c.device in ("auto", "cuda") else ""))
+            device = None
+        elif world.distributed and device.type == "cuda" and c.device not in ("auto", "cuda"):
+            p.append(f"device={c.device!r} would put every torchrun process on one GPU: use device='cuda' (or "
+                     f"'auto'), and each process takes its own, cuda:LOCAL_RANK")
             device = None
     except RuntimeError:
         p.append(f"device={c.device!r}: not a device name; use auto, cpu, cuda or cuda:N")
@@ -242,12 +253,18 @@ def _value_problems(c: TrainConfig) -> list[str]:
     # schedule
     ok_b = at_least("batch_size", 1)
     ok_k = at_least("grad_accum_steps", 1)
-    if ok_b and ok_k and c.batch_size % c.grad_accum_steps:
+    parts = world.size * c.grad_accum_steps if ok_k else 1
+    if ok_b and ok_k and c.batch_size % parts and not world.distributed:
         p.append(f"batch_size={c.batch_size} is not divisible by grad_accum_steps={c.grad_accum_steps}: "
                  f"each micro-batch must have the same size (try batch_size="
-                 f"{c.grad_accum_steps * max(1, c.batch_size // c.grad_accum_steps)})")
-    if ok_b and ok_k and c.grad_accum_steps > 1 and not c.drop_last:
-        p.append("grad_accum_steps > 1 needs drop_last=True so every batch splits into equal micro-batches")
+                 f"{parts * max(1, c.batch_size // parts)})")
+    elif ok_b and ok_k and c.batch_size % parts:
+        micro = f", each in grad_accum_steps={c.grad_accum_steps} micro-batches" if c.grad_accum_steps > 1 else ""
+        p.append(f"batch_size={c.batch_size} is the global batch, shared by the {world.size} processes torchrun "
+                 f"started{micro}: it must be divisible by {parts} so every process gets an equal share (try "
+                 f"batch_size={parts * max(1, c.batch_size // parts)}, or a --nproc_per_node that divides it)")
+    if ok_b and ok_k and parts > 1 and not c.drop_last:
+        p.append("grad_accum_steps > 1 and torchrun need drop_last=True so every batch splits into equal parts")
     at_least("steps", 1)
     # numerics
     if choice("precision") and device is not None:
@@ -255,6 +272,9 @@ def _value_problems(c: TrainConfig) -> list[str]:
             p.append("precision='fp16' needs a CUDA GPU (GradScaler and fast fp16 kernels); on the CPU use 'bf16'")
         if c.precision == "bf16" and not hardware.supports_bf16(device):
             p.append("precision='bf16' is not supported on this GPU (needs Ampere or newer); use 'fp16'")
+    if c.sync_batchnorm and device is not None and device.type != "cuda":
+        p.append("sync_batchnorm=True needs CUDA GPUs (PyTorch's SyncBatchNorm runs on NCCL, not on the CPU): "
+                 "set it False (each process then normalises over its own share of the batch)")
     if choice("compile") and c.compile == "reduce-overhead" and device is not None and device.type != "cuda":
         p.append("compile='reduce-overhead' uses CUDA graphs: on the CPU use compile='default'")
     # optimisation

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .checkpoint import atomic_save
+from .distributed import World
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -263,10 +264,18 @@ def dataset_from_config(cfg, split: str = "train") -> Dataset:
 
 class EpochBatchSampler(Sampler):
     """Shuffled batches whose order depends only on (seed, epoch), and which can start mid-epoch: that is what
-    lets a resumed run see exactly the batches an uninterrupted run would."""
+    lets a resumed run see exactly the batches an uninterrupted run would.
 
-    def __init__(self, n: int, batch_size: int, seed: int = 0, drop_last: bool = True):
+    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch. This is what
+    DistributedSampler with set_epoch does (a disjoint share of every epoch per rank, reshuffled per epoch from a
+    seed all ranks share), but batch-aligned and in the single-process order: DistributedSampler draws its own
+    permutation, strides it across ranks and cannot start mid-epoch, so N processes would not train on the batches
+    one process trains on, and a checkpoint could not resume at its batch under another process count."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0, drop_last: bool = True, rank: int = 0,
+                 world_size: int = 1):
         self.n, self.batch_size, self.seed, self.drop_last = n, batch_size, seed, drop_last
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
     def __len__(self):
@@ -279,20 +288,30 @@ class EpochBatchSampler(Sampler):
         key = int.from_bytes(hashlib.sha256(f"{self.seed}/{self.epoch}".encode()).digest()[:8], "little")
         return torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
 
+    def batch_indices(self, order: torch.Tensor, b: int) -> torch.Tensor:
+        """This rank's indices of global batch b (all of them for one process)."""
+        if self.world_size == 1:
+            return order[b * self.batch_size:(b + 1) * self.batch_size]
+        local = self.batch_size // self.world_size
+        start = b * self.batch_size + self.rank * local
+        return order[start:start + local]
+
     def __iter__(self):
         order = self.epoch_order()
         for b in range(self.start, len(self)):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+            yield self.batch_indices(order, b).tolist()
 
 
 def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
-                  channels_last: bool = False) -> torch.Tensor:
-    """Batch to the device, uint8 -> [-1, 1] there (4x less to copy than floats), flipped and laid out there."""
+                  channels_last: bool = False, world: World = World()) -> torch.Tensor:
+    """Batch to the device, uint8 -> [-1, 1] there (4x less to copy than floats), flipped and laid out there.
+    Under torchrun the flips are drawn for the whole global batch and each rank keeps its slice: the same flips,
+    and the same RNG use, as one process."""
     x = images.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         x = x.float().div_(127.5).sub_(1.0)
     if hflip:
-        flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device) < 0.5
+        flip = world.shard(torch.rand(x.shape[0] * world.size, 1, 1, 1, device=x.device)) < 0.5
         x = torch.where(flip, x.flip(-1), x)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -304,12 +323,12 @@ class HostLoader:
 
     def __init__(self, dataset: Dataset, batch_size: int, device, *, seed: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False):
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World()):
         if len(dataset) < batch_size:
             raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
                             "lower batch_size or add images")
-        self.device, self.hflip, self.channels_last = torch.device(device), hflip, channels_last
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last)
+        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=num_workers,
                                  pin_memory=pin_memory, persistent_workers=persistent_workers,
                                  prefetch_factor=prefetch_factor,
@@ -325,24 +344,25 @@ class HostLoader:
     def __iter__(self):
         for batch in self.loader:  # (images, labels) pairs, or bare images from a dataset of your own
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
-            yield prepare_batch(images, self.device, self.hflip, self.channels_last)
+            yield prepare_batch(images, self.device, self.hflip, self.channels_last, self.world)
 
 
 class DeviceLoader:
     """The whole uint8 dataset resident on the device; shuffling, normalising and flipping happen there, so no
-    worker, no host decode and no host-to-device copy is left in the step."""
+    worker, no host decode and no host-to-device copy is left in the step. Under torchrun every GPU holds the whole
+    dataset (it fits one GPU, or one process could not hold it either) and gathers only its slice of each batch."""
 
     def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False):
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World()):
         if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
             raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
                             "transform='on-device'); use loader='dataloader' for other datasets")
         if len(dataset) < batch_size:
             raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
                             "lower batch_size or add images")
-        self.device, self.hflip, self.channels_last = torch.device(device), hflip, channels_last
+        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
         self.images = dataset.images.to(self.device)
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last)
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
 
     def __len__(self):
         return len(self.sampler)
@@ -351,15 +371,16 @@ class DeviceLoader:
         self.sampler.set_position(epoch, batch)
 
     def __iter__(self):
-        order, size = self.sampler.epoch_order().to(self.device), self.sampler.batch_size
+        order = self.sampler.epoch_order().to(self.device)
         for b in range(self.sampler.start, len(self.sampler)):
-            yield prepare_batch(self.images[order[b * size:(b + 1) * size]], self.device, self.hflip,
-                                self.channels_last)
+            yield prepare_batch(self.images[self.sampler.batch_indices(order, b)], self.device, self.hflip,
+                                self.channels_last, self.world)
 
 
-def make_loader(dataset: Dataset, cfg, device) -> HostLoader | DeviceLoader:
-    """The loader a config asks for: `loader='dataloader'` or `loader='device'`."""
-    common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last)
+def make_loader(dataset: Dataset, cfg, device, world: World = World()) -> HostLoader | DeviceLoader:
+    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share."""
+    common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
+                  world=world)
     if cfg.loader == "device":
         return DeviceLoader(dataset, cfg.batch_size, device, **common)
     return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers,

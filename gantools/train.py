@@ -9,6 +9,11 @@ Gradient accumulation for a GAN: the batch is split into k micro-batches. All k 
 steps once; only then are the k G micro-batches accumulated, through the *updated* D, and G steps once. Each
 micro-loss is weighted by its share of the batch, so k micro-batches give the same gradients as one full batch on a
 model without batch statistics (BatchNorm sees k smaller batches: the notebook on accumulation shows the cost).
+
+Under torchrun (see distributed.py) both networks are wrapped in DistributedDataParallel and each process trains on
+its share of the global batch. In the G step D is called unwrapped: its weights are frozen there (or their gradients
+thrown away), and a DDP-wrapped D would wait for gradients that never come. Micro-batches that do not step run
+under `no_sync()`, so gradients are all-reduced once per optimizer step. Only rank 0 writes files.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import hardware
+from . import distributed, hardware
 from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .data import dataset_from_config, make_loader
@@ -116,26 +121,35 @@ class Trainer:
     `callbacks` are objects with any of `on_fit_start(trainer)`, `on_step_end(trainer)` (every step: keep it
     host-only, reading a tensor there would sync), `on_log(trainer, record)`, `on_sample(trainer, step, grid)` and
     `on_fit_end(trainer)`. `stop()` (or Ctrl-C / kernel interrupt) ends the run
-    cleanly between steps and writes a checkpoint."""
+    cleanly between steps and writes a checkpoint. Under torchrun callbacks run in every process; `trainer.world`
+    says which one this is (`trainer.world.is_main` for rank 0)."""
 
     def __init__(self, cfg: TrainConfig | None = None, *, generator: nn.Module | None = None,
                  discriminator: nn.Module | None = None, dataset=None, callbacks=()):
         self.cfg = cfg = (cfg if cfg is not None else TrainConfig()).validate()
         if (generator is None) != (discriminator is None):
             raise ConfigError("pass both generator and discriminator, or neither (for the built-in DCGAN)")
-        self.device = dev = hardware.resolve_device(cfg.device)
+        self.world = distributed.world()  # one process of one, unless torchrun started this one
+        self.device = dev = distributed.device(cfg.device, self.world)
+        distributed.init(dev, self.world)
         hardware.set_tf32(cfg.tf32)
         if dev.type == "cuda":
             torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # the same on every rank: same weights, and the same noise drawn in lockstep
         if generator is None:
             generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
                                                    sigmoid=(cfg.loss == "bce-sigmoid"))
+        if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
+            generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
+            discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.generator = generator.to(dev, memory_format=fmt)
         self.discriminator = discriminator.to(dev, memory_format=fmt)
-        self.dataset = dataset if dataset is not None else dataset_from_config(cfg)
-        self.loader = make_loader(self.dataset, cfg, dev)
+        if dataset is None:
+            with distributed.main_first(self.world):  # rank 0 fills the dataset cache, the others read it
+                dataset = dataset_from_config(cfg)
+        self.dataset = dataset
+        self.loader = make_loader(self.dataset, cfg, dev, self.world)
         self._check_shapes()
 
         self.opt_g = make_optimizer(self.generator.parameters(), cfg, cfg.lr_g)
@@ -148,8 +162,12 @@ class Trainer:
             dtype = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
             self.autocast = lambda: torch.autocast(dev.type, dtype=dtype)
         mode = None if cfg.compile == "default" else cfg.compile
-        self.g = torch.compile(self.generator, mode=mode) if cfg.compile != "off" else self.generator
-        self.d = torch.compile(self.discriminator, mode=mode) if cfg.compile != "off" else self.discriminator
+        compiled = (lambda m: torch.compile(m, mode=mode)) if cfg.compile != "off" else (lambda m: m)
+        # the networks as the step calls them: DDP-wrapped under torchrun (for no_sync), then compiled
+        self.ddp_g = distributed.wrap(self.generator, dev, self.world)
+        self.ddp_d = distributed.wrap(self.discriminator, dev, self.world)
+        self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
+        self.d_in_g_step = compiled(self.discriminator) if self.world.distributed else self.d
 
         noise = torch.Generator().manual_seed(cfg.seed + 1)  # own generator: sampling never shifts training RNG
         self.fixed_noise = torch.randn(64, cfg.nz, generator=noise).to(dev)
@@ -160,7 +178,7 @@ class Trainer:
         self.latest_grid = None
         self.callbacks = list(callbacks)
         self.out_dir = Path(cfg.out_dir)
-        self._stop_requested = False
+        self._stop_requested = self._stop_agreed = False
         self._stream = None  # the batch generator, positioned at batches_seen
         self.label_phase = _unlabelled  # profiling swaps in torch.profiler.record_function to label each phase
         self._metric_sum = torch.zeros(len(METRICS), device=dev)
@@ -178,15 +196,17 @@ class Trainer:
         return trainer
 
     def stop(self) -> None:
-        """Ask the run to end after the current step (safe from a widget callback or another thread)."""
+        """Ask the run to end after the current step (safe from a widget callback or another thread). Under
+        torchrun, a stop asked on any rank ends every rank at the next log interval, where they agree on it."""
         self._stop_requested = True
 
     def fit(self, steps: int | None = None) -> History:
         """Train `steps` more steps (default: up to cfg.steps). Returns the history of the whole run."""
         cfg = self.cfg
         end = self.step + steps if steps is not None else cfg.steps
-        self._stop_requested = False
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._stop_requested = self._stop_agreed = False
+        if self.world.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         if self._stream is None:  # kept across fit() calls: DataLoader workers are not restarted each time
             self._stream = self._batches()
         batches = self._stream
@@ -199,7 +219,7 @@ class Trainer:
         self._interval_step, self._interval_wait, self._excluded = self.step, 0.0, 0.0
         self._train_time = self.history[-1]["train_time_s"] if len(self.history) else 0.0
         with _interrupts_stop(self):
-            while self.step < end and not self._stop_requested:
+            while self.step < end and not self._stopping():
                 t = time.perf_counter()
                 with self.label_phase("data wait"):
                     real = next(batches)
@@ -214,7 +234,7 @@ class Trainer:
                 self.step += 1
                 self.batches_seen += 1
                 self._call("on_step_end")
-                if self.step % cfg.log_interval == 0 or self.step == end or self._stop_requested:
+                if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
                     self._log()
                 if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
                     with self._excluded_from_timing():
@@ -225,24 +245,26 @@ class Trainer:
                             self.save_checkpoint()
         if self.step > self._interval_step:
             self._log()
-        if self.latest_grid is None or self._stop_requested:
+        if self.latest_grid is None or self._stopping():
             self.sample()
         self.save_checkpoint()
-        self.history.save(self.out_dir / "history.json")
+        distributed.barrier(self.world)  # every rank returns once the checkpoint is on disk
         self._call("on_fit_end")
         return self.history
 
     @torch.no_grad()
     def sample(self, noise: torch.Tensor | None = None):
-        """A grid (H, W, 3 uint8 numpy) of the generator's images for the fixed noise; saved as a PNG."""
+        """A grid (H, W, 3 uint8 numpy) of the generator's images for the fixed noise; saved as a PNG (by rank 0).
+        Under torchrun every rank generates the same grid, in step: SyncBatchNorm layers need all ranks there."""
         from PIL import Image
         from torchvision.utils import make_grid
 
         images = self._generate(self.fixed_noise if noise is None else noise.to(self.device))
         grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
         self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-        atomic_write(self.out_dir / "samples" / f"step_{self.step:06d}.png",
-                     lambda f: Image.fromarray(self.latest_grid).save(f, format="PNG"))
+        if self.world.is_main:
+            atomic_write(self.out_dir / "samples" / f"step_{self.step:06d}.png",
+                         lambda f: Image.fromarray(self.latest_grid).save(f, format="PNG"))
         self._call("on_sample", self.step, self.latest_grid)
         return self.latest_grid
 
@@ -293,24 +315,27 @@ class Trainer:
 
     def save_checkpoint(self, path=None) -> Path:
         """The whole run state, atomically (the previous checkpoint stays until the new one is complete), and the
-        history beside it, so a crash at any moment leaves a consistent run to resume."""
+        history beside it, so a crash at any moment leaves a consistent run to resume. Under torchrun only rank 0
+        writes: the networks are unwrapped (no DDP "module." prefix), so any process count can resume it."""
         path = Path(path) if path else self.out_dir / "checkpoint.pt"
-        save_checkpoint(self.state_dict(), path)
-        self.history.save(self.out_dir / "history.json")
+        if self.world.is_main:
+            save_checkpoint(self.state_dict(), path)
+            self.history.save(self.out_dir / "history.json")
         return path
 
     # -- the step -----------------------------------------------------------------------------------------------
     def _train_step(self, real: torch.Tensor) -> None:
-        """One optimizer step of D, then one of G. No host sync here: metrics stay on the device."""
+        """One optimizer step of D, then one of G. No host sync here: metrics stay on the device. Under torchrun
+        `real` is this rank's share of the batch; the noise is drawn for the whole batch and sliced the same way."""
         cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
-        z = torch.randn(real.shape[0], cfg.nz, device=self.device)
+        z = self.world.shard(torch.randn(real.shape[0] * self.world.size, cfg.nz, device=self.device))
         reals, zs = real.chunk(k), z.chunk(k)
         weights = [r.shape[0] / real.shape[0] for r in reals]
         probs = cfg.loss == "bce"  # report D's outputs as probabilities for the logit losses
 
         self.opt_d.zero_grad(set_to_none=True)
         fakes = []
-        for r, zi, w in zip(reals, zs, weights):
+        for i, (r, zi, w) in enumerate(zip(reals, zs, weights)):
             with phase("G forward"), self.autocast():
                 if k == 1:  # keep G's graph: the G step below reuses this fake, as the tutorial does
                     fake = self.g(zi)
@@ -318,15 +343,16 @@ class Trainer:
                 else:  # accumulating: holding k graphs would defeat the point, so G re-runs in the G step
                     with torch.no_grad():
                         fake = self.g(zi)
-            with phase("D forward"):
-                with self.autocast():
-                    out_real, out_fake = self.d(r).float(), self.d(fake.detach()).float()
-                loss = d_loss(cfg.loss, out_real, out_fake)
-                d_real = (out_real.sigmoid() if probs else out_real).mean()
-                d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-                self._metric_sum[:3] += torch.stack([loss, d_real, d_fake]).detach() * w
-            with phase("D backward"):
-                self.scaler_d.scale(loss * w).backward()
+            with distributed.no_sync(self.ddp_d, skip=i < k - 1):  # all-reduce with the last micro-batch
+                with phase("D forward"):
+                    with self.autocast():
+                        out_real, out_fake = self.d(r).float(), self.d(fake.detach()).float()
+                    loss = d_loss(cfg.loss, out_real, out_fake)
+                    d_real = (out_real.sigmoid() if probs else out_real).mean()
+                    d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
+                    self._metric_sum[:3] += torch.stack([loss, d_real, d_fake]).detach() * w
+                with phase("D backward"):
+                    self.scaler_d.scale(loss * w).backward()
         with phase("D optimizer step"):
             self.scaler_d.step(self.opt_d)
             self.scaler_d.update()
@@ -336,14 +362,15 @@ class Trainer:
         try:
             self.opt_g.zero_grad(set_to_none=True)
             for i, (zi, w) in enumerate(zip(zs, weights)):
-                with phase("G forward"):
-                    with self.autocast():
-                        fake = fakes[i] if k == 1 else self.g(zi)
-                        out = self.d(fake).float()
-                    loss_g = g_loss(cfg.loss, out)
-                    self._metric_sum[3] += loss_g.detach() * w
-                with phase("G backward"):
-                    self.scaler_g.scale(loss_g * w).backward()
+                with distributed.no_sync(self.ddp_g, skip=i < k - 1):
+                    with phase("G forward"):
+                        with self.autocast():
+                            fake = fakes[i] if k == 1 else self.g(zi)
+                            out = self.d_in_g_step(fake).float()
+                        loss_g = g_loss(cfg.loss, out)
+                        self._metric_sum[3] += loss_g.detach() * w
+                    with phase("G backward"):
+                        self.scaler_g.scale(loss_g * w).backward()
             with phase("G optimizer step"):
                 self.scaler_g.step(self.opt_g)
                 self.scaler_g.update()
@@ -355,6 +382,11 @@ class Trainer:
                 self.step_values.append((loss.item(), d_real.item(), d_fake.item(), loss_g.item()))
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
+    def _stopping(self) -> bool:
+        """One process stops as soon as asked. Ranks must stop at the same step, so under torchrun a request (on
+        any rank: a callback, Ctrl-C forwarded by torchrun) takes effect where they agree on it, at a log interval."""
+        return self._stop_agreed if self.world.distributed else self._stop_requested
+
     def _batches(self):
         """Endless batches, starting exactly where the run left off (epoch and batch within it)."""
         while True:
@@ -370,11 +402,14 @@ class Trainer:
             return
         elapsed = max(now - self._interval_start - self._excluded, 1e-9)
         self._train_time += elapsed
-        values = (self._metric_sum / steps).tolist()  # the one host sync of the interval
+        values = self._metric_sum / steps
+        if self.world.distributed:  # every rank logs, and decides on, the same averages
+            values, self._stop_agreed = distributed.mean_and_any(values, self._stop_requested)
+        values = values.tolist()  # the one host sync of the interval
         self._metric_sum.zero_()
         record = {"step": self.step, **dict(zip(METRICS, values)),
                   "step_time_ms": 1e3 * elapsed / steps,
-                  "images_per_sec": steps * self.cfg.batch_size / elapsed,
+                  "images_per_sec": steps * self.cfg.batch_size / elapsed,  # global batch: all ranks' images
                   "data_wait_ms": 1e3 * self._interval_wait / steps,
                   "peak_mem_mb": hardware.peak_memory_mb(self.device),
                   "train_time_s": self._train_time}
@@ -414,8 +449,8 @@ class Trainer:
                                      f"{self._good_state['step']} were restored. Lower the learning rate and resume "
                                      f"from the last checkpoint.")
         record["skipped"] = True
-        warnings.warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
-                      f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=2)
+        self._warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
+                   f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=3)
 
     _ROLLBACK = ("generator", "discriminator", "opt_g", "opt_d", "scaler_g", "scaler_d")
 
@@ -459,9 +494,13 @@ class Trainer:
             if scale is not None and scale < SCALE_COLLAPSE:
                 record["scale_collapsed"] = True
                 net = "discriminator" if name == "d" else "generator"
-                warnings.warn(f"step {self.step}: the {net}'s fp16 GradScaler scale fell to {scale:.3g}: its "
-                              f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
-                              f"or use precision='bf16'.", stacklevel=3)
+                self._warn(f"step {self.step}: the {net}'s fp16 GradScaler scale fell to {scale:.3g}: its "
+                           f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
+                           f"or use precision='bf16'.", stacklevel=4)
+
+    def _warn(self, message: str, stacklevel: int = 3) -> None:
+        if self.world.is_main:  # every rank sees the same all-reduced numbers: one warning is enough
+            warnings.warn(message, stacklevel=stacklevel)
 
     @contextlib.contextmanager
     def _excluded_from_timing(self, reset: bool = False):
@@ -520,18 +559,22 @@ def _unlabelled(name: str):
 @contextlib.contextmanager
 def _interrupts_stop(trainer: Trainer):
     """Ctrl-C (or Jupyter's interrupt) asks the trainer to stop after the current step instead of killing it
-    mid-step; a second Ctrl-C interrupts at once."""
+    mid-step; a second Ctrl-C interrupts at once. Under torchrun SIGTERM too: torchrun forwards the signal it gets
+    (Ctrl-C, or a scheduler's SIGTERM) to every worker once, and kills those still running 30 s later."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGINT)
+    signals = (signal.SIGINT, signal.SIGTERM) if trainer.world.distributed else (signal.SIGINT,)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
 
     def handler(signum, frame):
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous[signum])
         trainer.stop()
 
-    signal.signal(signal.SIGINT, handler)
+    for sig in signals:
+        signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig in signals:
+            signal.signal(sig, previous[sig])

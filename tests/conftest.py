@@ -26,11 +26,13 @@ def glyphs64():
     return ImageTensorDataset(*render_glyphs(64, 32, 1, seed=0))
 
 
+# A DCGAN small enough that a step takes milliseconds (also used by ddp_worker.py, which has no fixtures)
+TINY = dict(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, steps=6, log_interval=2, sample_interval=0)
+
+
 @pytest.fixture
 def tiny(tmp_path):
-    """A DCGAN small enough that a step takes milliseconds."""
-    return TrainConfig(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, steps=6, log_interval=2,
-                       sample_interval=0, out_dir=str(tmp_path / "run"))
+    return TrainConfig(**TINY, out_dir=str(tmp_path / "run"))
 
 
 class BatchFreeG(nn.Module):
@@ -57,3 +59,17 @@ class BatchFreeD(nn.Module):
 
 def weights(module):
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+class FlakyD(BatchFreeD):
+    """Returns NaN on the calls of chosen steps (D runs three times a step: real, fake, and in G's step).
+    Reset `calls` after building the Trainer: its shape check calls D once."""
+
+    def __init__(self, bad_steps):
+        super().__init__()
+        self.calls, self.bad_steps = 0, set(bad_steps)
+
+    def forward(self, x):
+        self.calls += 1
+        out = super().forward(x)
+        return out * float("nan") if (self.calls - 1) // 3 + 1 in self.bad_steps else out

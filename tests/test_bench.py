@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -51,3 +52,19 @@ def test_matmul_peak_is_measured_and_the_ladder_adds_compile_where_it_can():
 def test_unknown_variant_is_refused():
     with pytest.raises(ValueError, match="unknown variant"):
         bench.run("cpu", "cpu", variants=["warp drive"], overrides=TINY, plan=PLAN)
+
+
+def test_scaling_row_times_one_and_two_processes_and_states_the_efficiency(tmp_path):
+    lines = []
+    result = bench.scaling("cpu", "cpu", max_processes=2, repeats=1, steps=6, log_interval=2, overrides=TINY,
+                           out_dir=tmp_path, progress=lines.append)
+    one, two = result["rows"]
+    assert (one["processes"], two["processes"]) == (1, 2) and len(lines) == 2
+    assert (one["global_batch"], two["global_batch"]) == (32, 64) and two["batch_per_process"] == 32
+    assert one["images_per_sec"] > 0 and two["images_per_sec"] > 0 and one["efficiency"] == 1.0
+    assert two["efficiency"] == pytest.approx(two["images_per_sec"] / (2 * one["images_per_sec"]))
+    assert result["threads_per_process"] == {1: os.cpu_count(), 2: max(1, os.cpu_count() // 2)}
+    history = json.loads((tmp_path / "2-processes-0" / "history.json").read_text())
+    assert [r["step"] for r in history] == [2, 4, 6]  # rank 0's record of the 2-process run
+    table = bench.scaling_markdown(result)
+    assert "| 2 | 64 |" in table and "scaling efficiency" in table and "gloo" in table and "share its" in table

@@ -191,3 +191,20 @@ def test_make_loader_follows_the_config(glyphs64):
     batch = next(iter(loader))
     assert isinstance(loader, DeviceLoader) and batch.is_contiguous(memory_format=torch.channels_last)
     assert isinstance(make_loader(glyphs64, cfg.replace(loader="dataloader"), "cpu"), HostLoader)
+
+
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_under_torchrun_the_ranks_batches_together_are_the_one_process_batch(glyphs64, loader):
+    from gantools.distributed import World
+
+    cfg = TrainConfig(batch_size=16, loader=loader, hflip=True)  # flips too: drawn per global batch, sliced
+    batches = {}
+    for world in (World(), World(0, 2, 0), World(1, 2, 1)):
+        it = make_loader(glyphs64, cfg, "cpu", world)
+        it.set_position(1, 2)  # mid-epoch, as after a resume
+        torch.manual_seed(0)
+        batches[world.rank, world.size] = next(iter(it))
+    whole, first, second = batches[0, 1], batches[0, 2], batches[1, 2]
+    assert first.shape[0] == second.shape[0] == 8
+    assert torch.equal(torch.cat([first, second]), whole)
+    assert not torch.equal(first, second)

@@ -17,7 +17,7 @@ from gantools import (DataError, ImageFolderDataset, NonFiniteLossError, OutOfMe
                       load_glyphs)
 from gantools.cli import main
 
-from conftest import BatchFreeD, BatchFreeG, weights
+from conftest import BatchFreeG, FlakyD, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,20 +125,6 @@ def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
     boundary = stopped_at - stopped_at % 5  # a clean stop logs a short interval at the step it stopped
     kept = [s for s in losses[0] if s <= boundary or s >= boundary + 10]
     assert [losses[0][s] for s in kept] == [losses[1][s] for s in kept] and len(kept) >= len(losses[0]) - 1
-
-
-class FlakyD(BatchFreeD):
-    """Returns NaN on the calls of chosen steps (D runs three times a step: real, fake, and in G's step).
-    Reset `calls` after building the Trainer: its shape check calls D once."""
-
-    def __init__(self, bad_steps):
-        super().__init__()
-        self.calls, self.bad_steps = 0, set(bad_steps)
-
-    def forward(self, x):
-        self.calls += 1
-        out = super().forward(x)
-        return out * float("nan") if (self.calls - 1) // 3 + 1 in self.bad_steps else out
 
 
 def _flaky(cfg, glyphs64, bad_steps):
