@@ -105,13 +105,6 @@ def main(argv=None) -> int:
         args["betas"] = tuple(args["betas"])
     if command == "profile":
         return _profile(args)
-    try:
-        return _train(args)
-    finally:
-        distributed.shutdown()
-
-
-def _train(args: dict) -> int:
     resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
     world = distributed.world()
     callbacks = () if quiet or not world.is_main else (ProgressBar(),)  # under torchrun: rank 0 reports

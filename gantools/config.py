@@ -254,15 +254,16 @@ def _value_problems(c: TrainConfig) -> list[str]:
     ok_b = at_least("batch_size", 1)
     ok_k = at_least("grad_accum_steps", 1)
     parts = world.size * c.grad_accum_steps if ok_k else 1
-    if ok_b and ok_k and c.batch_size % parts and not world.distributed:
-        p.append(f"batch_size={c.batch_size} is not divisible by grad_accum_steps={c.grad_accum_steps}: "
-                 f"each micro-batch must have the same size (try batch_size="
-                 f"{parts * max(1, c.batch_size // parts)})")
-    elif ok_b and ok_k and c.batch_size % parts:
-        micro = f", each in grad_accum_steps={c.grad_accum_steps} micro-batches" if c.grad_accum_steps > 1 else ""
-        p.append(f"batch_size={c.batch_size} is the global batch, shared by the {world.size} processes torchrun "
-                 f"started{micro}: it must be divisible by {parts} so every process gets an equal share (try "
-                 f"batch_size={parts * max(1, c.batch_size // parts)}, or a --nproc_per_node that divides it)")
+    if ok_b and ok_k and c.batch_size % parts:
+        fix = f"try batch_size={parts * max(1, c.batch_size // parts)}"
+        if world.distributed:
+            micro = f", each in grad_accum_steps={c.grad_accum_steps} micro-batches" if c.grad_accum_steps > 1 else ""
+            p.append(f"batch_size={c.batch_size} is the global batch, shared by the {world.size} processes torchrun "
+                     f"started{micro}: it must be divisible by {parts} so every process gets an equal share ({fix}, "
+                     f"or a --nproc_per_node that divides it)")
+        else:
+            p.append(f"batch_size={c.batch_size} is not divisible by grad_accum_steps={c.grad_accum_steps}: "
+                     f"each micro-batch must have the same size ({fix})")
     if ok_b and ok_k and parts > 1 and not c.drop_last:
         p.append("grad_accum_steps > 1 and torchrun need drop_last=True so every batch splits into equal parts")
     at_least("steps", 1)

@@ -290,8 +290,6 @@ class EpochBatchSampler(Sampler):
 
     def batch_indices(self, order: torch.Tensor, b: int) -> torch.Tensor:
         """This rank's indices of global batch b (all of them for one process)."""
-        if self.world_size == 1:
-            return order[b * self.batch_size:(b + 1) * self.batch_size]
         local = self.batch_size // self.world_size
         start = b * self.batch_size + self.rank * local
         return order[start:start + local]

@@ -87,7 +87,7 @@ def init(dev: torch.device, where: World) -> None:
 
 
 def shutdown() -> None:
-    """Leave the process group (the CLI does it on exit; also registered with atexit)."""
+    """Leave the process group; `init` registers it to run at exit, so scripts and the CLI need not."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
