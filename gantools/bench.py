@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from . import distributed
-from .config import TrainConfig, preset
+from .config import TrainConfig, cli_flags, preset
+from .errors import ConfigError, GantoolsError
 from .hardware import machine_info, resolve_device
 
 # bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
@@ -112,12 +113,24 @@ def _config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> Train
 
 
 def flops_per_image(trainer) -> float:
-    """FLOPs of one training step (D and G, forward and backward) per image, counted by FlopCounterMode."""
+    """FLOPs of one training step of this trainer's own config (D and G, forward and backward; a frozen D computes
+    no weight gradients in G's step) per image, counted by FlopCounterMode, without training it: the step runs on
+    a snapshot of its state (`Trainer.unchanged`), on the eager networks. Eager because a compiled network under
+    FlopCounterMode (a TorchDispatchMode) is not compiled: dynamo skips a frame run under a dispatch mode and then
+    skips that code object for good (pytorch/pytorch#190286; #140909: compiled models fall back to eager after
+    being counted), and the DCGAN's forward code is shared by every variant. Compiling changes no matmul or
+    convolution, which is all FlopCounterMode counts."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch = next(iter(trainer.loader))
-    with FlopCounterMode(display=False) as counter:
-        trainer._train_step(batch)
+    from .data import prepare_batch
+
+    # one batch straight from the dataset: iterating the trainer's loader could restart its persistent workers
+    items = [trainer.dataset[i] for i in range(trainer.cfg.batch_size // trainer.world.size)]
+    images = torch.stack([item[0] if isinstance(item, (tuple, list)) else item for item in items])
+    batch = prepare_batch(images, trainer.device, channels_last=trainer.cfg.channels_last)
+    with trainer.unchanged(), trainer.eager():
+        with FlopCounterMode(display=False) as counter:
+            trainer._train_step(batch)
     return counter.get_total_flops() / batch.shape[0]
 
 
@@ -143,10 +156,12 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
     if variants:
         unknown = set(variants) - set(steps)
         if unknown:
-            raise ValueError(f"unknown variant(s) {sorted(unknown)}; choose from {list(steps)}")
+            raise ConfigError(f"unknown variant(s) {sorted(unknown)}; choose from {list(steps)}")
         steps = {k: v for k, v in steps.items() if k in variants or k.startswith("reference")}
     out_dir = Path(out_dir)
     trainers, rows = {}, {}
+    # Each variant is built and trained with its own settings (TF32, cudnn.benchmark and its RNG live in its
+    # Trainer and apply only during its own fit()), so building them all first and interleaving them is fair.
     for name, changes in steps.items():  # build and warm up each variant
         cfg = _config(base, changes, out_dir, name)
         per_repeat = max(1, plan["images_per_repeat"] // cfg.batch_size)
@@ -156,9 +171,9 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
         trainer.fit(max(1, plan["warmup_images"] // cfg.batch_size))
         trainers[name] = (trainer, per_repeat)
         rows[name] = {"variant": name, "changes": {k: v for k, v in changes.items()}, "batch_size": cfg.batch_size,
-                      "warmup_s": time.perf_counter() - t0, "images_per_sec_runs": []}
+                      "warmup_s": time.perf_counter() - t0, "images_per_sec_runs": [],
+                      "flops_per_image": flops_per_image(trainer)}
         progress(f"warmed up {name} in {rows[name]['warmup_s']:.1f} s")
-    flops = flops_per_image(trainers[list(trainers)[-1]][0])  # the same per image for every variant
     peak = peak_flops(dev)
     measured = {"fp32": matmul_peak(dev, torch.float32), "bf16": matmul_peak(dev, torch.bfloat16)}
     for r in range(plan["repeats"]):  # interleaved: one chunk of each variant per repeat
@@ -169,6 +184,7 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
     reference = statistics.median(rows[next(iter(rows))]["images_per_sec_runs"])
     for name, (trainer, _) in trainers.items():
         row, runs = rows[name], rows[name]["images_per_sec_runs"]
+        flops = row["flops_per_image"]
         row.update(images_per_sec=statistics.median(runs), spread=(min(runs), max(runs)),
                    speedup=statistics.median(runs) / reference, peak_mem_mb=trainer.history[-1]["peak_mem_mb"],
                    tflops=statistics.median(runs) * flops / 1e12,
@@ -186,7 +202,7 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
             rows[name].update(trainer.history.quality)
             progress(f"quality of {name}: FID {rows[name]['fid']:.2f}")
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "plan": plan,
-            "flops_per_image": flops, "peak_bf16_flops": peak, "measured_matmul_flops": measured,
+            "peak_bf16_flops": peak, "measured_matmul_flops": measured,
             "date": time.strftime("%Y-%m-%d"),
             "rows": list(rows.values())}
 
@@ -258,12 +274,13 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
             run_dir = Path(out_dir) / f"{n}-processes-{r}"
             cfg = base.replace(batch_size=per_process * n, steps=steps, log_interval=log_interval, sample_interval=0,
                                checkpoint_interval=0, out_dir=str(run_dir)).validate()
-            args = ["-m", "gantools", "train", "--preset", "reference", "--quiet", *_flags(cfg, preset("reference"))]
+            args = ["-m", "gantools", "train", "--preset", "reference", "--quiet",
+                    *cli_flags(cfg, preset("reference"))]
             command = [sys.executable, *args] if n == 1 else distributed.launch_command(n, *args)
             env = {**os.environ, **({"OMP_NUM_THREADS": str(threads[n])} if threads else {})}
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"{n}-process run failed:\n{done.stderr[-3000:]}")
+                raise _child_failure(n, done)
             records = json.loads((run_dir / "history.json").read_text())
             runs[n].append(statistics.median(x["images_per_sec"] for x in records[1:] or records))
             progress(f"{n} process(es), repeat {r + 1}/{repeats}: {runs[n][-1]:.0f} images/s")
@@ -277,20 +294,20 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
 
-def _flags(cfg: TrainConfig, start: TrainConfig) -> list[str]:
-    """The CLI flags that turn config `start` into `cfg`."""
-    flags = []
-    for name, value in cfg.to_dict().items():
-        if value == start.to_dict()[name]:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, (tuple, list)):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
+class ScalingCrash(RuntimeError):
+    """A process of a scaling run died of something other than a gantools error (a crash, a torch bug, a signal):
+    not the user's mistake, so it is reported as a failure with what the process printed, never as bad input."""
+
+
+def _child_failure(n: int, done: subprocess.CompletedProcess) -> Exception:
+    """A child's own gantools error (it printed "gantools: error" and exited with 2: bad input, missing data) is
+    passed on as one; anything else is a crash."""
+    lines = [line for line in done.stderr.splitlines() if line.startswith("gantools: error")]
+    if done.returncode == 2 and lines:
+        message = lines[0].split(":", 2)[-1].strip()
+        return GantoolsError(f"the {n}-process run stopped: {message}")
+    return ScalingCrash(f"the {n}-process run crashed (exit status {done.returncode}); the last of what it "
+                        f"printed:\n{done.stderr[-3000:]}")
 
 
 def scaling_markdown(result: dict) -> str:

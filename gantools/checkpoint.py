@@ -1,6 +1,7 @@
 """Checkpoints that survive a crash mid-write and that load safely (`weights_only=True`: no pickled code runs)."""
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import tempfile
@@ -8,12 +9,35 @@ from pathlib import Path
 
 import torch
 
+from .errors import CheckpointError, ConfigError
+
 REQUIRED_KEYS = ("format", "step", "batches_seen", "config", "generator", "discriminator", "opt_g", "opt_d",
                  "scaler_g", "scaler_d", "rng", "history")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, damaged, tampered with or not a gantools checkpoint."""
+def ensure_writable(folder: str | os.PathLike) -> Path:
+    """Create `folder` if needed and prove a file can be written in it (a probe file, removed at once), so an
+    unwritable output folder is one clear ConfigError before any work, not a traceback at the first checkpoint."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".gantools-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if in_the_way is not None:
+            reason = f"{in_the_way} is a file, not a folder: move it away or choose another folder"
+        elif e.errno == errno.EROFS:
+            reason = "it is on a read-only file system: choose a folder on a writable disk"
+        elif e.errno in (errno.EACCES, errno.EPERM):
+            reason = "permission denied: choose a folder you can write to, or change its permissions"
+        elif e.errno == errno.ENOSPC:
+            reason = "the disk is full: free space or choose another disk"
+        else:
+            reason = e.strerror or str(e)
+        raise ConfigError(f"cannot write to {folder}: {reason}") from e
+    return folder
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:

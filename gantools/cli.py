@@ -1,5 +1,9 @@
-"""`python -m gantools train`: every TrainConfig field is a flag; errors are one line, never a traceback.
-`torchrun --nproc_per_node N -m gantools train ...` runs the same training data-parallel (see distributed.py)."""
+"""`python -m gantools <command>`: every TrainConfig field is a flag; errors are one or two lines, never a traceback.
+`torchrun --nproc_per_node N -m gantools train ...` runs the same training data-parallel (see distributed.py).
+
+Each subcommand is one entry of `COMMANDS`: a function that adds its flags and one that runs it. `main` catches
+every `GantoolsError` (bad input, data, checkpoint, out of memory, a non-finite loss) for all of them: one message,
+exit status 2. Anything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import argparse
@@ -10,78 +14,42 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from . import distributed
-from .checkpoint import CheckpointError
-from .config import PRESETS, ConfigError, TrainConfig, preset
-from .data import DataError
-from .display import ProgressBar
+from .config import PRESETS, TrainConfig, preset
+from .errors import CheckpointError, GantoolsError, OutOfMemory
 from .hardware import machine_info
-from .train import NonFiniteLossError, OutOfMemory, Trainer
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    hints = typing.get_type_hints(TrainConfig)
+class _Parser(argparse.ArgumentParser):
+    """An invalid flag value prints what was wrong (the flag, the value, what is allowed) and where the rest is,
+    instead of argparse's whole usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"gantools: error: {message}\n  see `{self.prog} --help` for every flag and its values\n")
+
+
+def _fail(message: str) -> int:
+    print(f"gantools: error: {message}", file=sys.stderr)
+    return 2
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field, from its Knob: `--name` (`--name/--no-name` for booleans), typed, with its
+    choices and help. Flags left out are not in the parsed result, so the preset (or checkpoint) keeps its value."""
     for f in fields(TrainConfig):
+        knob = f.metadata["knob"]
         default = f.default if f.default is not MISSING else f.default_factory()
-        flag = "--" + f.name.replace("_", "-")
-        kw = {"dest": f.name, "default": argparse.SUPPRESS,
-              "help": f"{f.metadata['help']} (default: {default})"}
-        if "choices" in f.metadata:
-            kw["choices"] = f.metadata["choices"]
-        hint = hints[f.name]
-        if f.name == "betas":
-            kw.update(nargs=2, type=float, metavar=("BETA1", "BETA2"))
-        elif hint in (bool, typing.Optional[bool]):
+        kw = {"dest": f.name, "default": argparse.SUPPRESS, "help": f"{knob.help} (default: {default})"}
+        if knob.choices is not None:
+            kw["choices"] = knob.choices
+        if knob.kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
-        elif hint in (int, typing.Optional[int]):
-            kw["type"] = int
-        elif hint is float:
-            kw["type"] = float
-        parser.add_argument(flag, **kw)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gantools", description="Fast GAN training, measured.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a GAN (DCGAN on glyphs unless told otherwise)",
-                           description="Train a GAN. Flags override the preset; every flag is a TrainConfig field.")
-    _add_preset_flag(train)
-    train.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
-                       help="continue from a checkpoint (default path: <out-dir>/checkpoint.pt); flags given here "
-                            "override its config, e.g. --steps to train longer")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_config_flags(train)
-    prof = sub.add_parser("profile", help="profile a few steps and say what to fix next",
-                          description="Profile a config with torch.profiler: per-phase breakdown, op table, trace "
-                                      "for Perfetto, and a verdict (data-, host-overhead-, compute- or "
-                                      "memory-bound) with the fix to try next.")
-    _add_preset_flag(prof)
-    prof.add_argument("--profile-steps", type=int, default=5, help="steps recorded by the profiler (default: 5)")
-    prof.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default: 2)")
-    prof.add_argument("--trace", default=None, help="chrome trace path (default: <out-dir>/trace.json)")
-    _add_config_flags(prof)
-    bench = sub.add_parser("bench", help="the benchmark ladder: each technique against the tutorial's loop",
-                           description="Reference loop, each technique alone, all together and a max-throughput "
-                                       "preset, interleaved in one process; --quality adds FID/KID/coverage at an "
-                                       "equal image budget. Prints a Markdown table.")
-    bench.add_argument("--size", choices=("cpu", "gpu"), default=None,
-                       help="cpu: 32 px glyphs, a few minutes on 2 cores; gpu: 64 px colour glyphs (default: by device)")
-    bench.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
-    bench.add_argument("--quality", action="store_true", help="also train every variant on the same number of "
-                                                               "images and report FID, KID and class coverage")
-    bench.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                       help="include torch.compile variants (default: wherever it can compile: CUDA, or a CPU "
-                            "with a C++ compiler)")
-    bench.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default: 5)")
-    bench.add_argument("--variants", nargs="+", default=None, help="run only these ladder rows (quote names)")
-    bench.add_argument("--scaling", action="store_true",
-                       help="instead of the ladder: images/s and scaling efficiency for 1..N processes under torchrun "
-                            "(N: the GPUs here; on a CPU, 2 processes sharing its cores)")
-    bench.add_argument("--max-processes", type=int, default=None, help="with --scaling: the largest N")
-    bench.add_argument("--json", default=None,
-                       help="where to write the JSON (default: runs/bench/bench.json, or scaling.json)")
-    bench.add_argument("--png", default="runs/bench/bench.png", help="where to write the chart (default: %(default)s)")
-    sub.add_parser("info", help="print what this machine is (device, versions, cores) as JSON")
-    return parser
+        else:
+            kw["type"] = knob.parse
+            if knob.pair:
+                kw["nargs"] = 2
+            if knob.metavar:
+                kw["metavar"] = knob.metavar
+        parser.add_argument("--" + f.name.replace("_", "-"), **kw)
 
 
 def _add_preset_flag(parser: argparse.ArgumentParser) -> None:
@@ -89,39 +57,43 @@ def _add_preset_flag(parser: argparse.ArgumentParser) -> None:
                         help="starting config: 'reference' is the PyTorch DCGAN tutorial's loop (default: default)")
 
 
-def main(argv=None) -> int:
-    args = vars(build_parser().parse_args(argv))
-    command = args.pop("command")
-    if command in ("bench", "profile") and distributed.world().distributed:
-        print(f"gantools: error: {command} runs as one process; start it without torchrun "
-              f"(bench --scaling launches torchrun itself)", file=sys.stderr)
-        return 2
-    if command == "bench":
-        return _bench(args)
-    if command == "info":
-        print(json.dumps(machine_info(), indent=1))
-        return 0
-    if "betas" in args:
-        args["betas"] = tuple(args["betas"])
-    if command == "profile":
-        return _profile(args)
+def _count(minimum: int):
+    """An argparse type: a whole number >= minimum, refused with one clear line otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is too small: it must be >= {minimum}")
+        return value
+    return parse
+
+
+# -- train ----------------------------------------------------------------------------------------------------------
+
+def _train_flags(p: argparse.ArgumentParser) -> None:
+    _add_preset_flag(p)
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                   help="continue from a checkpoint (default path: <out-dir>/checkpoint.pt); flags given here "
+                        "override its config, e.g. --steps to train longer")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_flags(p)
+
+
+def _train(args: dict) -> int:
+    from .display import ProgressBar
+    from .train import Trainer
+
     resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
     world = distributed.world()
     callbacks = () if quiet or not world.is_main else (ProgressBar(),)  # under torchrun: rank 0 reports
-    try:
-        if resume is not None:
-            out_dir = args.get("out_dir", TrainConfig().out_dir)
-            path = Path(resume) if resume else Path(out_dir) / "checkpoint.pt"
-            trainer = Trainer.resume(path, callbacks=callbacks, **args)
-        else:
-            trainer = Trainer(preset(name, **args), callbacks=callbacks)
-        history = trainer.fit()
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, OutOfMemory) as e:
-        # config, data and all-reduced losses are the same on every rank: rank 0 says it once
-        if world.is_main or isinstance(e, (CheckpointError, OutOfMemory)):
-            rank = "" if world.is_main else f" (rank {world.rank})"
-            print(f"gantools: error{rank}: {e}", file=sys.stderr)
-        return 2
+    if resume is not None:
+        path = Path(resume) if resume else Path(args.get("out_dir", TrainConfig().out_dir)) / "checkpoint.pt"
+        trainer = Trainer.resume(path, callbacks=callbacks, **args)
+    else:
+        trainer = Trainer(preset(name, **args), callbacks=callbacks)
+    history = trainer.fit()
     if not world.is_main:
         return 0
     s = history.summary()
@@ -134,61 +106,149 @@ def main(argv=None) -> int:
     return 0
 
 
+# -- profile --------------------------------------------------------------------------------------------------------
+
+def _profile_flags(p: argparse.ArgumentParser) -> None:
+    _add_preset_flag(p)
+    p.add_argument("--profile-steps", type=_count(1), default=5, help="steps recorded by the profiler (default: 5)")
+    p.add_argument("--warmup", type=_count(0), default=2, help="steps run before measuring (default: 2)")
+    p.add_argument("--trace", default=None, help="chrome trace path (default: <out-dir>/trace.json)")
+    add_config_flags(p)
+
+
 def _profile(args: dict) -> int:
     from .profiling import profile
 
     steps, warmup, trace, name = args.pop("profile_steps"), args.pop("warmup"), args.pop("trace"), args.pop("preset")
-    if steps < 1 or warmup < 0:
-        print("gantools: error: --profile-steps must be >= 1 and --warmup >= 0", file=sys.stderr)
-        return 2
-    try:
-        report = profile(preset(name, **args), steps=steps, warmup=warmup, trace_path=trace)
-    except (ConfigError, DataError, NonFiniteLossError) as e:
-        print(f"gantools: error: {e}", file=sys.stderr)
-        return 2
+    report = profile(preset(name, **args), steps=steps, warmup=warmup, trace_path=trace)
     print(report)
     print(report.table)
     print(f"trace (open in https://ui.perfetto.dev): {report.trace_path}")
     return 0
 
 
+# -- bench ----------------------------------------------------------------------------------------------------------
+
+def _bench_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--size", choices=("cpu", "gpu"), default=None,
+                   help="cpu: 32 px glyphs, a few minutes on 2 cores; gpu: 64 px colour glyphs (default: by device)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.add_argument("--quality", action="store_true", help="also train every variant on the same number of images "
+                                                          "and report FID, KID and class coverage")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="include torch.compile variants (default: wherever it can compile: CUDA, or a CPU with a C++ "
+                        "compiler)")
+    p.add_argument("--repeats", type=_count(1), default=None, help="interleaved repeats (default: 5)")
+    p.add_argument("--variants", nargs="+", default=None, help="run only these ladder rows (quote names)")
+    p.add_argument("--scaling", action="store_true",
+                   help="instead of the ladder: images/s and scaling efficiency for 1..N processes under torchrun "
+                        "(N: the GPUs here; on a CPU, 2 processes sharing its cores)")
+    p.add_argument("--max-processes", type=_count(1), default=None, help="with --scaling: the largest N")
+    p.add_argument("--json", default=None,
+                   help="where to write the JSON (default: runs/bench/bench.json, or scaling.json)")
+    p.add_argument("--png", default="runs/bench/bench.png", help="where to write the chart (default: %(default)s)")
+
+
 def _bench(args: dict) -> int:
     from . import bench
+    from .checkpoint import ensure_writable
     from .hardware import resolve_device
 
     size = args["size"] or ("gpu" if resolve_device(args["device"]).type == "cuda" else "cpu")
-    if args["repeats"] is not None and args["repeats"] < 1:
-        print("gantools: error: --repeats must be >= 1", file=sys.stderr)
-        return 2
+    progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
     if args["scaling"]:
-        return _scaling(args, size)
+        path = args["json"] or "runs/bench/scaling.json"
+        ensure_writable(Path(path).parent)  # before minutes of measuring, not after
+        try:
+            result = bench.scaling(size, args["device"], args["max_processes"], args["repeats"] or 3,
+                                   progress=progress)
+        except bench.ScalingCrash as e:  # not the user's mistake: show what the child printed, as a failure
+            print(f"gantools: FAILED: {e}", file=sys.stderr)
+            return 1
+        bench.save(result, path)
+        print(bench.scaling_markdown(result))
+        print(f"\nJSON: {path}")
+        return 0
     args["json"] = args["json"] or "runs/bench/bench.json"
-    try:
-        result = bench.run(size, args["device"], args["variants"], args["quality"], args["compile"], args["repeats"],
-                           progress=lambda line: print(line, file=sys.stderr))
-    except (ValueError, ConfigError, DataError) as e:
-        print(f"gantools: error: {e}", file=sys.stderr)
-        return 2
+    for path in (args["json"], args["png"]):
+        ensure_writable(Path(path).parent)
+    result = bench.run(size, args["device"], args["variants"], args["quality"], args["compile"], args["repeats"],
+                       progress=progress)
     bench.save(result, args["json"], args["png"])
     print(bench.markdown(result))
     print(f"\nJSON: {args['json']}  chart: {args['png']}")
     return 0
 
 
-def _scaling(args: dict, size: str) -> int:
-    from . import bench
+# -- check ----------------------------------------------------------------------------------------------------------
 
-    if args["max_processes"] is not None and args["max_processes"] < 1:
-        print("gantools: error: --max-processes must be >= 1", file=sys.stderr)
-        return 2
-    path = args["json"] or "runs/bench/scaling.json"
-    try:
-        result = bench.scaling(size, args["device"], args["max_processes"], args["repeats"] or 3,
-                               progress=lambda line: print(line, file=sys.stderr))
-    except (ValueError, ConfigError, DataError, RuntimeError) as e:
-        print(f"gantools: error: {e}", file=sys.stderr)
-        return 2
-    bench.save(result, path)
-    print(bench.scaling_markdown(result))
-    print(f"\nJSON: {path}")
+def _check_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--json", default="runs/check/check.json", help="where to write the results (default: %(default)s)")
+
+
+def _check(args: dict) -> int:
+    from . import check
+    from .checkpoint import ensure_writable
+
+    ensure_writable(Path(args["json"]).parent)
+    result = check.run(args["device"], progress=lambda line: print(line, file=sys.stderr))
+    check.save(result, args["json"])
+    print(check.table(result))
+    print(f"\nJSON: {args['json']}")
+    return 0 if result["ok"] else 1
+
+
+# -- info -----------------------------------------------------------------------------------------------------------
+
+def _info(args: dict) -> int:
+    print(json.dumps(machine_info(), indent=1))
     return 0
+
+
+# name -> (one-line help, description, add its flags, run it, may run under torchrun)
+COMMANDS = {
+    "train": ("train a GAN (DCGAN on glyphs unless told otherwise)",
+              "Train a GAN. Flags override the preset; every flag is a TrainConfig field.", _train_flags, _train, True),
+    "profile": ("profile a few steps and say what to fix next",
+                "Profile a config with torch.profiler: per-phase breakdown, op table, trace for Perfetto, and a "
+                "verdict (data-, host-overhead-, compute- or memory-bound) with the fix to try next.",
+                _profile_flags, _profile, False),
+    "bench": ("the benchmark ladder: each technique against the tutorial's loop",
+              "Reference loop, each technique alone, all together and a max-throughput preset, interleaved in one "
+              "process; --quality adds FID/KID/coverage at an equal image budget. Prints a Markdown table.",
+              _bench_flags, _bench, False),
+    "check": ("run every technique for a few steps on this machine and say which work (the first thing to run on "
+              "a new GPU)",
+              "Every precision the device supports, fused and foreach Adam, channels_last, torch.compile, the device "
+              "loader, a DataLoader with workers (pinned on CUDA), accumulation and DDP with 2 processes, a few "
+              "steps each: finite losses, no gradients into a frozen D, recompiles within bounds, exact resume "
+              "(CPU). Prints a table, writes JSON, exits 1 if anything failed.", _check_flags, _check, False),
+    "info": ("print what this machine is (device, versions, cores) as JSON", None, lambda p: None, _info, True),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gantools", description="Fast GAN training, measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help, description, add_flags, _, _) in COMMANDS.items():
+        add_flags(sub.add_parser(name, help=help, description=description or help))
+    return parser
+
+
+def main(argv=None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    _, _, _, run, under_torchrun = COMMANDS[command]
+    world = distributed.world()
+    if world.distributed and not under_torchrun:
+        return _fail(f"{command} runs as one process; start it without torchrun (bench --scaling launches "
+                     f"torchrun itself)")
+    try:
+        return run(args)
+    except GantoolsError as e:
+        # config, data and all-reduced losses are the same on every rank: rank 0 says it once
+        if world.is_main or isinstance(e, (CheckpointError, OutOfMemory)):
+            rank = "" if world.is_main else f" (rank {world.rank})"
+            print(f"gantools: error{rank}: {e}", file=sys.stderr)
+        return 2

@@ -1,6 +1,12 @@
-"""One config object for every run: the notebooks' widgets, the CLI flags and the benchmark all set these fields."""
+"""One config object for every run: the notebooks' widgets, the CLI flags and the benchmark all set these fields.
+
+Each field is described once, by the `Knob` in its metadata: its type, its choices, whether None ("auto") is allowed,
+whether it is a speed knob. Validation, the CLI flags of `train`/`profile`, the command lines the benchmark builds and
+the widget panel all read that description (`knobs()`), so a new field is added in one place.
+"""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -10,6 +16,9 @@ from typing import Optional
 import torch
 
 from . import distributed, hardware
+from .errors import ConfigError
+
+__all__ = ["ConfigError", "Knob", "TrainConfig", "cli_flags", "knobs", "preset", "speed_knobs"]
 
 DATASETS = ("glyphs", "glyphs-color", "mnist", "fashion-mnist", "cifar10", "folder")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -22,18 +31,81 @@ NONFINITE = ("stop", "skip")
 TRANSFORMS = ("on-device", "per-sample")
 IMAGE_SIZES = (28, 32, 64)
 
-
-class ConfigError(ValueError):
-    """A config value (or combination) that cannot work; the message lists every problem and its fix."""
+_KIND_WORDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a string"}
 
 
-def _f(default, help, choices=None, **kw):
-    meta = {"help": help}
-    if choices is not None:
-        meta["choices"] = choices
-    if isinstance(default, (list, tuple)):
-        return field(default_factory=lambda: default, metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
+@dataclass(frozen=True)
+class Knob:
+    """The one description of a TrainConfig field.
+
+    `kind` is the type of the value (of each of the two values when `pair`); `choices` the allowed values, if
+    limited; `optional` allows None (auto, or PyTorch's default); `speed` marks a knob that changes how fast a run
+    trains or how much memory it needs, not what it learns (up to rounding, and BatchNorm's micro-batch statistics
+    for grad_accum_steps): what a tuner may change freely. The CLI flag is `--name-with-dashes` (`--x/--no-x` for
+    booleans)."""
+
+    help: str
+    kind: type
+    choices: tuple | None = None
+    optional: bool = False
+    pair: bool = False
+    speed: bool = False
+    metavar: tuple | str | None = None
+
+    def _item_ok(self, v) -> bool:
+        if self.kind is bool:
+            return isinstance(v, bool)
+        if self.kind is int:
+            return isinstance(v, int) and not isinstance(v, bool)
+        if self.kind is float:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        return isinstance(v, self.kind)
+
+    def type_problem(self, name: str, value) -> str | None:
+        """Why `value` has the wrong type for this field (None when it is fine). Ranges and choices are checked
+        by `TrainConfig.validate()`, once the types are right."""
+        if value is None and self.optional:
+            return None
+        if self.pair:
+            if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(self._item_ok, value)):
+                return None
+            want = f"two {'numbers' if self.kind is float else _KIND_WORDS[self.kind] + 's'}, e.g. (0.5, 0.999)"
+        elif self._item_ok(value):
+            return None
+        else:
+            want = _KIND_WORDS[self.kind]
+        return f"{name}={value!r} ({type(value).__name__}): must be {want}" + (" or None" if self.optional else "")
+
+    def parse(self, text: str):
+        """One value from a command-line string (argparse's `type=`): a clear message when it is not one."""
+        if self.kind is str:
+            return text
+        try:
+            return self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {_KIND_WORDS[self.kind]}") from None
+
+    def cli_tokens(self, name: str, value) -> list[str]:
+        """The command-line tokens that set this field to `value` (what the benchmark passes to a subprocess)."""
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            raise ValueError(f"{name}=None has no command-line form: leave the flag out to get the default")
+        if self.kind is bool:
+            return [flag if value else "--no-" + flag[2:]]
+        if self.pair:
+            return [flag, *map(str, value)]
+        return [flag, str(value)]
+
+
+def _f(default, help, choices=None, *, kind=None, optional=False, speed=False, metavar=None):
+    """A dataclass field described by its Knob (kind inferred from the default unless given)."""
+    pair = isinstance(default, (list, tuple))
+    kind = kind or (type(default[0]) if pair else type(default))
+    knob = Knob(help, kind, choices, optional or default is None, pair, speed, metavar)
+    meta = {"knob": knob, "help": help, **({"choices": choices} if choices is not None else {})}
+    if pair:
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -45,20 +117,23 @@ class TrainConfig:
     seed: int = _f(0, "seed for weights, noise and data order")
     # data
     dataset: str = _f("glyphs", "which images to learn", DATASETS)
-    data_root: Optional[str] = _f(None, "folder holding datasets (default: $GANTOOLS_DATA, else data/)")
-    data_path: Optional[str] = _f(None, "folder of image files, for dataset=folder")
+    data_root: Optional[str] = _f(None, "folder holding datasets (default: $GANTOOLS_DATA, else data/)", kind=str)
+    data_path: Optional[str] = _f(None, "folder of image files, for dataset=folder", kind=str)
     download: bool = _f(False, "download mnist/fashion-mnist/cifar10 when missing (needs internet)")
     image_size: int = _f(32, "image side in pixels", IMAGE_SIZES)
     channels: int = _f(1, "1 (grey) or 3 (colour)", (1, 3))
     hflip: bool = _f(False, "random horizontal flips (for photos; wrong for digits)")
-    loader: str = _f("dataloader", "dataloader: torch DataLoader; device: whole dataset held on the device", LOADERS)
+    loader: str = _f("dataloader", "dataloader: torch DataLoader; device: whole dataset held on the device", LOADERS,
+                     speed=True)
     transform: str = _f("on-device", "on-device: uint8 batches normalised on the device; "
                         "per-sample: PIL + torchvision transforms per image, as the PyTorch tutorial does",
-                        TRANSFORMS)
-    num_workers: int = _f(0, "DataLoader worker processes (0 loads in the training process)")
-    pin_memory: bool = _f(False, "page-locked host batches for async copies to a GPU (CUDA only)")
-    persistent_workers: bool = _f(False, "keep DataLoader workers alive between epochs")
-    prefetch_factor: Optional[int] = _f(None, "batches each worker loads ahead (needs num_workers > 0)")
+                        TRANSFORMS, speed=True)
+    num_workers: int = _f(0, "DataLoader worker processes (0 loads in the training process)", speed=True)
+    pin_memory: Optional[bool] = _f(None, "page-locked host batches for async copies to a GPU (default: on for a "
+                                    "DataLoader feeding CUDA, off otherwise; CUDA only)", kind=bool, speed=True)
+    persistent_workers: bool = _f(False, "keep DataLoader workers alive between epochs", speed=True)
+    prefetch_factor: Optional[int] = _f(None, "batches each worker loads ahead (needs num_workers > 0)", kind=int,
+                                        speed=True)
     drop_last: bool = _f(True, "drop the last incomplete batch of each epoch")
     # model
     nz: int = _f(100, "latent size")
@@ -71,21 +146,27 @@ class TrainConfig:
     batch_size: int = _f(128, "images per optimizer step, over all processes under torchrun (split into "
                          "grad_accum_steps micro-batches)")
     steps: int = _f(200, "optimizer steps to train for (a resumed run continues up to this many)")
-    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")
+    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step", speed=True)
     # numerics and speed
-    precision: str = _f("fp32", "fp32, fp16 (autocast + GradScaler, CUDA only) or bf16 (autocast)", PRECISIONS)
-    tf32: Optional[bool] = _f(None, "TF32 matmuls and convs on Ampere+ GPUs (default: PyTorch's own defaults)")
-    channels_last: bool = _f(False, "NHWC memory format for convolutions")
-    compile: str = _f("off", "torch.compile mode for both networks", COMPILE_MODES)
-    cudnn_benchmark: bool = _f(False, "let cuDNN time and pick convolution algorithms")
-    freeze_d: bool = _f(True, "stop gradients into D's weights during the generator step")
-    sync_every_step: bool = _f(False, "read losses with .item() every step, as the PyTorch tutorial does (slow)")
+    precision: str = _f("fp32", "fp32, fp16 (autocast + GradScaler, CUDA only) or bf16 (autocast)", PRECISIONS,
+                        speed=True)
+    tf32: Optional[bool] = _f(None, "TF32 matmuls and convs on Ampere+ GPUs, during this run's fit() only (default: "
+                              "the process's setting)", kind=bool, speed=True)
+    channels_last: bool = _f(False, "NHWC memory format for convolutions", speed=True)
+    compile: str = _f("off", "torch.compile mode for both networks (reduce-overhead: CUDA graphs, CUDA only)",
+                      COMPILE_MODES, speed=True)
+    cudnn_benchmark: bool = _f(False, "let cuDNN time and pick convolution algorithms (during this run's fit() "
+                               "only)", speed=True)
+    freeze_d: bool = _f(True, "stop gradients into D's weights during the generator step", speed=True)
+    sync_every_step: bool = _f(False, "read losses with .item() every step, as the PyTorch tutorial does (slow)",
+                               speed=True)
     # optimisation
     optimizer: str = _f("adam", "adam or adamw", OPTIMIZERS)
-    optimizer_impl: str = _f("auto", "optimizer kernels: auto, for-loop, foreach or fused", OPTIMIZER_IMPLS)
+    optimizer_impl: str = _f("auto", "optimizer kernels: auto, for-loop, foreach or fused", OPTIMIZER_IMPLS,
+                             speed=True)
     lr_g: float = _f(2e-4, "generator learning rate")
     lr_d: float = _f(2e-4, "discriminator learning rate")
-    betas: tuple = _f((0.5, 0.999), "Adam betas (DCGAN: 0.5, 0.999)")
+    betas: tuple = _f((0.5, 0.999), "Adam betas (DCGAN: 0.5, 0.999)", metavar=("BETA1", "BETA2"))
     weight_decay: float = _f(0.0, "weight decay (L2 for adam, decoupled for adamw)")
     loss: str = _f("bce", "bce: non-saturating BCE with logits; hinge; bce-sigmoid: the tutorial's "
                    "Sigmoid + BCELoss (fp32 only)", LOSSES)
@@ -98,6 +179,12 @@ class TrainConfig:
                            "restore the last good log interval's weights and go on with the next batches", NONFINITE)
     max_skips: int = _f(3, "with on_nonfinite=skip: non-finite log intervals in a row before the run stops")
     out_dir: str = _f("runs/latest", "where samples, history and checkpoints go")
+
+    def __post_init__(self):
+        for name, knob in knobs().items():  # a pair given as a list (JSON, argparse) is stored as a tuple
+            value = getattr(self, name)
+            if knob.pair and isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
 
     # -- presets ----------------------------------------------------------------------------
     def replace(self, **changes) -> "TrainConfig":
@@ -113,9 +200,6 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        values = dict(values)
-        if "betas" in values and isinstance(values["betas"], list):
-            values["betas"] = tuple(values["betas"])
         return cls().replace(**values)
 
     @property
@@ -151,36 +235,33 @@ PRESETS = {
 }
 
 
+def knobs() -> dict[str, Knob]:
+    """Every TrainConfig field's description, in declaration order."""
+    return {f.name: f.metadata["knob"] for f in fields(TrainConfig)}
+
+
+def speed_knobs() -> tuple[str, ...]:
+    """The fields that change speed or memory, not what is learned: what a tuner searches."""
+    return tuple(name for name, knob in knobs().items() if knob.speed)
+
+
+def cli_flags(cfg: TrainConfig, start: TrainConfig | None = None) -> list[str]:
+    """The `train` flags that turn config `start` (default: TrainConfig()) into `cfg`: how the benchmark and the
+    check start runs in other processes."""
+    start = start or TrainConfig()
+    return [token for name, knob in knobs().items() if getattr(cfg, name) != getattr(start, name)
+            for token in knob.cli_tokens(name, getattr(cfg, name))]
+
+
 def _type_problems(cfg: TrainConfig) -> list[str]:
-    out = []
-    for f in fields(cfg):
-        v = getattr(cfg, f.name)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        optional = default is None or f.name in ("tf32", "prefetch_factor", "data_root", "data_path")
-        if v is None and optional:
-            continue
-        if f.name == "betas":
-            ok = (isinstance(v, (tuple, list)) and len(v) == 2
-                  and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in v))
-            want = "two numbers, e.g. (0.5, 0.999)"
-        elif f.name == "tf32" or isinstance(default, bool):
-            ok, want = isinstance(v, bool), "True or False"
-        elif f.name == "prefetch_factor" or isinstance(default, int):
-            ok, want = isinstance(v, int) and not isinstance(v, bool), "a whole number"
-        elif isinstance(default, float):
-            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-        else:
-            ok, want = isinstance(v, str), "a string"
-        if not ok:
-            out.append(f"{f.name}={v!r} ({type(v).__name__}): must be {want}")
-    return out
+    return [p for name, knob in knobs().items() if (p := knob.type_problem(name, getattr(cfg, name)))]
 
 
 def _value_problems(c: TrainConfig) -> list[str]:
     p = []
 
     def choice(name):
-        allowed = TrainConfig.__dataclass_fields__[name].metadata["choices"]
+        allowed = knobs()[name].choices
         if getattr(c, name) not in allowed:
             p.append(f"{name}={getattr(c, name)!r}: choose one of {', '.join(map(str, allowed))}")
             return False

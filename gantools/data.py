@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .checkpoint import atomic_save
 from .distributed import World
+from .errors import DataError
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -29,10 +30,6 @@ GLYPH_SPLITS = {"train": (20000, 0), "test": (2000, 1)}  # split -> (images, see
 GLYPHS_VERSION = 1  # bump when the renderer changes, so stale caches are not reused
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TORCHVISION_DATASETS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "cifar10": "CIFAR10"}
-
-
-class DataError(RuntimeError):
-    """Data that cannot be loaded as asked: the message says where the files should be and how to get them."""
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
@@ -301,15 +298,23 @@ class EpochBatchSampler(Sampler):
 
 
 def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
-                  channels_last: bool = False, world: World = World()) -> torch.Tensor:
+                  channels_last: bool = False, world: World = World(),
+                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Batch to the device, uint8 -> [-1, 1] there (4x less to copy than floats), flipped and laid out there.
-    Under torchrun the flips are drawn for the whole global batch and each rank keeps its slice: the same flips,
-    and the same RNG use, as one process."""
+    Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None). Under torchrun
+    they are drawn for the whole global batch and each rank keeps its slice: the same flips, and the same RNG use,
+    as one process.
+
+    `non_blocking=True` makes the copy asynchronous only from pinned (page-locked) host memory; from pageable
+    memory the copy first waits for the work already queued on the GPU (PyTorch tutorial "A guide on good usage
+    of non_blocking and pin_memory()", pytorch.org/tutorials/intermediate/pinmem_nonblock.html). That is why a
+    DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
     x = images.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         x = x.float().div_(127.5).sub_(1.0)
     if hflip:
-        flip = world.shard(torch.rand(x.shape[0] * world.size, 1, 1, 1, device=x.device)) < 0.5
+        draws = torch.rand(x.shape[0] * world.size, 1, 1, 1, device=x.device, generator=generator)
+        flip = world.shard(draws) < 0.5
         x = torch.where(flip, x.flip(-1), x)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -321,11 +326,13 @@ class HostLoader:
 
     def __init__(self, dataset: Dataset, batch_size: int, device, *, seed: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World()):
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
+                 generator: torch.Generator | None = None):
         if len(dataset) < batch_size:
             raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
                             "lower batch_size or add images")
         self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
+        self.generator = generator  # flips are drawn from it
         self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=num_workers,
                                  pin_memory=pin_memory, persistent_workers=persistent_workers,
@@ -342,7 +349,7 @@ class HostLoader:
     def __iter__(self):
         for batch in self.loader:  # (images, labels) pairs, or bare images from a dataset of your own
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
-            yield prepare_batch(images, self.device, self.hflip, self.channels_last, self.world)
+            yield prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
 
 
 class DeviceLoader:
@@ -351,7 +358,8 @@ class DeviceLoader:
     dataset (it fits one GPU, or one process could not hold it either) and gathers only its slice of each batch."""
 
     def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World()):
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
+                 generator: torch.Generator | None = None):
         if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
             raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
                             "transform='on-device'); use loader='dataloader' for other datasets")
@@ -359,6 +367,7 @@ class DeviceLoader:
             raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
                             "lower batch_size or add images")
         self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
+        self.generator = generator  # flips are drawn from it
         self.images = dataset.images.to(self.device)
         self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
 
@@ -372,17 +381,21 @@ class DeviceLoader:
         order = self.sampler.epoch_order().to(self.device)
         for b in range(self.sampler.start, len(self.sampler)):
             yield prepare_batch(self.images[self.sampler.batch_indices(order, b)], self.device, self.hflip,
-                                self.channels_last, self.world)
+                                self.channels_last, self.world, self.generator)
 
 
-def make_loader(dataset: Dataset, cfg, device, world: World = World()) -> HostLoader | DeviceLoader:
-    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share."""
+def make_loader(dataset: Dataset, cfg, device, world: World = World(),
+                generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
+    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share.
+    `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA: only then is the non-blocking copy
+    asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation when asked)."""
     common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
-                  world=world)
+                  world=world, generator=generator)
     if cfg.loader == "device":
         return DeviceLoader(dataset, cfg.batch_size, device, **common)
+    pin = cfg.pin_memory if cfg.pin_memory is not None else True
     return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers,
-                      pin_memory=cfg.pin_memory and torch.device(device).type == "cuda",
+                      pin_memory=pin and torch.device(device).type == "cuda",
                       persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor, **common)
 
 

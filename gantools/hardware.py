@@ -1,11 +1,14 @@
-"""The device: picking it, describing it, timing and measuring memory on it honestly."""
+"""The device: picking it, describing it, timing and measuring memory on it honestly, and the process-wide
+settings a run needs (TF32, cuDNN benchmark, a seeded RNG), applied for a block and restored after."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
 import sys
 import time
+import warnings
 
 import torch
 
@@ -60,18 +63,83 @@ def peak_memory_mb(device: torch.device) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
-def set_tf32(enabled: bool | None) -> None:
-    """TF32 for fp32 matmuls and convolutions on Ampere+ GPUs; None keeps PyTorch's defaults."""
-    if enabled is None or not torch.cuda.is_available():
-        return
-    mode = "tf32" if enabled else "ieee"
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if hasattr(matmul, "fp32_precision") and hasattr(conv, "fp32_precision"):
-        matmul.fp32_precision = mode
-        conv.fp32_precision = mode
-    else:  # torch < 2.9
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+def _precision_settings() -> list:
+    """The per-backend TF32 settings objects of torch >= 2.9 (`fp32_precision`); none on older versions."""
+    objects = [torch.backends.cuda.matmul, torch.backends.cudnn.conv, getattr(torch.backends.cudnn, "rnn", None)]
+    return [o for o in objects if o is not None and hasattr(o, "fp32_precision")]
+
+
+def backend_flags_now() -> dict:
+    """The process's TF32 and cuDNN settings as they are now (the per-backend strings never raise)."""
+    flags = {"cudnn_benchmark": torch.backends.cudnn.benchmark}
+    for name, obj in (("tf32_matmul", torch.backends.cuda.matmul), ("tf32_conv", torch.backends.cudnn.conv)):
+        flags[name] = obj.fp32_precision if hasattr(obj, "fp32_precision") else None
+    return flags
+
+
+def _legacy_tf32():
+    """(matmul, cuDNN) TF32 through the legacy API, or None when reading it raises (the process used the new one)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy getters' deprecation notice (torch >= 2.9)
+        try:
+            return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        except RuntimeError:
+            return None
+
+
+def _set_tf32(matmul: bool, conv: bool, legacy: bool) -> None:
+    if legacy:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cuda.matmul.allow_tf32 = matmul
+            torch.backends.cudnn.allow_tf32 = conv
+    else:
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
+
+
+@contextlib.contextmanager
+def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None):
+    """TF32 (matmuls and cuDNN convolutions) and cudnn.benchmark set for the block only, then restored exactly:
+    a Trainer applies them for the duration of its fit() and sampling, so two trainers in one process (the
+    benchmark interleaves its variants) each run with their own settings and the process keeps its own. None
+    leaves a setting as it is.
+
+    TF32 is written through the legacy flags (`allow_tf32`) unless the process already used the per-backend API.
+    Why: in torch 2.9-2.11 the legacy getter `Context::allowTF32CuBLAS` raises when the legacy enum and the new
+    per-backend string disagree ("you have used mix of the legacy and new APIs", aten/src/ATen/Context.cpp), and
+    inductor still read the legacy getter while compiling, so one write through `matmul.fp32_precision` made
+    every later torch.compile fail (pytorch/pytorch#189955, which moved inductor to the new getters after 2.11;
+    also #179445). The legacy setter writes both the enum and the per-backend string, so both views agree.
+    Restoring writes the legacy values back, then the exact per-backend strings ("none" = inherit), which agree
+    with them again."""
+    saved_strings = [(obj, obj.fp32_precision) for obj in _precision_settings()]
+    saved_benchmark = torch.backends.cudnn.benchmark
+    legacy = _legacy_tf32() if tf32 is not None else None
+    if tf32 is not None:
+        _set_tf32(tf32, tf32, legacy is not None)
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    try:
+        yield
+    finally:
+        if tf32 is not None:
+            if legacy is not None:
+                _set_tf32(*legacy, legacy=True)
+            for obj, value in saved_strings:
+                obj.fp32_precision = value
+        torch.backends.cudnn.benchmark = saved_benchmark
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """The global CPU RNG seeded for the block (e.g. to initialise weights reproducibly) and restored after, so
+    building a model never shifts the caller's random numbers. Only the CPU generator is touched: modules are
+    built on the CPU, and torch.manual_seed would also seed CUDA (lazily, after the block, if CUDA is not yet
+    initialised), which fork_rng(devices=[]) would not undo."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        yield
 
 
 def machine_info(device: torch.device | str = "auto") -> dict:

@@ -20,16 +20,13 @@ from torch import nn
 
 from .checkpoint import atomic_save
 from .data import data_root, make_dataset, prepare_batch
+from .errors import QualityError
 from .hardware import resolve_device
 
 CLASSIFIER_VERSION = 1
 MIN_SAMPLES = 2048
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's FID Inception (TF port)
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
-
-
-class QualityError(RuntimeError):
-    """A quality metric cannot be computed as asked (missing package or weights); the message says how to fix it."""
 
 
 def inception_weights(root=None) -> Path | None:

@@ -3,13 +3,12 @@ clickable), and keeps a comparison of every run made since the kernel started.""
 from __future__ import annotations
 
 import threading
-from dataclasses import fields
 
-from .config import ConfigError, TrainConfig
-from .data import DataError
+from .config import Knob, TrainConfig, knobs
 from .display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, figure_png
+from .errors import GantoolsError
 from .metrics import QualityCallback
-from .train import NonFiniteLossError, OutOfMemory, Trainer
+from .train import Trainer
 
 TECHNIQUES = ("precision", "loader", "num_workers", "pin_memory", "persistent_workers", "optimizer",
               "optimizer_impl", "grad_accum_steps", "channels_last", "compile", "batch_size", "steps")
@@ -46,17 +45,8 @@ class ControlPanel:
         stop_active_run()
         self.base, self.baseline, self.quality = base, baseline, quality
         self.controls = {}
-        meta = {f.name: f for f in fields(TrainConfig)}
         for name in techniques:
-            value, f = getattr(base, name), meta[name]
-            desc = name.replace("_", " ")
-            if "choices" in f.metadata:
-                w = W.Dropdown(options=list(f.metadata["choices"]), value=value, description=desc)
-            elif isinstance(value, bool):
-                w = W.Checkbox(value=value, description=desc, indent=True)
-            else:
-                w = W.BoundedIntText(value=value, min=0, max=10**7, description=desc)
-            w.tooltip = f.metadata["help"]
+            w = _widget(name, knobs()[name], getattr(base, name))
             w.style.description_width = "140px"
             self.controls[name] = w
         self.run_button = W.Button(description="Run", button_style="success", icon="play")
@@ -97,7 +87,7 @@ class ControlPanel:
         try:
             cfg = self.config()
             cfg = cfg.replace(out_dir=f"{self.base.out_dir}/run{len(RUNS) + 1}").validate()
-        except ConfigError as e:
+        except GantoolsError as e:
             self.status.value = f"<b style='color:#b00'>Cannot run:</b><pre>{e}</pre>"
             return None
         name, stop = self.run_name(cfg), threading.Event()
@@ -125,7 +115,7 @@ class ControlPanel:
             trainer = Trainer(cfg, callbacks=callbacks + ([QualityCallback()] if self.quality else []))
             _ACTIVE["trainer"] = trainer
             history = trainer.fit(0 if stop.is_set() else None)
-        except (ConfigError, DataError, NonFiniteLossError, OutOfMemory) as e:
+        except GantoolsError as e:
             self.status.value = f"<b style='color:#b00'>Run failed:</b><pre>{e}</pre>"
             return None
         finally:
@@ -152,3 +142,30 @@ class ControlPanel:
         rows = comparison_rows(RUNS, self.baseline)
         self.table.append_display_data(Markdown(comparison_markdown(rows)))
         self.table.append_display_data(Image(figure_png(comparison_chart(rows, self.baseline))))
+
+
+# Modes the panel cannot run: it trains in a background thread, where CUDA graphs are refused (see Trainer.fit).
+BACKGROUND_THREAD_UNSAFE = {"compile": ("reduce-overhead",)}
+
+
+def _widget(name: str, knob: Knob, value):
+    """The control for one config field, chosen by its Knob: a dropdown for choices (and for an optional switch:
+    auto, on, off), a checkbox for a switch, a number box for a number."""
+    import ipywidgets as W
+
+    desc = name.replace("_", " ")
+    if knob.choices is not None:
+        options = [c for c in knob.choices if c not in BACKGROUND_THREAD_UNSAFE.get(name, ())]
+        w = W.Dropdown(options=options, value=value, description=desc)
+    elif knob.kind is bool and knob.optional:
+        w = W.Dropdown(options=[("auto", None), ("on", True), ("off", False)], value=value, description=desc)
+    elif knob.kind is bool:
+        w = W.Checkbox(value=value, description=desc, indent=True)
+    elif knob.kind is int and not knob.pair:
+        w = W.BoundedIntText(value=value, min=0, max=10**7, description=desc)
+    elif knob.kind is float and not knob.pair:
+        w = W.FloatText(value=value, description=desc)
+    else:
+        raise ValueError(f"the panel has no control for {name} ({knob.kind.__name__}{' pair' if knob.pair else ''})")
+    w.tooltip = knob.help
+    return w

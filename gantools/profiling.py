@@ -5,8 +5,9 @@ The verdict (`Verdict`) is decided by documented thresholds, in this order:
 1. **data-bound** when the step waits for its batch for at least `DATA_BOUND` (20%) of the step time.
    Fix: per-batch normalisation on the device, worker processes, or the device-resident loader (03_data_loading).
 2. **host-overhead-bound** (CUDA only) when the GPU is idle for at least `HOST_BOUND` (40%) of the step: kernel
-   launches and host syncs (`.item()`) leave it waiting. Fix: no per-step syncs, torch.compile with
-   reduce-overhead (CUDA graphs), a larger batch (05_all_together).
+   launches and host syncs (`.item()`) leave it waiting. Fix: no per-step syncs, torch.compile (with
+   reduce-overhead, CUDA graphs, only once `gantools check` has validated it on this machine; else the default
+   mode), a larger batch (05_all_together).
 3. Otherwise the device is busy. **compute-bound** when convolutions and matrix multiplies take at least
    `COMPUTE_SHARE` (50%) of the busy time; fix: 16-bit autocast, channels_last (02_mixed_precision).
    **memory-bound** when other ops (BatchNorm, activations, copies: bandwidth-limited) dominate; fix:
@@ -14,6 +15,9 @@ The verdict (`Verdict`) is decided by documented thresholds, in this order:
 
 On a CPU there is no separate device to sit idle: the verdict rests on waiting for data against computing
 (compute-bound, naming the heaviest ops, whenever the step is not data-bound).
+
+On CUDA the profiled steps synchronise the device around each data wait (`Trainer.sync_data_wait`), so GPU work
+still queued from the step before is not counted as waiting for data (a false data-bound verdict).
 """
 from __future__ import annotations
 
@@ -31,8 +35,8 @@ from .train import Trainer
 if not torch.cuda.is_available():  # a CUDA build on a CPU-only machine: kineto's "no GPU" error is expected noise
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
-PHASES = ("data wait", "G forward", "D forward", "D backward", "D optimizer step", "G backward",
-          "G optimizer step", "host sync")
+PHASES = ("data wait", "G forward", "D forward", "D backward", "D optimizer step", "D forward (G step)",
+          "D backward (G step)", "G backward", "G optimizer step", "host sync")
 DATA_BOUND = 0.20      # share of the step spent waiting for data
 HOST_BOUND = 0.40      # share of the step the GPU sits idle
 COMPUTE_SHARE = 0.50   # share of busy time in convolutions / matmuls
@@ -127,6 +131,7 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
 
     unlabelled, trainer.label_phase = trainer.label_phase, record_function
     trainer.callbacks.append(stepper := StepProfiler())
+    trainer.sync_data_wait = True  # the data wait measures waiting for data, not GPU work queued before it
     try:
         with torch.profiler.profile(activities=activities,
                                     schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
@@ -135,6 +140,7 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     finally:
         trainer.callbacks.remove(stepper)
         trainer.label_phase = unlabelled
+        trainer.sync_data_wait = False
 
     # The same number of steps without the profiler, after it (everything is warm by now): its overhead.
     start, first_record = trainer.step, len(trainer.history)
@@ -193,14 +199,17 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
         return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
                        technique, "03_data_loading", fix, step / max(step - wait, 1e-9))
     if cuda and 1 - report.device_busy_ms / step >= HOST_BOUND:
-        fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": "reduce-overhead"}
+        graphs = _compile_mode_for_overhead(report.device)
+        fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": graphs}
+        how = ("CUDA graphs via torch.compile mode='reduce-overhead' (validated here by gantools check)"
+               if graphs == "reduce-overhead" else "torch.compile (mode='reduce-overhead', CUDA graphs, once "
+               "`python -m gantools check` has validated it on this machine)")
         return Verdict("host-overhead-bound",
                        {"GPU busy ms": report.device_busy_ms, "step ms": step,
                         "GPU idle share": 1 - report.device_busy_ms / step,
                         "host syncs per step": report.host_syncs_per_step},
-                       "remove per-step host syncs (.item()), then CUDA graphs via torch.compile "
-                       "mode='reduce-overhead', or a larger batch", "05_all_together", fix,
-                       step / max(report.device_busy_ms, 1e-9))
+                       f"remove per-step host syncs (.item()), then {how}, or a larger batch", "05_all_together",
+                       fix, step / max(report.device_busy_ms, 1e-9))
     compute = sum(ms for name, ms in report.top_ops if any(k in name.lower() for k in COMPUTE_OPS))
     busy = max(report.device_busy_ms, 1e-9)
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
@@ -217,6 +226,14 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
     other = busy - compute
     return Verdict("memory-bound", evidence, "torch.compile to fuse elementwise ops, channels_last",
                    "05_all_together", {"compile": "default"}, step / max(step - other / 2, 1e-9))
+
+
+def _compile_mode_for_overhead(device: str) -> str:
+    """reduce-overhead only where `gantools check` ran it on this GPU with this torch and it passed; CUDA graphs have
+    never run in this project's tests (no GPU), so it is not recommended blind."""
+    from .check import validated
+
+    return "reduce-overhead" if validated("compile reduce-overhead", torch.device(device)) else "default"
 
 
 @dataclass
@@ -248,16 +265,17 @@ def compare(before: ProfileReport, after: ProfileReport) -> Comparison:
 def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"), repeats: int = 30) -> dict:
     """Median milliseconds of one optimizer step over both DCGAN networks, per implementation. The variants are
     timed interleaved (one step of each, repeated) so a noisy machine disturbs them all alike."""
-    from .hardware import Timer, resolve_device
+    from .hardware import Timer, resolve_device, seeded
     from .models import build_dcgan
     from .train import make_optimizer
 
     device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    g, d = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf)
+    with seeded(cfg.seed):  # reproducible, and the caller's RNG untouched
+        g, d = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf)
+        grads = [torch.randn_like(p) * 1e-3 for p in [*g.parameters(), *d.parameters()]]
     params = list(g.to(device).parameters()) + list(d.to(device).parameters())
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    for p, grad in zip(params, grads):
+        p.grad = grad.to(device)
     optimizers = {impl: make_optimizer(params, cfg.replace(optimizer_impl=impl), cfg.lr_g) for impl in impls}
     for opt in optimizers.values():  # allocate the moment buffers outside the timing
         opt.step()

@@ -14,6 +14,12 @@ Under torchrun (see distributed.py) both networks are wrapped in DistributedData
 its share of the global batch. In the G step D is called unwrapped: its weights are frozen there (or their gradients
 thrown away), and a DDP-wrapped D would wait for gradients that never come. Micro-batches that do not step run
 under `no_sync()`, so gradients are all-reduced once per optimizer step. Only rank 0 writes files.
+
+A Trainer is self-contained: it leaves the process as it found it. Weights are initialised under a forked, seeded
+RNG; noise and flips come from its own `torch.Generator` (`self.rng`, saved in checkpoints); modules that draw
+random numbers themselves (dropout) draw from the global RNG, which holds this run's own stream during fit() and the
+process's again after; TF32 and cudnn.benchmark are set for the duration of fit() and sampling only. So trainers
+built side by side (the benchmark interleaves its variants) each run with their own settings.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import contextlib
 import copy
 import json
 import math
+import hashlib
 import signal
 import statistics
 import threading
@@ -33,23 +40,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import distributed, hardware
-from .checkpoint import atomic_write, load_checkpoint, save_checkpoint
-from .config import ConfigError, TrainConfig
+from .checkpoint import atomic_write, ensure_writable, load_checkpoint, save_checkpoint
+from .config import TrainConfig
 from .data import dataset_from_config, make_loader
+from .errors import CheckpointError, ConfigError, NonFiniteLossError, OutOfMemory
 from .models import build_dcgan
 
 METRICS = ("loss_d", "d_real", "d_fake", "loss_g")  # D's three first: the D step adds them as one slice
+CHECKPOINT_FORMAT = 2  # 2: the trainer's own generator in "rng"; 1 (still read): the global RNG's states
 
 
 SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss became NaN or infinite; raised at the next log interval (checking every step would sync)."""
-
-
-class OutOfMemory(RuntimeError):
-    """The device ran out of memory; the message says what to change (batch, accumulation, 16-bit)."""
 
 
 class History:
@@ -131,26 +132,32 @@ class Trainer:
             raise ConfigError("pass both generator and discriminator, or neither (for the built-in DCGAN)")
         self.world = distributed.world()  # one process of one, unless torchrun started this one
         self.device = dev = distributed.device(cfg.device, self.world)
+        self.out_dir = Path(cfg.out_dir)
+        if self.world.is_main:  # before the process group, the data or the models: one clear error, no traceback
+            ensure_writable(self.out_dir)
         distributed.init(dev, self.world)
-        hardware.set_tf32(cfg.tf32)
-        if dev.type == "cuda":
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-        torch.manual_seed(cfg.seed)  # the same on every rank: same weights, and the same noise drawn in lockstep
-        if generator is None:
-            generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
-                                                   sigmoid=(cfg.loss == "bce-sigmoid"))
+        if generator is None:  # the same weights on every rank; the caller's RNG is not touched
+            with hardware.seeded(cfg.seed):
+                generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
+                                                       sigmoid=(cfg.loss == "bce-sigmoid"))
         if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
             generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
             discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.generator = generator.to(dev, memory_format=fmt)
         self.discriminator = discriminator.to(dev, memory_format=fmt)
+        # This run's own random numbers, on its device: the noise of every step and the flips. Seeded alike on
+        # every rank, so under torchrun all ranks draw the whole global batch's noise in lockstep and keep a slice.
+        self.rng = torch.Generator(device=dev).manual_seed(_derived_seed(cfg.seed, "noise"))
+        self._module_rng = None  # the global RNG state this run's modules (dropout) left at the end of the last fit
+        self._in_fit = False
         if dataset is None:
             with distributed.main_first(self.world):  # rank 0 fills the dataset cache, the others read it
                 dataset = dataset_from_config(cfg)
         self.dataset = dataset
-        self.loader = make_loader(self.dataset, cfg, dev, self.world)
-        self._check_shapes()
+        self.loader = make_loader(self.dataset, cfg, dev, self.world, self.rng)
+        with self._process_state(keep_rng=False):
+            self._check_shapes()
 
         self.opt_g = make_optimizer(self.generator.parameters(), cfg, cfg.lr_g)
         self.opt_d = make_optimizer(self.discriminator.parameters(), cfg, cfg.lr_d)
@@ -168,6 +175,7 @@ class Trainer:
         self.ddp_d = distributed.wrap(self.discriminator, dev, self.world)
         self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
         self.d_in_g_step = compiled(self.discriminator) if self.world.distributed else self.d
+        self._compile_stats = CompileStats() if cfg.compile != "off" else None
 
         noise = torch.Generator().manual_seed(cfg.seed + 1)  # own generator: sampling never shifts training RNG
         self.fixed_noise = torch.randn(64, cfg.nz, generator=noise).to(dev)
@@ -177,10 +185,10 @@ class Trainer:
         self.step_values: list[tuple] = []  # per-step losses, only filled with sync_every_step (the tutorial's way)
         self.latest_grid = None
         self.callbacks = list(callbacks)
-        self.out_dir = Path(cfg.out_dir)
         self._stop_requested = self._stop_agreed = False
         self._stream = None  # the batch generator, positioned at batches_seen
         self.label_phase = _unlabelled  # profiling swaps in torch.profiler.record_function to label each phase
+        self.sync_data_wait = False  # profiling sets it: synchronise around every data wait (see fit)
         self._metric_sum = torch.zeros(len(METRICS), device=dev)
         self._skips, self._good_state = 0, None  # on_nonfinite='skip': intervals skipped in a row, the rollback
 
@@ -204,53 +212,126 @@ class Trainer:
         """Train `steps` more steps (default: up to cfg.steps). Returns the history of the whole run."""
         cfg = self.cfg
         end = self.step + steps if steps is not None else cfg.steps
+        if cfg.compile == "reduce-overhead" and threading.current_thread() is not threading.main_thread():
+            # CUDA graph trees keep their state per thread and asserted in threads Python started
+            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; fixed by #184357,
+            # after torch 2.11). Refused rather than guessed: no GPU ever ran this path here.
+            raise ConfigError("compile='reduce-overhead' (CUDA graphs) cannot train in a background thread (the "
+                              "widget panel trains in one): use compile='default' there, or train from the main "
+                              "thread (a notebook cell, a script, the CLI)")
         self._stop_requested = self._stop_agreed = False
-        if self.world.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
         if self._stream is None:  # kept across fit() calls: DataLoader workers are not restarted each time
             self._stream = self._batches()
         batches = self._stream
         self.history.quality = {}  # set again by metrics.QualityCallback for this fit
-        self._call("on_fit_start")
-        if cfg.on_nonfinite == "skip" and self._good_state is None:
-            self._good_state = self._snapshot()
-        hardware.reset_peak_memory(self.device)
-        self._interval_start = time.perf_counter()
-        self._interval_step, self._interval_wait, self._excluded = self.step, 0.0, 0.0
-        self._train_time = self.history[-1]["train_time_s"] if len(self.history) else 0.0
-        with _interrupts_stop(self):
-            while self.step < end and not self._stopping():
-                t = time.perf_counter()
-                with self.label_phase("data wait"):
-                    real = next(batches)
-                self._interval_wait += time.perf_counter() - t
-                oom = None
-                try:
-                    self._train_step(real)
-                except torch.OutOfMemoryError as e:
-                    oom = str(e).splitlines()[0] if str(e) else "out of memory"
-                if oom is not None:  # outside the except block, so the failed step's tensors can be freed
-                    raise self._out_of_memory(oom)
-                self.step += 1
-                self.batches_seen += 1
-                self._call("on_step_end")
-                if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
-                    self._log()
-                if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
-                    with self._excluded_from_timing():
-                        self.sample()
-                if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
-                    with self._excluded_from_timing():
-                        if self._weights_finite():  # never replace a good checkpoint with NaN weights
-                            self.save_checkpoint()
-        if self.step > self._interval_step:
-            self._log()
-        if self.latest_grid is None or self._stopping():
-            self.sample()
-        self.save_checkpoint()
-        distributed.barrier(self.world)  # every rank returns once the checkpoint is on disk
-        self._call("on_fit_end")
+        with self._process_state(keep_rng=True):
+            self._call("on_fit_start")
+            if cfg.on_nonfinite == "skip" and self._good_state is None:
+                self._good_state = self._snapshot()
+            hardware.reset_peak_memory(self.device)
+            hardware.synchronize(self.device)  # nothing queued before fit() counts as its time
+            self._interval_start = time.perf_counter()
+            self._interval_step, self._excluded = self.step, 0.0
+            self._interval_wait, self._waits = 0.0, 0
+            self._train_time = self.history[-1]["train_time_s"] if len(self.history) else 0.0
+            if self._compile_stats is not None:
+                self._compile_stats.start()
+            with _interrupts_stop(self):
+                while self.step < end and not self._stopping():
+                    real = self._next_batch(batches)
+                    oom = None
+                    try:
+                        self._train_step(real)
+                    except torch.OutOfMemoryError as e:
+                        oom = str(e).splitlines()[0] if str(e) else "out of memory"
+                    if oom is not None:  # outside the except block, so the failed step's tensors can be freed
+                        raise self._out_of_memory(oom)
+                    self.step += 1
+                    self.batches_seen += 1
+                    self._call("on_step_end")
+                    if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
+                        self._log()
+                    if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
+                        with self._excluded_from_timing():
+                            self.sample()
+                    if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
+                        with self._excluded_from_timing():
+                            if self._weights_finite():  # never replace a good checkpoint with NaN weights
+                                self.save_checkpoint()
+            if self.step > self._interval_step:
+                self._log()
+            if self.latest_grid is None or self._stopping():
+                self.sample()
+            self.save_checkpoint()
+            distributed.barrier(self.world)  # every rank returns once the checkpoint is on disk
+            self._call("on_fit_end")
         return self.history
+
+    def _next_batch(self, batches):
+        """The next batch, its wait timed. On CUDA the host runs ahead of the GPU, and fetching a batch can block
+        on work already queued there (a copy from pageable memory waits for the stream: see data.prepare_batch),
+        which would be counted as data wait and make a compute-bound run look data-bound. So the wait is timed
+        between device synchronisations: on every step while profiling (`sync_data_wait`), else on the first step
+        of each log interval, which follows the log's synchronisation anyway (one sample per interval, no extra
+        host sync in the other steps). On the CPU nothing is queued: every step is timed, without syncs."""
+        cuda = self.device.type == "cuda"
+        timed = not cuda or self.sync_data_wait or self.step == self._interval_step
+        if cuda and timed:
+            hardware.synchronize(self.device)
+        t = time.perf_counter()
+        with self.label_phase("data wait"):
+            real = next(batches)
+            if cuda and timed:
+                hardware.synchronize(self.device)  # the copy to the device is part of waiting for data
+        if timed:
+            self._interval_wait += time.perf_counter() - t
+            self._waits += 1
+        return real
+
+    @contextlib.contextmanager
+    def _process_state(self, keep_rng: bool):
+        """This run's settings for the block, the process's again after: TF32 and cudnn.benchmark
+        (hardware.backend_flags), and the global RNG, which holds this run's own stream for modules that draw from
+        it (dropout). With `keep_rng` (fit) the stream's new state is kept for the next fit and the checkpoint;
+        sampling and the shape check fork it and leave it as it was, so they never shift training."""
+        cuda = [self.device] if self.device.type == "cuda" else []
+        if self._in_fit:  # nested (sampling inside fit): the outer block already holds this run's state
+            with torch.random.fork_rng(devices=cuda, enabled=not keep_rng):
+                yield
+            return
+        with hardware.backend_flags(self.cfg.tf32, self.cfg.cudnn_benchmark), torch.random.fork_rng(devices=cuda):
+            self._set_module_rng(self._module_rng)
+            self._in_fit = keep_rng
+            try:
+                yield
+            finally:
+                self._in_fit = False
+                if keep_rng:
+                    self._module_rng = self._module_rng_now()
+
+    def _set_module_rng(self, state: dict | None) -> None:
+        if state is None:  # a fresh run: its own stream, from its seed
+            seed = _derived_seed(self.cfg.seed, "modules")
+            torch.random.default_generator.manual_seed(seed)
+            if self.device.type == "cuda":
+                torch.cuda.default_generators[_cuda_index(self.device)].manual_seed(seed)
+            return
+        torch.set_rng_state(state["cpu"])
+        if self.device.type == "cuda":
+            if state.get("cuda") is not None:
+                torch.cuda.set_rng_state(state["cuda"], self.device)
+            else:  # resumed from a CPU run: a CUDA stream of its own
+                torch.cuda.default_generators[_cuda_index(self.device)].manual_seed(
+                    _derived_seed(self.cfg.seed, "modules"))
+
+    def _module_rng_now(self) -> dict | None:
+        """The module stream's state: live in the global RNG during fit, kept on the trainer between fits."""
+        if not self._in_fit:
+            return self._module_rng
+        state = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
 
     @torch.no_grad()
     def sample(self, noise: torch.Tensor | None = None):
@@ -259,7 +340,8 @@ class Trainer:
         from PIL import Image
         from torchvision.utils import make_grid
 
-        images = self._generate(self.fixed_noise if noise is None else noise.to(self.device))
+        with self._process_state(keep_rng=False):
+            images = self._generate(self.fixed_noise if noise is None else noise.to(self.device))
         grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
         self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         if self.world.is_main:
@@ -272,7 +354,8 @@ class Trainer:
     def generate(self, n: int, seed: int = 0, batch_size: int = 256) -> torch.Tensor:
         """n images in [-1, 1] (CPU float), from seeded noise, for quality metrics."""
         noise = torch.randn(n, self.cfg.nz, generator=torch.Generator().manual_seed(seed))
-        return torch.cat([self._generate(z.to(self.device)).cpu() for z in noise.split(batch_size)])
+        with self._process_state(keep_rng=False):
+            return torch.cat([self._generate(z.to(self.device)).cpu() for z in noise.split(batch_size)])
 
     def _generate(self, noise: torch.Tensor) -> torch.Tensor:
         saved = [b.clone() for b in self.generator.buffers()]  # train-mode BatchNorm, as in training, but
@@ -283,11 +366,11 @@ class Trainer:
         return images
 
     def state_dict(self) -> dict:
-        rng = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        """Everything a resumed run needs to continue exactly. Format 2: `rng` holds this run's generator (noise,
+        flips) with its device type, and the module stream (the global RNG's state for dropout and the like)."""
+        rng = {"noise": self.rng.get_state(), "noise_device": self.device.type, "modules": self._module_rng_now()}
         return {
-            "format": 1, "step": self.step, "batches_seen": self.batches_seen, "config": self.cfg.to_dict(),
+            "format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen, "config": self.cfg.to_dict(),
             "generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
@@ -309,9 +392,28 @@ class Trainer:
         self._stream = None  # restart the data stream at the restored position
         self._skips, self._good_state = 0, None  # a rollback point belongs to the run it was taken in
         self.history = History(state["history"])
-        torch.set_rng_state(state["rng"]["cpu"])
-        if self.device.type == "cuda" and "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        self._load_rng(state["rng"], state["format"])
+
+    def _load_rng(self, rng: dict, fmt: int) -> None:
+        """The random streams where the checkpoint left them. Format 1 (gantools before the trainer had its own
+        generator) drew noise and flips from the global RNG of the training device and saved its state as
+        rng['cpu'] (and rng['cuda'] on a GPU): that state is the same kind of state as this run's generator's, so
+        the stream continues exactly."""
+        if fmt > CHECKPOINT_FORMAT:
+            raise CheckpointError(f"this checkpoint has format {fmt}, written by a newer gantools (this one reads "
+                                  f"up to {CHECKPOINT_FORMAT}): update gantools to resume it")
+        if fmt >= 2:
+            noise, noise_device, modules = rng["noise"], rng["noise_device"], rng["modules"]
+        else:
+            noise_device = "cuda" if "cuda" in rng else "cpu"
+            noise, modules = rng[noise_device], {"cpu": rng["cpu"], "cuda": rng.get("cuda")}
+        if noise_device == self.device.type:
+            self.rng.set_state(noise)
+        else:  # a CPU generator's state cannot drive a CUDA one (or the reverse): a new stream, from seed and step
+            self.rng.manual_seed(_derived_seed(self.cfg.seed, f"noise after step {self.step}"))
+            self._warn(f"this checkpoint was trained on {noise_device} and resumes on {self.device.type}: the noise "
+                       f"stream starts afresh (weights, optimizers and data position are restored exactly)")
+        self._module_rng = modules
 
     def save_checkpoint(self, path=None) -> Path:
         """The whole run state, atomically (the previous checkpoint stays until the new one is complete), and the
@@ -328,7 +430,18 @@ class Trainer:
         """One optimizer step of D, then one of G. No host sync here: metrics stay on the device. Under torchrun
         `real` is this rank's share of the batch; the noise is drawn for the whole batch and sliced the same way."""
         cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
-        z = self.world.shard(torch.randn(real.shape[0] * self.world.size, cfg.nz, device=self.device))
+        if cfg.compile == "reduce-overhead":
+            # One CUDA-graph generation per training step. Without the mark, CUDA Graph Trees start a new generation
+            # at any compiled call made with no backward pending (torch.compiler.cudagraph_mark_step_begin docs), and
+            # a new generation overwrites the outputs of the last: with accumulation G runs under no_grad, and D's
+            # next call would overwrite the images it is about to judge ("accessing tensor output of CUDAGraphs
+            # that has been overwritten by a subsequent run", pytorch/pytorch#122192, #160281). Once marked, only
+            # the mark starts a generation (MarkStepBox in torch/_inductor/cudagraph_trees.py), so G, D and their
+            # backwards all share the step's generation, and nothing is kept across steps: the losses are copied
+            # out of the graphs' outputs by eager ops (d_loss, the metric sums) within the step.
+            torch.compiler.cudagraph_mark_step_begin()
+        noise = torch.randn(real.shape[0] * self.world.size, cfg.nz, device=self.device, generator=self.rng)
+        z = self.world.shard(noise)
         reals, zs = real.chunk(k), z.chunk(k)
         weights = [r.shape[0] / real.shape[0] for r in reals]
         probs = cfg.loss == "bce"  # report D's outputs as probabilities for the logit losses
@@ -363,14 +476,24 @@ class Trainer:
             self.opt_g.zero_grad(set_to_none=True)
             for i, (zi, w) in enumerate(zip(zs, weights)):
                 with distributed.no_sync(self.ddp_g, skip=i < k - 1):
-                    with phase("G forward"):
+                    if k == 1:
+                        fake = fakes[i]
+                    else:
+                        with phase("G forward"), self.autocast():
+                            fake = self.g(zi)
+                    # D's share of G's step has its own labels, so a profile says where that time goes: D judges
+                    # a detached copy of the images, its backward stops at their gradient, and that gradient then
+                    # flows through G alone. The chain rule split in two: the same gradients as one backward.
+                    judged = fake.detach().requires_grad_()
+                    with phase("D forward (G step)"):
                         with self.autocast():
-                            fake = fakes[i] if k == 1 else self.g(zi)
-                            out = self.d_in_g_step(fake).float()
+                            out = self.d_in_g_step(judged).float()
                         loss_g = g_loss(cfg.loss, out)
                         self._metric_sum[3] += loss_g.detach() * w
-                    with phase("G backward"):
+                    with phase("D backward (G step)"):
                         self.scaler_g.scale(loss_g * w).backward()
+                    with phase("G backward"):
+                        fake.backward(judged.grad)
             with phase("G optimizer step"):
                 self.scaler_g.step(self.opt_g)
                 self.scaler_g.update()
@@ -410,14 +533,17 @@ class Trainer:
         record = {"step": self.step, **dict(zip(METRICS, values)),
                   "step_time_ms": 1e3 * elapsed / steps,
                   "images_per_sec": steps * self.cfg.batch_size / elapsed,  # global batch: all ranks' images
-                  "data_wait_ms": 1e3 * self._interval_wait / steps,
+                  "data_wait_ms": 1e3 * self._interval_wait / max(self._waits, 1),
                   "peak_mem_mb": hardware.peak_memory_mb(self.device),
                   "train_time_s": self._train_time}
         for name, scaler in (("d", self.scaler_d), ("g", self.scaler_g)):
             if scaler.is_enabled():
                 record[f"scale_{name}"] = scaler.get_scale()
+        if self._compile_stats is not None:
+            record.update(self._compile_stats.read())
         self.history.records.append(record)
         self._check_scales(record)
+        self._check_compiles(record)
         bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
                if not math.isfinite(v)]
         if bad:
@@ -453,6 +579,33 @@ class Trainer:
                    f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=3)
 
     _ROLLBACK = ("generator", "discriminator", "opt_g", "opt_d", "scaler_g", "scaler_d")
+
+    @contextlib.contextmanager
+    def unchanged(self):
+        """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included),
+        optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step values are
+        put back as they were, so the run goes on exactly as if the block had never run."""
+        snapshot, rng = self._snapshot(), self.rng.get_state()
+        metric_sum, values = self._metric_sum.clone(), len(self.step_values)
+        try:
+            with self._process_state(keep_rng=False):
+                yield
+        finally:
+            self._restore(snapshot)
+            self.rng.set_state(rng)
+            self._metric_sum.copy_(metric_sum)
+            del self.step_values[values:]
+
+    @contextlib.contextmanager
+    def eager(self):
+        """The step calls the networks uncompiled (still DDP-wrapped under torchrun) inside the block."""
+        saved = self.g, self.d, self.d_in_g_step
+        self.g, self.d = self.ddp_g, self.ddp_d
+        self.d_in_g_step = self.discriminator if self.world.distributed else self.d
+        try:
+            yield
+        finally:
+            self.g, self.d, self.d_in_g_step = saved
 
     def _snapshot(self) -> dict:
         """A copy of the networks, optimizers and scalers to roll back to (on_nonfinite='skip'), on the device."""
@@ -498,6 +651,24 @@ class Trainer:
                            f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
                            f"or use precision='bf16'.", stacklevel=4)
 
+    def _check_compiles(self, record: dict) -> None:
+        """torch.compile's surprises, said out loud: graphs compiled after the first log interval (a guard failed:
+        the step is recompiled, which costs seconds each time) and CUDA graphs skipped (reduce-overhead then runs
+        without them, silently in torch's default logging)."""
+        if self._compile_stats is None or len(self.history) < 2:
+            return
+        previous = self.history[-2]
+        new_graphs = record["compiled_graphs"] - previous.get("compiled_graphs", 0)
+        if new_graphs > 0:
+            self._warn(f"step {self.step}: torch.compile compiled {new_graphs} more graph(s) after warm-up "
+                       f"({record['compiled_graphs']} in all): a guard failed (a new shape, dtype or grad mode), and "
+                       f"each recompile costs time. TORCH_LOGS=recompiles says which guard.", stacklevel=4)
+        skipped = record.get("cudagraph_skips", 0) - previous.get("cudagraph_skips", 0)
+        if skipped > 0 and self.cfg.compile == "reduce-overhead":
+            self._warn(f"step {self.step}: torch.compile skipped CUDA graphs for {skipped} graph(s), which then run "
+                       f"without them (no launch-overhead saving). TORCH_LOGS=cudagraphs says why (e.g. a mutated "
+                       f"input, a CPU tensor, dynamic shapes).", stacklevel=4)
+
     def _warn(self, message: str, stacklevel: int = 3) -> None:
         if self.world.is_main:  # every rank sees the same all-reduced numbers: one warning is enough
             warnings.warn(message, stacklevel=stacklevel)
@@ -513,7 +684,7 @@ class Trainer:
             hardware.synchronize(self.device)
             if reset:
                 self._interval_start, self._interval_step = time.perf_counter(), self.step
-                self._interval_wait, self._excluded = 0.0, 0.0
+                self._interval_wait, self._waits, self._excluded = 0.0, 0, 0.0
             else:
                 self._excluded += time.perf_counter() - t0
 
@@ -538,12 +709,33 @@ class Trainer:
                 if tuple(fake.shape[1:]) != expected:
                     raise ConfigError(f"the generator makes images of shape {tuple(fake.shape[1:])}, but the data "
                                       f"is {expected}: match image_size and channels")
-                out = self.discriminator(fake)
-                if out.numel() != 2:
-                    raise ConfigError(f"the discriminator must return one logit per image; for 2 images it "
-                                      f"returned shape {tuple(out.shape)}")
+            with torch.enable_grad():  # D's autograd graph shows whether its output comes out of a sigmoid
+                out = self.discriminator(fake.detach().requires_grad_())
+            if out.numel() != 2:
+                raise ConfigError(f"the discriminator must return one logit per image; for 2 images it "
+                                  f"returned shape {tuple(out.shape)}")
+            self._check_d_output(out)
         finally:
             self.generator.train(modes[0]), self.discriminator.train(modes[1])
+
+    def _check_d_output(self, out: torch.Tensor) -> None:
+        """D's output must match the loss: logits for bce and hinge, probabilities for bce-sigmoid. A D ending in a
+        Sigmoid (as the PyTorch DCGAN example's does) trained with BCE-with-logits runs without any error and
+        learns the wrong thing, so it is refused here. Told apart by structure, never by value: the last module is an
+        nn.Sigmoid, or the output comes out of a sigmoid op (through view/squeeze-like ops). "All outputs in (0, 1)"
+        is no test: an untrained logit DCGAN's two check outputs are near zero and both in (0, 1) about half the
+        time (measured: 19 of 40 seeds)."""
+        loss = self.cfg.loss
+        probabilities = isinstance(_last_module(self.discriminator), nn.Sigmoid) or _comes_from_sigmoid(out)
+        if loss in ("bce", "hinge") and probabilities:
+            raise ConfigError(f"the discriminator ends in a Sigmoid, but loss={loss!r} expects logits (raw scores): "
+                              f"BCE-with-logits on probabilities trains silently wrong. Remove the final Sigmoid "
+                              f"(BCEWithLogitsLoss applies it for you, safely under autocast), or use "
+                              f"loss='bce-sigmoid' (Sigmoid + BCELoss, the tutorial's way) with precision='fp32'")
+        if loss == "bce-sigmoid" and not probabilities and not bool(((out >= 0) & (out <= 1)).all()):
+            raise ConfigError(f"loss='bce-sigmoid' (BCELoss) needs probabilities, but the discriminator returned "
+                              f"{[round(v, 3) for v in out.detach().flatten().tolist()]}: end it with nn.Sigmoid, or "
+                              f"use loss='bce', which takes its logits as they are")
 
     def _call(self, event: str, *args) -> None:
         for cb in self.callbacks:
@@ -554,6 +746,65 @@ class Trainer:
 
 def _unlabelled(name: str):
     return contextlib.nullcontext()
+
+
+_VIEWS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Flatten", "Clone", "ToCopy", "Alias",
+          "Expand", "Permute", "Transpose", "T")
+
+
+def _last_module(module: nn.Module) -> nn.Module:
+    return list(module.modules())[-1]
+
+
+def _comes_from_sigmoid(out: torch.Tensor) -> bool:
+    """Whether `out` is a sigmoid's output, seen through reshapes and copies, from its autograd graph."""
+    node = out.grad_fn
+    while node is not None and node.name().rstrip("0123456789").removesuffix("Backward") in _VIEWS:
+        node = next((fn for fn, _ in node.next_functions if fn is not None), None)
+    return node is not None and node.name().startswith("SigmoidBackward")
+
+
+def _derived_seed(seed: int, purpose: str) -> int:
+    """A seed for one purpose of one run, unrelated to the seeds of other purposes and runs (seed + 1 for one
+    would be seed for another run's other purpose)."""
+    return int.from_bytes(hashlib.sha256(f"gantools/{seed}/{purpose}".encode()).digest()[:8], "little") >> 1
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+class CompileStats:
+    """How many graphs torch.compile built, and how many it kept out of CUDA graphs, while this trainer trained.
+
+    torch counts both process-wide in `torch._dynamo.utils.counters` (a private API: `stats.unique_graphs`, bumped in
+    dynamo's output_graph for every graph it compiles, and `inductor.cudagraph_skips`, bumped by
+    `log_cudagraph_skip_and_bump_counter` whenever CUDA graphs are skipped for a graph, since torch 2.3). So this
+    reads the counters around this trainer's own fit() calls and adds up the differences; both read as 0 on a torch
+    that has no such counters."""
+
+    def __init__(self):
+        self.totals = {"compiled_graphs": 0, "cudagraph_skips": 0}
+        self._last = None
+
+    @staticmethod
+    def _now() -> dict:
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:
+            return {"compiled_graphs": 0, "cudagraph_skips": 0}
+        return {"compiled_graphs": counters["stats"].get("unique_graphs", 0),
+                "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
+
+    def start(self) -> None:
+        self._last = self._now()
+
+    def read(self) -> dict:
+        now = self._now()
+        for key in self.totals:
+            self.totals[key] += max(0, now[key] - self._last[key])
+        self._last = now
+        return dict(self.totals)
 
 
 @contextlib.contextmanager

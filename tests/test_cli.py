@@ -75,5 +75,7 @@ def test_profile_prints_verdict_evidence_table_and_trace(tmp_path, capsys):
 
 
 def test_profile_refuses_bad_step_counts(capsys):
-    assert main(["profile", "--profile-steps", "0"]) == 2
-    assert "--profile-steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--profile-steps", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--profile-steps: 0 is too small: it must be >= 1" in err and len(err.splitlines()) == 2

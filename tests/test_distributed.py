@@ -116,7 +116,7 @@ def test_batchnorm_models_keep_identical_weights_on_every_rank(two_ranks):
     for net in ("generator", "discriminator"):
         params = [k for k in a[net] if "running" not in k and "num_batches" not in k]
         assert params and all(torch.equal(a[net][k], b[net][k]) for k in params), net
-    # running statistics are each rank's own after its last forward (DDP broadcasts rank 0's before each forward)
+    # running statistics are each rank's own (no buffer sync in the forward: see distributed.wrap)
     assert any(not torch.equal(a["discriminator"][k], b["discriminator"][k]) for k in a["discriminator"]
                if "running_mean" in k)
 

@@ -1,0 +1,258 @@
+"""`python -m gantools check`: every technique gantools offers, run for a few steps on this machine, each verified.
+The first thing to run on a new GPU: no CUDA path of gantools has run in its own tests (no GPU there), so this is
+where a GPU user finds out, in a minute or two, which techniques work with their driver, GPU and torch.
+
+For each technique (each precision the device supports, fused and foreach Adam, channels_last, torch.compile
+(default; reduce-overhead on CUDA), the device loader, a DataLoader with worker processes (pinned on CUDA),
+gradient accumulation, TF32 and cudnn.benchmark on CUDA, and DDP with 2 processes: gloo on a CPU, NCCL where 2
+GPUs exist) it checks:
+- every logged loss is finite;
+- no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
+- torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
+  accumulating; D twice: its inputs with and without gradients) and none after warm-up, and skipped no CUDA graphs;
+- on a CPU, resuming from a checkpoint gives bit-identical weights and losses (on a GPU kernels need not be
+  deterministic, so there it is not required).
+
+Techniques that pass on a CUDA device are recorded under data/check/ (keyed by GPU name and torch version):
+`validated()` reads that record, so the profiler recommends CUDA graphs only where they ran here.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import distributed
+from .checkpoint import atomic_write, load_checkpoint
+from .config import TrainConfig, cli_flags
+from .data import ImageTensorDataset, data_root, render_glyphs
+from .errors import ConfigError
+from .hardware import machine_info, supports_bf16
+from .train import METRICS, Trainer
+
+# A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
+# not how fast it is (its images/s only shows it ran at a plausible speed).
+BASE = dict(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, log_interval=2, sample_interval=0,
+            checkpoint_interval=0, loader="dataloader", num_workers=0)
+STEPS = 2  # per segment: 2 steps, checkpoint, 2 steps; then back to the checkpoint and the same 2 steps again
+G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
+
+
+def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
+    """technique -> config changes from BASE, for what this device supports."""
+    cuda = device.type == "cuda"
+    rows = {"fp32": {}}
+    if supports_bf16(device):
+        rows["bf16 autocast"] = {"precision": "bf16"}
+    if cuda:
+        rows["fp16 autocast + GradScaler"] = {"precision": "fp16"}
+        rows["TF32 + cudnn.benchmark"] = {"tf32": True, "cudnn_benchmark": True}
+    rows["Adam fused"] = {"optimizer_impl": "fused"}
+    rows["Adam foreach"] = {"optimizer_impl": "foreach"}
+    rows["channels_last"] = {"channels_last": True}
+    if compile_ok:
+        rows["compile default"] = {"compile": "default"}
+    if cuda:
+        rows["compile reduce-overhead"] = {"compile": "reduce-overhead"}
+    rows["device loader"] = {"loader": "device"}
+    # pinning only helps copies to a GPU (refused on a CPU); workers are worth checking everywhere
+    rows["DataLoader, 2 workers" + (", pinned" if cuda else "")] = {
+        "num_workers": 2, "persistent_workers": True, **({"pin_memory": True} if cuda else {})}
+    rows["accumulation, 2 micro-batches"] = {"grad_accum_steps": 2}
+    return rows
+
+
+def expected_graphs(cfg: TrainConfig) -> int:
+    """Graphs the step needs compiled: G (and G under no_grad when accumulating), D on inputs without and with
+    gradients (the D step, and the G step, where D's weights are frozen)."""
+    return 1 + (cfg.grad_accum_steps > 1) + 2
+
+
+class _Probe:
+    """Tells which phase of the step is running (as the trainer labels them) and counts gradients that reach D's
+    weights during G's step."""
+
+    def __init__(self):
+        self.phase, self.leaks = None, 0
+
+    @contextlib.contextmanager
+    def label(self, name: str):
+        outer, self.phase = self.phase, name
+        try:
+            yield
+        finally:
+            self.phase = outer
+
+    def watch(self, module: torch.nn.Module) -> None:
+        for p in module.parameters():
+            p.register_hook(self._on_grad)
+
+    def _on_grad(self, grad):
+        if self.phase in G_STEP_PHASES:
+            self.leaks += 1
+
+
+def _weights(trainer: Trainer) -> dict:
+    return {f"{net}.{k}": v.detach().clone() for net in ("generator", "discriminator")
+            for k, v in getattr(trainer, net).state_dict().items()}
+
+
+def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
+    """Train `cfg` for 2 + 2 steps, go back to the checkpoint taken in between and train the same 2 steps again;
+    verify as the module docstring says. Returns the row: ok, reason (what failed), images_per_sec, checks."""
+    probe = _Probe()
+    trainer = Trainer(cfg, dataset=dataset)
+    trainer.label_phase = probe.label
+    probe.watch(trainer.discriminator)
+    trainer.fit(STEPS)
+    half = trainer.save_checkpoint(work / "half.pt")
+    trainer.fit(STEPS)
+    speed = trainer.history.summary()["images_per_sec"]
+    first = _weights(trainer), [r["loss_g"] for r in trainer.history[-1:]]
+    records = list(trainer.history)
+    trainer.load_state(load_checkpoint(half))
+    trainer.fit(STEPS)
+    records += trainer.history[-1:]
+    problems, checks = [], {}
+
+    bad = [r["step"] for r in records if not all(math.isfinite(r[m]) for m in METRICS)]
+    checks["finite losses"] = not bad
+    if bad:
+        problems.append(f"non-finite losses at step(s) {bad}")
+    checks["no gradients into frozen D"] = probe.leaks == 0
+    if probe.leaks:
+        problems.append(f"{probe.leaks} weight gradient(s) reached the frozen D in G's step")
+    if cfg.compile != "off":
+        graphs = [r["compiled_graphs"] for r in records]
+        limit = expected_graphs(cfg)
+        checks["recompiles"] = graphs[-1] <= limit and graphs[-1] == graphs[0]
+        if graphs[-1] > limit:
+            problems.append(f"torch.compile built {graphs[-1]} graphs, more than the {limit} the step needs")
+        elif graphs[-1] != graphs[0]:
+            problems.append(f"torch.compile recompiled after warm-up ({graphs[0]} graphs, then {graphs[-1]})")
+        skips = records[-1].get("cudagraph_skips", 0)
+        if cfg.compile == "reduce-overhead":
+            checks["CUDA graphs used"] = skips == 0
+            if skips:
+                problems.append(f"CUDA graphs were skipped for {skips} graph(s)")
+    if trainer.device.type == "cpu":
+        again = _weights(trainer), [r["loss_g"] for r in trainer.history[-1:]]
+        same = first[1] == again[1] and all(torch.equal(first[0][k], again[0][k]) for k in first[0])
+        checks["exact resume"] = same
+        if not same:
+            problems.append("resuming from the checkpoint did not give identical weights and losses")
+    return {"ok": not problems, "reason": "; ".join(problems) or None, "images_per_sec": speed, "checks": checks}
+
+
+def check_ddp(device: torch.device, work: Path, timeout: float = 300) -> dict:
+    """2 processes under torchrun train the base config through the CLI: every rank must finish, and rank 0's
+    history must hold finite losses. (D's freezing and exact resume are the single-process code, checked above;
+    tests/test_distributed.py checks DDP's own behaviour on the CPU.)"""
+    cfg = TrainConfig(**BASE, device=device.type, steps=2 * STEPS, out_dir=str(work / "ddp"))
+    command = distributed.launch_command(2, "-m", "gantools", "train", "--quiet", *cli_flags(cfg))
+    env = {**os.environ, **({} if device.type == "cuda" else {"OMP_NUM_THREADS": "1"})}  # 2 CPU processes, 1 core each
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        return {"ok": False, "reason": f"torchrun exited with status {done.returncode}: {tail}",
+                "images_per_sec": None, "checks": {"finished": False}}
+    records = json.loads((work / "ddp" / "history.json").read_text())
+    finite = all(math.isfinite(r[m]) for r in records for m in METRICS)
+    steps = records[-1]["step"] if records else 0
+    ok = finite and steps == cfg.steps
+    reason = None if ok else (f"rank 0 logged {steps} of {cfg.steps} steps" if finite else "non-finite losses")
+    speed = records[-1]["images_per_sec"] if records else None
+    return {"ok": ok, "reason": reason, "images_per_sec": speed, "checks": {"finished": True, "finite losses": finite}}
+
+
+def run(device: str = "auto", progress=print, only=None) -> dict:
+    """Check every technique (or those named in `only`) on `device`. Never raises for a technique that fails: its
+    row says FAILED and why. A bad `device` is a ConfigError before anything runs."""
+    from .bench import can_compile
+
+    base = TrainConfig(**BASE, device=device).validate()
+    dev = distributed.device(base.device, distributed.World())
+    dataset = ImageTensorDataset(*render_glyphs(64, 32, 1, seed=0))  # 4 batches of 16: runs cross an epoch
+    plan = techniques(dev, can_compile(dev))
+    gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
+    ddp_name = "DDP, 2 processes (NCCL)" if gpus >= 2 else "DDP, 2 processes (gloo, CPU)"
+    names = [*plan, ddp_name]
+    unknown = set(only or ()) - set(names)
+    if unknown:
+        raise ConfigError(f"unknown technique(s) {sorted(unknown)}; choose from {names}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gantools-check-") as tmp:
+        for i, name in enumerate(names):
+            if only and name not in only:
+                continue
+            work = Path(tmp) / f"t{i}"
+            t0 = time.perf_counter()
+            try:
+                if name == ddp_name:
+                    row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), work)
+                else:
+                    cfg = base.replace(**plan[name], out_dir=str(work))
+                    row = check_technique(cfg.validate(), dataset, work)
+            except Exception as e:  # a technique that crashes is a FAILED row, not the end of the check
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                row = {"ok": False, "reason": f"{type(e).__name__}: {first}"[:300], "images_per_sec": None,
+                       "checks": {}}
+            rows.append({"technique": name, **row, "seconds": round(time.perf_counter() - t0, 1)})
+            progress(f"{name}: {'ok' if row['ok'] else 'FAILED'} ({rows[-1]['seconds']} s)")
+    result = {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "ok": all(r["ok"] for r in rows), "rows": rows}
+    if dev.type == "cuda" and not only:
+        record(result, dev)
+    return result
+
+
+def table(result: dict) -> str:
+    """The rows as an aligned text table: technique, ok or FAILED with the reason, images/s."""
+    width = max(len(r["technique"]) for r in result["rows"])
+    m = result["machine"]
+    lines = [f"gantools check on {m['device_name']} ({result['device']}), torch {result['torch']}, {result['date']}",
+             f"{'technique':<{width}}  {'images/s':>9}  result"]
+    for r in result["rows"]:
+        speed = f"{r['images_per_sec']:9.0f}" if r["images_per_sec"] else f"{'-':>9}"
+        lines.append(f"{r['technique']:<{width}}  {speed}  {'ok' if r['ok'] else 'FAILED: ' + r['reason']}")
+    failed = sum(not r["ok"] for r in result["rows"])
+    lines.append("every technique works here" if not failed else f"{failed} technique(s) FAILED")
+    return "\n".join(lines)
+
+
+def save(result: dict, path) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
+
+
+def _record_path(device: torch.device, root=None) -> Path:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    key = re.sub(r"[^A-Za-z0-9.]+", "-", f"{name}-torch-{torch.__version__}").strip("-")
+    return data_root(root) / "check" / f"{key}.json"
+
+
+def record(result: dict, device: torch.device, root=None) -> Path:
+    """Remember which techniques passed on this GPU with this torch (what `validated` reads)."""
+    path = _record_path(device, root)
+    data = {"device_name": result["machine"]["device_name"], "torch": result["torch"], "date": result["date"],
+            "techniques": {r["technique"]: r["ok"] for r in result["rows"]}}
+    atomic_write(path, lambda f: f.write(json.dumps(data, indent=1).encode()))
+    return path
+
+
+def validated(technique: str, device: torch.device, root=None) -> bool:
+    """Whether `gantools check` ran `technique` on this device, with this torch, and it passed."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    path = _record_path(device, root)
+    try:
+        return json.loads(path.read_text())["techniques"].get(technique) is True
+    except (OSError, ValueError, KeyError):
+        return False

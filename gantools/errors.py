@@ -1,0 +1,32 @@
+"""The errors gantools raises for a user to read and act on. All share `GantoolsError`, so one `except` in the CLI,
+the panel or a notebook tells "your input, data or run needs changing" (one clear message, exit status 2) from a bug
+(a traceback). Each keeps the built-in base it always had, so older `except ValueError:` code still catches it."""
+from __future__ import annotations
+
+
+class GantoolsError(Exception):
+    """Something the user can fix; the message says what is wrong and what to do."""
+
+
+class ConfigError(GantoolsError, ValueError):
+    """A config value (or combination) that cannot work; the message lists every problem and its fix."""
+
+
+class DataError(GantoolsError, RuntimeError):
+    """Data that cannot be loaded as asked: the message says where the files should be and how to get them."""
+
+
+class CheckpointError(GantoolsError, RuntimeError):
+    """A checkpoint that is missing, damaged, tampered with or not a gantools checkpoint."""
+
+
+class OutOfMemory(GantoolsError, RuntimeError):
+    """The device ran out of memory; the message says what to change (batch, accumulation, 16-bit)."""
+
+
+class NonFiniteLossError(GantoolsError, FloatingPointError):
+    """A loss became NaN or infinite; raised at the next log interval (checking every step would sync)."""
+
+
+class QualityError(GantoolsError, RuntimeError):
+    """A quality metric cannot be computed as asked (missing package or weights); the message says how to fix it."""
