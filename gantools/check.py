@@ -133,9 +133,12 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     if cfg.compile != "off":
         graphs = [r["compiled_graphs"] for r in records]
         limit = expected_graphs(cfg)
-        checks["recompiles"] = graphs[-1] <= limit and graphs[-1] == graphs[0]
+        checks["compiled graphs"] = graphs[-1]
+        checks["recompiles"] = 1 <= graphs[-1] <= limit and graphs[-1] == graphs[0]
         if graphs[-1] > limit:
             problems.append(f"torch.compile built {graphs[-1]} graphs, more than the {limit} the step needs")
+        elif graphs[-1] < 1:
+            problems.append("torch.compile built no graph (or torch's compile counters could not be read)")
         elif graphs[-1] != graphs[0]:
             problems.append(f"torch.compile recompiled after warm-up ({graphs[0]} graphs, then {graphs[-1]})")
         skips = records[-1].get("cudagraph_skips", 0)
@@ -152,11 +155,19 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     return {"ok": not problems, "reason": "; ".join(problems) or None, "images_per_sec": speed, "checks": checks}
 
 
-def check_ddp(device: torch.device, work: Path, timeout: float = 300) -> dict:
-    """2 processes under torchrun train the base config through the CLI: every rank must finish, and rank 0's
-    history must hold finite losses. (D's freezing and exact resume are the single-process code, checked above;
+def check_ddp(device: torch.device, dataset: ImageTensorDataset, work: Path, timeout: float = 300) -> dict:
+    """2 processes under torchrun train the base config through the CLI, on the check's images written out as a
+    folder of PNGs (so nothing waits for a dataset cache): every rank must finish, and rank 0's history must hold
+    finite losses. (D's freezing and exact resume are the single-process code, checked above;
     tests/test_distributed.py checks DDP's own behaviour on the CPU.)"""
-    cfg = TrainConfig(**BASE, device=device.type, steps=2 * STEPS, out_dir=str(work / "ddp"))
+    from PIL import Image
+
+    folder = work / "images"
+    folder.mkdir(parents=True)
+    for i, image in enumerate(dataset.images):
+        Image.fromarray(image[0].numpy()).save(folder / f"{i:03d}.png")
+    cfg = TrainConfig(**BASE, device=device.type, steps=2 * STEPS, dataset="folder", data_path=str(folder),
+                      out_dir=str(work / "ddp"))
     command = distributed.launch_command(2, "-m", "gantools", "train", "--quiet", *cli_flags(cfg))
     env = {**os.environ, **({} if device.type == "cuda" else {"OMP_NUM_THREADS": "1"})}  # 2 CPU processes, 1 core each
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -197,7 +208,7 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
             t0 = time.perf_counter()
             try:
                 if name == ddp_name:
-                    row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), work)
+                    row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), dataset, work)
                 else:
                     cfg = base.replace(**plan[name], out_dir=str(work))
                     row = check_technique(cfg.validate(), dataset, work)
@@ -210,7 +221,7 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
     result = {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "ok": all(r["ok"] for r in rows), "rows": rows}
     if dev.type == "cuda" and not only:
-        record(result, dev)
+        record(result)
     return result
 
 
@@ -232,27 +243,27 @@ def save(result: dict, path) -> None:
     atomic_write(path, lambda f: f.write(json.dumps(result, indent=1).encode()))
 
 
-def _record_path(device: torch.device, root=None) -> Path:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    key = re.sub(r"[^A-Za-z0-9.]+", "-", f"{name}-torch-{torch.__version__}").strip("-")
+def _record_path(device_name: str, root=None) -> Path:
+    key = re.sub(r"[^A-Za-z0-9.]+", "-", f"{device_name}-torch-{torch.__version__}").strip("-")
     return data_root(root) / "check" / f"{key}.json"
 
 
-def record(result: dict, device: torch.device, root=None) -> Path:
+def record(result: dict, root=None) -> Path:
     """Remember which techniques passed on this GPU with this torch (what `validated` reads)."""
-    path = _record_path(device, root)
-    data = {"device_name": result["machine"]["device_name"], "torch": result["torch"], "date": result["date"],
+    name = result["machine"]["device_name"]
+    data = {"device_name": name, "torch": result["torch"], "date": result["date"],
             "techniques": {r["technique"]: r["ok"] for r in result["rows"]}}
+    path = _record_path(name, root)
     atomic_write(path, lambda f: f.write(json.dumps(data, indent=1).encode()))
     return path
 
 
 def validated(technique: str, device: torch.device, root=None) -> bool:
-    """Whether `gantools check` ran `technique` on this device, with this torch, and it passed."""
+    """Whether `gantools check` ran `technique` on this GPU, with this torch, and it passed."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    path = _record_path(device, root)
     try:
+        path = _record_path(torch.cuda.get_device_name(device), root)
         return json.loads(path.read_text())["techniques"].get(technique) is True
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, AttributeError):
         return False

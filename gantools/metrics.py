@@ -21,7 +21,7 @@ from torch import nn
 from .checkpoint import atomic_save
 from .data import data_root, make_dataset, prepare_batch
 from .errors import QualityError
-from .hardware import resolve_device
+from .hardware import resolve_device, seeded
 
 CLASSIFIER_VERSION = 1
 MIN_SAMPLES = 2048
@@ -111,8 +111,8 @@ def load_classifier(dataset: str = "glyphs", image_size: int = 32, channels: int
     path = _path(dataset, image_size, channels, root)
     train = make_dataset(dataset, image_size, channels, "train", root)
     classes = int(train.labels.max()) + 1
-    torch.manual_seed(0)  # the same classifier (and feature space) whatever ran before
-    model = Classifier(channels, classes)
+    with seeded(0):  # the same classifier (and feature space) whatever ran before; the caller's RNG untouched
+        model = Classifier(channels, classes)
     if path.is_file():
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)

@@ -70,11 +70,11 @@ class ControlPanel:
     def set(self, **values) -> "ControlPanel":
         """Change controls from code (what a reader does with the mouse)."""
         for name, value in values.items():
-            self.controls[name].value = value
+            self.controls[name].value = AUTO if value is None else value
         return self
 
     def config(self) -> TrainConfig:
-        return self.base.replace(**{name: w.value for name, w in self.controls.items()})
+        return self.base.replace(**{name: None if w.value == AUTO else w.value for name, w in self.controls.items()})
 
     def run_name(self, cfg: TrainConfig) -> str:
         changed = [f"{n}={getattr(cfg, n)}" for n in self.controls if getattr(cfg, n) != getattr(self.base, n)]
@@ -144,6 +144,8 @@ class ControlPanel:
         self.table.append_display_data(Image(figure_png(comparison_chart(rows, self.baseline))))
 
 
+AUTO = "<auto>"  # what an optional switch's dropdown holds for None (no field has it as a choice)
+
 # Modes the panel cannot run: it trains in a background thread, where CUDA graphs are refused (see Trainer.fit).
 BACKGROUND_THREAD_UNSAFE = {"compile": ("reduce-overhead",)}
 
@@ -157,8 +159,9 @@ def _widget(name: str, knob: Knob, value):
     if knob.choices is not None:
         options = [c for c in knob.choices if c not in BACKGROUND_THREAD_UNSAFE.get(name, ())]
         w = W.Dropdown(options=options, value=value, description=desc)
-    elif knob.kind is bool and knob.optional:
-        w = W.Dropdown(options=[("auto", None), ("on", True), ("off", False)], value=value, description=desc)
+    elif knob.kind is bool and knob.optional:  # None (auto) as a value of its own: ipywidgets reads None as "unset"
+        w = W.Dropdown(options=[("auto", AUTO), ("on", True), ("off", False)], value=AUTO if value is None else value,
+                       description=desc)
     elif knob.kind is bool:
         w = W.Checkbox(value=value, description=desc, indent=True)
     elif knob.kind is int and not knob.pair:

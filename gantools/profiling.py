@@ -98,7 +98,7 @@ class ProfileReport:
         lines = [f"{self.steps} profiled steps on {self.device}: {self.step_time_ms:.1f} ms/step profiled, "
                  f"{self.unprofiled_step_time_ms:.1f} ms/step without the profiler "
                  f"(overhead {self.overhead:.2f}x), {self.images_per_sec:.0f} images/s"]
-        lines += [f"  {name:<18} {ms:8.2f} ms  {100 * ms / self.step_time_ms:5.1f}%"
+        lines += [f"  {name:<20} {ms:8.2f} ms  {100 * ms / self.step_time_ms:5.1f}%"
                   for name, ms in self.phases_ms.items()]
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, host-to-device copies {self.h2d_copy_ms:.2f} ms,"
                      f" host syncs {self.host_syncs_per_step:.1f} per step, peak memory {self.peak_mem_mb:.0f} MB")
@@ -248,11 +248,11 @@ class Comparison:
         return self.after.images_per_sec / self.before.images_per_sec
 
     def __str__(self):
-        lines = [f"{'phase':>18}  {'before':>9}  {'after':>9}  (ms per step)"]
+        lines = [f"{'phase':>20}  {'before':>9}  {'after':>9}  (ms per step)"]
         for name in dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]):
-            lines.append(f"{name:>18}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
+            lines.append(f"{name:>20}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
                          f"{self.after.phases_ms.get(name, 0.0):9.2f}")
-        lines.append(f"{'images/s':>18}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
+        lines.append(f"{'images/s':>20}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
                      f"-> {self.speedup:.2f}x (measured without the profiler)")
         return "\n".join(lines)
 

@@ -370,7 +370,8 @@ class Trainer:
         flips) with its device type, and the module stream (the global RNG's state for dropout and the like)."""
         rng = {"noise": self.rng.get_state(), "noise_device": self.device.type, "modules": self._module_rng_now()}
         return {
-            "format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen, "config": self.cfg.to_dict(),
+            "format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen,
+            "config": self.cfg.to_dict(),
             "generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),

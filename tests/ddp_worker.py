@@ -126,7 +126,7 @@ def main(out: Path, one_process_checkpoint: Path) -> None:
 
     trainer = Trainer(cfgs["dcgan"], dataset=data)
     trainer.fit()
-    results["dcgan"] = summary(trainer)
+    results["dcgan"] = {**summary(trainer), "buffer_sync": trainer.ddp_d.broadcast_buffers}
 
     recording[0] = False
     torch.save({"results": results, "writes": writes}, out / f"rank{rank}.pt")

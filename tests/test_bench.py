@@ -71,3 +71,23 @@ def test_scaling_row_times_one_and_two_processes_and_states_the_efficiency(tmp_p
     assert [r["step"] for r in history] == [2, 4, 6]  # rank 0's record of the 2-process run
     table = bench.scaling_markdown(result)
     assert "| 2 | 64 |" in table and "scaling efficiency" in table and "gloo" in table and "share its" in table
+
+
+def test_counting_a_variants_flops_does_not_change_its_training(tmp_path):
+    from gantools import ImageTensorDataset, Trainer, TrainConfig, render_glyphs
+
+    data = ImageTensorDataset(*render_glyphs(64, 32, 1, seed=0))
+    cfg = TrainConfig(nz=8, ngf=8, ndf=8, batch_size=16, steps=4, log_interval=1, sample_interval=0, hflip=True,
+                      loader="device")
+    counted = Trainer(cfg.replace(out_dir=str(tmp_path / "a")), dataset=data)
+    counted.fit(2)
+    frozen = bench.flops_per_image(counted)
+    counted.fit(2)
+    plain = Trainer(cfg.replace(out_dir=str(tmp_path / "b")), dataset=data)
+    plain.fit()
+    assert counted.history.column("loss_g") == plain.history.column("loss_g")
+    assert all(torch.equal(a, b) for a, b in zip(counted.discriminator.state_dict().values(),
+                                                 plain.discriminator.state_dict().values()))
+    # and each config counts its own step: D's weight gradients in G's step when D is not frozen
+    free = bench.flops_per_image(Trainer(cfg.replace(freeze_d=False, out_dir=str(tmp_path / "c")), dataset=data))
+    assert free > frozen > 0

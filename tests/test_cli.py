@@ -4,6 +4,7 @@ import sys
 from dataclasses import fields
 
 import pytest
+import torch
 
 from gantools import TrainConfig
 from gantools.cli import build_parser, main
@@ -43,12 +44,6 @@ def test_missing_dataset_is_a_clear_error(tmp_path, capsys):
     assert "--download" in capsys.readouterr().err
 
 
-def test_bad_flag_values_are_refused_by_the_parser(capsys):
-    with pytest.raises(SystemExit) as e:
-        build_parser().parse_args(["train", "--precision", "fp8"])
-    assert e.value.code == 2 and "invalid choice: 'fp8'" in capsys.readouterr().err
-
-
 def test_every_config_field_is_a_documented_flag():
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
     for f in fields(TrainConfig):
@@ -78,4 +73,72 @@ def test_profile_refuses_bad_step_counts(capsys):
     with pytest.raises(SystemExit) as e:
         main(["profile", "--profile-steps", "0"])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "--profile-steps: 0 is too small: it must be >= 1" in err and len(err.splitlines()) == 2
+    assert e.value.code == 2 and "--profile-steps: 0 is too small: it must be >= 1" in err
+    assert len(err.splitlines()) == 2
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["train", "--image-size", "48"], "argument --image-size: invalid choice: 48 (choose from 28, 32, 64)"),
+    (["train", "--steps", "abc"], "argument --steps: 'abc' is not a whole number"),
+    (["train", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+    (["train", "--lr-g", "fast"], "argument --lr-g: 'fast' is not a number"),
+    (["bench", "--repeats", "0"], "argument --repeats: 0 is too small: it must be >= 1"),
+], ids=["image-size", "steps", "precision", "lr", "repeats"])
+def test_a_bad_flag_value_is_one_line_and_a_pointer_to_help(args, expected, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"gantools: error: {expected}")
+    assert err.count("\n") == 2 and f"python -m gantools {args[0]} --help" in err and "usage:" not in err
+
+
+def test_every_error_of_every_subcommand_is_one_message_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from gantools import Trainer, train
+
+    monkeypatch.setattr(Trainer, "_train_step", lambda self, real: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
+    args = ["--loader", "device", "--out-dir", str(tmp_path / "p"), *[a for a in TINY if a != "--quiet"]]
+    assert main(["profile", "--profile-steps", "1", "--warmup", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gantools: error: out of cpu memory at step 1") and "Traceback" not in err
+    monkeypatch.undo()
+    monkeypatch.setattr(train, "d_loss", lambda loss, real, fake: real.mean() * float("nan"))  # NaN from step 1
+    monkeypatch.setattr(train, "g_loss", lambda loss, fake: fake.mean() * float("nan"))
+    assert main(["bench", "--device", "cpu", "--variants", "bf16 autocast", "--no-compile",
+                 "--json", str(tmp_path / "b.json"), "--png", str(tmp_path / "b.png")]) == 2
+    err = capsys.readouterr().err
+    assert "gantools: error: step 3: the discriminator and generator loss is not finite" in err
+    assert "Traceback" not in err
+    assert main(["check", "--device", "tpu"]) == 2
+    assert "gantools: error: invalid TrainConfig" in capsys.readouterr().err
+
+
+def test_an_unwritable_out_dir_is_refused_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(["train", "--out-dir", str(blocker / "run"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gantools: error: cannot write to {blocker / 'run'}: {blocker} is a file, not a folder")
+    assert main(["bench", "--json", str(blocker / "bench.json")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_scaling_tells_a_childs_own_error_from_a_crash(monkeypatch, capsys, tmp_path):
+    import subprocess
+
+    from gantools import bench
+
+    def child(stderr, code):
+        return lambda *a, **k: subprocess.CompletedProcess(a[0], code, "", stderr)
+
+    args = ["bench", "--scaling", "--device", "cpu", "--json", str(tmp_path / "s.json")]
+    monkeypatch.setattr(bench.subprocess, "run", child("gantools: error: no space left for the dataset cache\n", 2))
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "gantools: error: the 1-process run stopped: no space left for the dataset cache")
+    crash = "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: an illegal memory access\n"
+    monkeypatch.setattr(bench.subprocess, "run", child(crash, 1))
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "gantools: FAILED: the 1-process run crashed (exit status 1)" in err and "illegal memory access" in err
+    assert "gantools: error" not in err

@@ -1,7 +1,10 @@
+from dataclasses import fields
+
 import pytest
 import torch
 
 from gantools import ConfigError, TrainConfig, preset
+from gantools.config import Knob, cli_flags, knobs, speed_knobs
 
 
 def test_defaults_and_presets_are_valid():
@@ -33,6 +36,8 @@ BAD = [
     (dict(lr_d=-1e-3), "lr_d"),
     (dict(betas=(0.5, 1.0)), "betas"),
     (dict(betas=(0.5,)), "betas"),
+    (dict(betas=(0.5, "x")), "betas=(0.5, 'x') (tuple): must be two numbers"),
+    (dict(pin_memory="yes"), "pin_memory='yes' (str): must be True or False or None"),
     (dict(weight_decay=-0.1), "weight_decay"),
     (dict(compile="fast"), "compile"),
     (dict(compile="reduce-overhead", device="cpu"), "CUDA graphs"),
@@ -86,3 +91,33 @@ def test_replace_and_presets_refuse_unknown_names():
 def test_round_trip_through_a_dict():
     cfg = TrainConfig(betas=(0.0, 0.9), precision="bf16", tf32=False)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_every_field_is_described_once_by_its_knob():
+    described = knobs()
+    assert list(described) == [f.name for f in fields(TrainConfig)]
+    for name, knob in described.items():
+        assert isinstance(knob, Knob) and knob.kind in (bool, int, float, str) and knob.help
+    assert described["betas"].pair and described["pin_memory"].optional and described["pin_memory"].kind is bool
+    assert described["precision"].choices == ("fp32", "fp16", "bf16")
+    # the speed knobs change how fast a run trains, never what it learns: what a tuner may search
+    assert {"precision", "channels_last", "compile", "loader", "num_workers", "pin_memory", "optimizer_impl",
+            "cudnn_benchmark", "tf32", "freeze_d"} <= set(speed_knobs())
+    assert not {"lr_g", "batch_size", "seed", "dataset", "loss", "betas", "steps"} & set(speed_knobs())
+
+
+def test_cli_flags_rebuild_the_config_through_the_parser():
+    from gantools.cli import build_parser
+
+    cfg = TrainConfig(betas=(0.0, 0.9), precision="bf16", tf32=False, drop_last=False, channels_last=True,
+                      pin_memory=False, prefetch_factor=3, num_workers=2, lr_d=1e-3, out_dir="runs/x")
+    flags = cli_flags(cfg)
+    assert flags[:2] == ["--num-workers", "2"] and "--no-drop-last" in flags and "--no-tf32" in flags
+    parsed = vars(build_parser().parse_args(["train", *flags]))
+    values = {k: v for k, v in parsed.items() if k in knobs()}
+    assert TrainConfig().replace(**values) == cfg and cli_flags(TrainConfig()) == []
+
+
+def test_a_pair_given_as_a_list_is_stored_as_a_tuple():
+    assert TrainConfig(betas=[0.1, 0.2]).betas == (0.1, 0.2)
+    assert TrainConfig().replace(betas=[0.3, 0.4]).betas == (0.3, 0.4)

@@ -113,6 +113,7 @@ def test_batchnorm_models_keep_identical_weights_on_every_rank(two_ranks):
     _, _, ranks = two_ranks
     a, b = (rank["results"]["dcgan"] for rank in ranks)
     assert a["step"] == b["step"] == 3
+    assert a["buffer_sync"] is b["buffer_sync"] is False  # D runs twice before a backward (see distributed.wrap)
     for net in ("generator", "discriminator"):
         params = [k for k in a[net] if "running" not in k and "num_batches" not in k]
         assert params and all(torch.equal(a[net][k], b[net][k]) for k in params), net

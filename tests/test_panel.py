@@ -62,3 +62,19 @@ def test_stop_button_ends_the_run_between_steps(panel):
     gp._ACTIVE["thread"].join(30)
     assert not gp._ACTIVE["thread"].is_alive()
     assert "stopped early" in panel.status.value and len(RUNS) == 1
+
+
+def test_each_control_is_chosen_by_its_fields_description(tiny):
+    from gantools.panel import _widget
+    from gantools.config import knobs
+
+    panel = ControlPanel(tiny, {"images_per_sec": 1.0})
+    pin = panel.controls["pin_memory"]
+    assert pin.label == "auto" and [label for label, _ in pin.options] == ["auto", "on", "off"]
+    assert panel.config().pin_memory is None and panel.set(pin_memory=False).config().pin_memory is False
+    assert "reduce-overhead" not in panel.controls["compile"].options  # the panel trains in a background thread
+    assert type(panel.controls["channels_last"]).__name__ == "Checkbox"
+    assert panel.controls["batch_size"].value == tiny.batch_size
+    assert type(_widget("lr_g", knobs()["lr_g"], 2e-4)).__name__ == "FloatText"
+    with pytest.raises(ValueError, match="no control for betas"):
+        _widget("betas", knobs()["betas"], (0.5, 0.999))

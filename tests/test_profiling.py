@@ -102,3 +102,30 @@ def test_compute_bound_in_16_bit_makes_no_gain_claim():
     v = diagnose(_report(), TrainConfig(precision="bf16"))
     assert v.fix == {"channels_last": True} and v.estimated_speedup is None
     assert "no estimate" in str(v)
+
+
+def test_cuda_graphs_are_recommended_only_where_gantools_check_validated_them(monkeypatch):
+    from gantools import check
+
+    idle = _report("cuda", busy=100 * (1 - HOST_BOUND) - 1, syncs=0)
+    v = diagnose(idle, TrainConfig())
+    assert v.bottleneck == "host-overhead-bound" and v.fix == {"compile": "default"}
+    assert "once `python -m gantools check` has validated it" in v.technique
+    monkeypatch.setattr(check, "validated", lambda technique, device, root=None: technique ==
+                        "compile reduce-overhead" and device.type == "cuda")
+    v = diagnose(idle, TrainConfig())
+    assert v.fix == {"compile": "reduce-overhead"} and "validated here" in v.technique
+
+
+def test_profiled_steps_synchronise_the_data_wait_and_leave_the_trainer_as_it_was(tiny, glyphs64):
+    seen = []
+
+    class Watch:
+        def on_step_end(self, trainer):
+            seen.append(trainer.sync_data_wait)
+
+    trainer = Trainer(tiny, dataset=glyphs64, callbacks=[Watch()])
+    report = profile(trainer, steps=2, warmup=1)
+    assert seen == [False, True, True, True, False, False]  # warm-up, profiler warm-up + profiled, unprofiled
+    assert not trainer.sync_data_wait and report.phases_ms["D backward (G step)"] > 0
+    assert report.phases_ms["D forward (G step)"] > 0 and report.phases_ms["G backward"] > 0

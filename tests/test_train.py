@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from gantools import (CheckpointError, ConfigError, ImageTensorDataset, NonFiniteLossError, Trainer, preset,
-                      save_checkpoint)
+from gantools import (CheckpointError, ConfigError, ImageTensorDataset, NonFiniteLossError, Trainer,
+                      load_checkpoint, preset, save_checkpoint)
 from gantools.train import METRICS
 
 from conftest import CUDA, PRECISIONS, BatchFreeD, BatchFreeG, cuda_only, weights
@@ -226,9 +226,11 @@ class Exploit:
         return (os.system, ("echo pwned",))
 
 
-def test_compile_trains_on_cpu(tiny, glyphs64):
-    history = Trainer(tiny.replace(steps=2, compile="default", loader="device"), dataset=glyphs64).fit()
+def test_compile_trains_on_cpu_and_counts_its_graphs(tiny, glyphs64):
+    history = Trainer(tiny.replace(steps=4, compile="default", loader="device"), dataset=glyphs64).fit()
     assert math.isfinite(history[-1]["loss_g"])
+    # G once; D on images without gradients (D's step) and with them (G's step, D frozen); nothing after warm-up
+    assert history.column("compiled_graphs") == [3, 3]
 
 
 @cuda_only
@@ -248,3 +250,217 @@ def test_cuda_compile_and_pinned_dataloader(tiny, glyphs64):
     cfg = tiny.replace(device="cuda", compile="default", num_workers=2, pin_memory=True, steps=4)
     history = Trainer(cfg, dataset=glyphs64).fit()
     assert math.isfinite(history[-1]["loss_d"])
+
+
+def test_building_fitting_and_sampling_leave_the_global_rng_alone(tiny, glyphs64):
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    trainer = Trainer(tiny.replace(hflip=True, steps=3), dataset=glyphs64)
+    trainer.fit()
+    trainer.sample()
+    trainer.generate(4)
+    assert torch.equal(torch.get_rng_state(), before)
+    again = Trainer(tiny.replace(hflip=True, steps=3, out_dir=str(trainer.out_dir) + "2"), dataset=glyphs64)
+    assert again.fit().column("loss_g") == trainer.history.column("loss_g")  # whatever the caller drew between
+
+
+def test_two_trainers_interleaved_each_run_with_their_own_backend_flags(tiny, glyphs64):
+    from gantools.hardware import backend_flags_now
+
+    class Watch:
+        def __init__(self):
+            self.seen = []
+
+        def on_step_end(self, trainer):
+            self.seen.append(backend_flags_now())
+
+    process = backend_flags_now()
+    fast, exact = Watch(), Watch()
+    a = Trainer(tiny.replace(tf32=True, cudnn_benchmark=True, out_dir=tiny.out_dir + "a"), dataset=glyphs64,
+                callbacks=[fast])
+    b = Trainer(tiny.replace(tf32=False, cudnn_benchmark=False, out_dir=tiny.out_dir + "b"), dataset=glyphs64,
+                callbacks=[exact])
+    assert backend_flags_now() == process  # building set nothing
+    for _ in range(2):  # interleaved, as the benchmark runs its variants
+        a.fit(2)
+        assert backend_flags_now() == process
+        b.fit(2)
+        assert backend_flags_now() == process
+    assert len(fast.seen) == len(exact.seen) == 4
+    assert all(f["tf32_matmul"] == "tf32" and f["cudnn_benchmark"] for f in fast.seen)
+    assert all(f["tf32_matmul"] == "ieee" and not f["cudnn_benchmark"] for f in exact.seen)
+
+
+def test_a_checkpoint_holds_the_trainers_own_generator_and_old_ones_still_resume_exactly(tiny, glyphs64, tmp_path):
+    cfg = tiny.replace(steps=4, log_interval=1, hflip=True)
+    full = Trainer(cfg.replace(out_dir=str(tmp_path / "full")), dataset=glyphs64)
+    full.fit()
+    half = Trainer(cfg.replace(steps=2, out_dir=str(tmp_path / "half")), dataset=glyphs64)
+    half.fit()
+    state = load_checkpoint(tmp_path / "half" / "checkpoint.pt")
+    assert state["format"] == 2 and torch.equal(state["rng"]["noise"], half.rng.get_state())
+    # format 1 (before the trainer had its own generator): noise and flips came from the global CPU RNG, saved
+    # as rng["cpu"]; its state is a CPU generator's state, so the same stream goes on
+    old = {**state, "format": 1, "rng": {"cpu": state["rng"]["noise"]}}
+    save_checkpoint(old, tmp_path / "old.pt")
+    resumed = Trainer.resume(tmp_path / "old.pt", dataset=glyphs64, steps=4, out_dir=str(tmp_path / "old"))
+    resumed.fit()
+    assert full.history.column("loss_g") == resumed.history.column("loss_g")
+    assert all(torch.equal(a, b) for a, b in zip(full.generator.state_dict().values(),
+                                                 resumed.generator.state_dict().values()))
+    save_checkpoint({**state, "format": 3}, tmp_path / "new.pt")
+    with pytest.raises(CheckpointError, match="format 3, written by a newer gantools"):
+        Trainer.resume(tmp_path / "new.pt", dataset=glyphs64)
+
+
+class DropoutD(BatchFreeD):
+    """A discriminator that draws random numbers itself (dropout), from the global RNG."""
+
+    def forward(self, x):
+        return super().forward(nn.functional.dropout(x, 0.3, self.training))
+
+
+def test_a_module_drawing_from_the_global_rng_resumes_exactly(tiny, glyphs64, tmp_path):
+    def run(steps, out, resume=None):
+        torch.manual_seed(0)
+        g, d = BatchFreeG(), DropoutD()
+        if resume:
+            return Trainer.resume(resume, generator=g, discriminator=d, dataset=glyphs64, steps=steps,
+                                  out_dir=str(tmp_path / out))
+        return Trainer(tiny.replace(steps=steps, log_interval=1, out_dir=str(tmp_path / out)), generator=g,
+                       discriminator=d, dataset=glyphs64)
+
+    full = run(4, "full")
+    full.fit()
+    run(2, "half").fit()
+    torch.manual_seed(99)  # the caller's RNG in another state: the run's own stream is in the checkpoint
+    resumed = run(4, "resumed", resume=tmp_path / "half" / "checkpoint.pt")
+    resumed.fit()
+    assert full.history.column("loss_d") == resumed.history.column("loss_d")
+
+
+def dcgan_example_discriminator(nc=1, ndf=8):
+    """The discriminator of pytorch/examples dcgan/main.py, as a new user would bring it: a Sequential of strided
+    convolutions for 64 px images, ending in nn.Sigmoid, its output viewed to one value per image."""
+
+    class NetD(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main = nn.Sequential(
+                nn.Conv2d(nc, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 2), nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(ndf * 2, ndf * 4, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 4),
+                nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(ndf * 4, ndf * 8, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 8),
+                nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(ndf * 8, 1, 4, 1, 0, bias=False), nn.Sigmoid())
+
+        def forward(self, input):
+            return self.main(input).view(-1, 1).squeeze(1)
+
+    return NetD()
+
+
+class FunctionalSigmoidD(BatchFreeD):
+    def forward(self, x):
+        return torch.sigmoid(super().forward(x)).view(-1)
+
+
+def test_a_discriminator_ending_in_sigmoid_with_a_logit_loss_is_refused(tiny, tmp_path):
+    from gantools import Generator, render_glyphs
+
+    data64 = ImageTensorDataset(*render_glyphs(16, 64, 1, seed=0))
+    cfg = tiny.replace(image_size=64, out_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"ends in a Sigmoid, but loss='bce' expects logits.*Remove the final "
+                                          r"Sigmoid.*loss='bce-sigmoid'.*precision='fp32'"):
+        Trainer(cfg, generator=Generator(64, 1, 8, 8), discriminator=dcgan_example_discriminator(), dataset=data64)
+    # the same D with the loss made for probabilities, in fp32, trains
+    Trainer(cfg.replace(loss="bce-sigmoid", steps=2), generator=Generator(64, 1, 8, 8),
+            discriminator=dcgan_example_discriminator(), dataset=data64).fit()
+
+
+def test_sigmoid_inside_forward_and_logits_for_bce_sigmoid_are_caught_too(tiny, glyphs64):
+    with pytest.raises(ConfigError, match="ends in a Sigmoid, but loss='hinge'"):
+        Trainer(tiny.replace(loss="hinge"), generator=BatchFreeG(), discriminator=FunctionalSigmoidD(),
+                dataset=glyphs64)
+    with pytest.raises(ConfigError, match="loss='bce-sigmoid' \\(BCELoss\\) needs probabilities"):
+        Trainer(tiny.replace(loss="bce-sigmoid"), generator=BatchFreeG(),
+                discriminator=BatchFreeD(), dataset=glyphs64)
+
+
+def test_an_unwritable_out_dir_is_a_config_error_naming_the_path_and_the_reason(tiny, glyphs64, tmp_path,
+                                                                             monkeypatch):
+    import errno
+    import tempfile
+
+    (tmp_path / "file").write_text("x")
+    for out, reason in ((tmp_path / "file", "is a file, not a folder"),
+                        (tmp_path / "file" / "run", "is a file, not a folder")):
+        with pytest.raises(ConfigError, match=f"cannot write to {out}: .*{reason}"):
+            Trainer(tiny.replace(out_dir=str(out)), dataset=glyphs64)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root writes anywhere: let the OS's answer for a locked folder come from mkstemp
+        def refuse(code):
+            def mkstemp(*a, **k):
+                raise OSError(code, os.strerror(code))
+            return mkstemp
+        monkeypatch.setattr(tempfile, "mkstemp", refuse(errno.EACCES))
+    with pytest.raises(ConfigError, match=f"cannot write to {locked}: permission denied"):
+        Trainer(tiny.replace(out_dir=str(locked)), dataset=glyphs64)
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EROFS, "ro")))
+    with pytest.raises(ConfigError, match="read-only file system"):
+        Trainer(tiny.replace(out_dir=str(tmp_path / "ro")), dataset=glyphs64)
+
+
+def test_reduce_overhead_marks_each_step_and_refuses_a_background_thread(tiny, glyphs64, monkeypatch):
+    import threading
+
+    trainer = Trainer(tiny.replace(grad_accum_steps=2), dataset=glyphs64)
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(trainer.step))
+    trainer.cfg = trainer.cfg.replace(compile="reduce-overhead")  # CUDA graphs cannot run on a CPU: the calls only
+    trainer.fit(3)
+    assert marks == [0, 1, 2]  # one generation per step, accumulation's micro-batches included
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(ConfigError, trainer.fit, 1)))
+    thread.start()
+    thread.join()
+    assert "cannot train in a background thread" in str(errors[0].value) and trainer.step == 3
+
+
+def test_graphs_compiled_after_warm_up_and_skipped_cuda_graphs_are_recorded_and_said(tiny, glyphs64,
+                                                                                     monkeypatch):
+    from gantools.train import CompileStats
+
+    counts = iter([(0, 0), (3, 0), (3, 0), (4, 0), (4, 2)])  # counters read at fit start and each log
+    monkeypatch.setattr(CompileStats, "_now", staticmethod(lambda: dict(zip(("compiled_graphs", "cudagraph_skips"),
+                                                                          next(counts)))))
+    trainer = Trainer(tiny.replace(steps=8), dataset=glyphs64)
+    trainer._compile_stats = CompileStats()
+    trainer.cfg = trainer.cfg.replace(compile="reduce-overhead")
+    with pytest.warns(UserWarning) as caught:
+        history = trainer.fit()
+    assert history.column("compiled_graphs") == [3, 3, 4, 4] and history.column("cudagraph_skips") == [0, 0, 0, 2]
+    said = [str(w.message) for w in caught]
+    assert any("step 6: torch.compile compiled 1 more graph(s) after warm-up (4 in all)" in m for m in said)
+    assert any("step 8: torch.compile skipped CUDA graphs for 2 graph(s)" in m for m in said)
+
+
+def test_on_cuda_the_data_wait_is_timed_between_synchronisations(tiny, glyphs64, monkeypatch):
+    from gantools import hardware
+
+    trainer = Trainer(tiny, dataset=glyphs64)
+    syncs = []
+    monkeypatch.setattr(hardware, "synchronize", lambda device: syncs.append(device.type))
+    trainer.device = torch.device("cuda")  # only the timing logic runs: the batches come from a list
+    trainer.step, trainer._interval_step, trainer._interval_wait, trainer._waits = 5, 5, 0.0, 0
+    batches = iter([torch.zeros(1)] * 4)
+    trainer._next_batch(batches)  # first step of a log interval: sampled, between two syncs
+    assert syncs == ["cuda", "cuda"] and trainer._waits == 1
+    trainer.step = 6
+    trainer._next_batch(batches)  # the others: no sync, not counted (queued GPU work would be counted as waiting)
+    assert len(syncs) == 2 and trainer._waits == 1
+    trainer.sync_data_wait = True  # profiling: every step, synchronised
+    trainer._next_batch(batches)
+    assert len(syncs) == 4 and trainer._waits == 2

@@ -1,0 +1,76 @@
+"""`python -m gantools check`: every technique on this machine, each verified; a broken one makes it fail."""
+import json
+
+import pytest
+import torch
+
+from gantools import check
+from gantools.cli import main
+
+
+def test_check_runs_every_technique_here_and_all_pass(tmp_path, capsys):
+    path = tmp_path / "check.json"
+    assert main(["check", "--device", "cpu", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(path.read_text())
+    names = [r["technique"] for r in result["rows"]]
+    expected = ["fp32", "bf16 autocast", "Adam fused", "Adam foreach", "channels_last", "device loader",
+                "DataLoader, 2 workers", "accumulation, 2 micro-batches", "DDP, 2 processes (gloo, CPU)"]
+    assert [n for n in names if n != "compile default"] == expected
+    assert result["ok"] is True and set(result) >= {"machine", "device", "torch", "date", "rows"}
+    for row in result["rows"]:
+        assert row["ok"] is True and row["reason"] is None and row["images_per_sec"] > 0, row
+        assert all(row["checks"].values()), row
+        if row["technique"] != names[-1]:  # one process: gradients into D watched, resume compared bit for bit
+            assert row["checks"]["exact resume"] and row["checks"]["no gradients into frozen D"]
+    if "compile default" in names:  # wherever a C++ compiler is present, as on this project's machine
+        assert next(r for r in result["rows"] if r["technique"] == "compile default")["checks"]["compiled graphs"] == 3
+    assert "every technique works here" in out and "DDP, 2 processes (gloo, CPU)" in out
+
+
+def test_a_broken_technique_fails_the_check_with_its_reason(tmp_path, capsys, monkeypatch):
+    def broken(device, compile_ok):
+        return {"fp32": {}, "D not frozen": {"freeze_d": False}, "crashes": {"optimizer_impl": "fused"}}
+
+    real_make = check.Trainer
+
+    def trainer(cfg, **kw):  # the "crashes" technique dies in its first step, as a broken kernel would
+        t = real_make(cfg, **kw)
+        if cfg.optimizer_impl == "fused":
+            t.opt_g.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no kernel image is available"))
+        return t
+
+    monkeypatch.setattr(check, "techniques", broken)
+    monkeypatch.setattr(check, "Trainer", trainer)
+    ddp_passes = {"ok": True, "reason": None, "images_per_sec": 1.0, "checks": {}}
+    monkeypatch.setattr(check, "check_ddp", lambda device, data, work: ddp_passes)
+    path = tmp_path / "check.json"
+    assert main(["check", "--device", "cpu", "--json", str(path)]) == 1
+    rows = {r["technique"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["fp32"]["ok"] and not rows["D not frozen"]["ok"] and not rows["crashes"]["ok"]
+    assert "reached the frozen D in G's step" in rows["D not frozen"]["reason"]
+    assert rows["crashes"]["reason"] == "RuntimeError: no kernel image is available"
+    out = capsys.readouterr().out
+    assert "FAILED: RuntimeError: no kernel image is available" in out and "2 technique(s) FAILED" in out
+
+
+def test_only_a_gpu_run_that_passed_validates_a_technique_there(tmp_path, monkeypatch):
+    result = {"machine": {"device_name": "NVIDIA H100 80GB HBM3"}, "torch": torch.__version__, "date": "today",
+              "rows": [{"technique": "compile reduce-overhead", "ok": True}, {"technique": "fp16", "ok": False}]}
+    check.record(result, root=tmp_path)
+    cuda = torch.device("cuda")
+    assert not check.validated("compile reduce-overhead", cuda, root=tmp_path) or torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert check.validated("compile reduce-overhead", cuda, root=tmp_path)
+    assert not check.validated("fp16", cuda, root=tmp_path) and not check.validated("bf16", cuda, root=tmp_path)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    assert not check.validated("compile reduce-overhead", cuda, root=tmp_path)  # another GPU: not validated
+    assert not check.validated("compile reduce-overhead", torch.device("cpu"), root=tmp_path)
+
+
+def test_an_unknown_technique_is_a_config_error():
+    from gantools import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown technique"):
+        check.run("cpu", only=["warp drive"])
