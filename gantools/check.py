@@ -115,12 +115,12 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     trainer.fit(STEPS)
     half = trainer.save_checkpoint(work / "half.pt")
     trainer.fit(STEPS)
-    speed = trainer.history.summary()["images_per_sec"]
     first = _weights(trainer), [r["loss_g"] for r in trainer.history[-1:]]
     records = list(trainer.history)
     trainer.load_state(load_checkpoint(half))
     trainer.fit(STEPS)
     records += trainer.history[-1:]
+    speed = records[-1]["images_per_sec"]  # the last 2 steps, long after warm-up (compiling, worker start-up)
     problems, checks = [], {}
 
     bad = [r["step"] for r in records if not all(math.isfinite(r[m]) for m in METRICS)]

@@ -65,15 +65,17 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def _precision_settings() -> list:
     """The per-backend TF32 settings objects of torch >= 2.9 (`fp32_precision`); none on older versions."""
-    objects = [torch.backends.cuda.matmul, torch.backends.cudnn.conv, getattr(torch.backends.cudnn, "rnn", None)]
+    cudnn = torch.backends.cudnn
+    objects = [torch.backends.cuda.matmul, getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None)]
     return [o for o in objects if o is not None and hasattr(o, "fp32_precision")]
 
 
 def backend_flags_now() -> dict:
     """The process's TF32 and cuDNN settings as they are now (the per-backend strings never raise)."""
     flags = {"cudnn_benchmark": torch.backends.cudnn.benchmark}
-    for name, obj in (("tf32_matmul", torch.backends.cuda.matmul), ("tf32_conv", torch.backends.cudnn.conv)):
-        flags[name] = obj.fp32_precision if hasattr(obj, "fp32_precision") else None
+    for name, obj in (("tf32_matmul", torch.backends.cuda.matmul), ("tf32_conv", getattr(torch.backends.cudnn,
+                                                                                          "conv", None))):
+        flags[name] = getattr(obj, "fp32_precision", None)
     return flags
 
 
