@@ -133,12 +133,12 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     if cfg.compile != "off":
         graphs = [r["compiled_graphs"] for r in records]
         limit = expected_graphs(cfg)
+        # graphs compiled while this trainer trained: 0 when an identical model was compiled earlier in this
+        # process (dynamo reuses its code); a fresh process (the CLI) compiles exactly what the step needs
         checks["compiled graphs"] = graphs[-1]
-        checks["recompiles"] = 1 <= graphs[-1] <= limit and graphs[-1] == graphs[0]
+        checks["recompiles"] = graphs[-1] <= limit and graphs[-1] == graphs[0]
         if graphs[-1] > limit:
             problems.append(f"torch.compile built {graphs[-1]} graphs, more than the {limit} the step needs")
-        elif graphs[-1] < 1:
-            problems.append("torch.compile built no graph (or torch's compile counters could not be read)")
         elif graphs[-1] != graphs[0]:
             problems.append(f"torch.compile recompiled after warm-up ({graphs[0]} graphs, then {graphs[-1]})")
         skips = records[-1].get("cudagraph_skips", 0)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import math
-import hashlib
 import signal
 import statistics
 import threading
@@ -214,8 +214,9 @@ class Trainer:
         end = self.step + steps if steps is not None else cfg.steps
         if cfg.compile == "reduce-overhead" and threading.current_thread() is not threading.main_thread():
             # CUDA graph trees keep their state per thread and asserted in threads Python started
-            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; fixed by #184357,
-            # after torch 2.11). Refused rather than guessed: no GPU ever ran this path here.
+            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; the fix, #184357,
+            # was merged in 2026-06 and cannot be assumed in the torch 2.11 our users run). Refused rather than
+            # guessed: no GPU has run this path in this project.
             raise ConfigError("compile='reduce-overhead' (CUDA graphs) cannot train in a background thread (the "
                               "widget panel trains in one): use compile='default' there, or train from the main "
                               "thread (a notebook cell, a script, the CLI)")

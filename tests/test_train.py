@@ -227,10 +227,23 @@ class Exploit:
 
 
 def test_compile_trains_on_cpu_and_counts_its_graphs(tiny, glyphs64):
-    history = Trainer(tiny.replace(steps=4, compile="default", loader="device"), dataset=glyphs64).fit()
+    class OwnG(BatchFreeG):  # code no other test compiles: dynamo reuses graphs compiled for the same code
+        def forward(self, z):
+            return self.net(z.flatten(1)).view(-1, 1, self.size, self.size)
+
+    class OwnD(BatchFreeD):
+        def forward(self, x):
+            return self.net(x).view(-1)
+
+    trainer = Trainer(tiny.replace(steps=4, compile="default", loader="device"), generator=OwnG(),
+                      discriminator=OwnD(), dataset=glyphs64)
+    history = trainer.fit()
     assert math.isfinite(history[-1]["loss_g"])
     # G once; D on images without gradients (D's step) and with them (G's step, D frozen); nothing after warm-up
     assert history.column("compiled_graphs") == [3, 3]
+    again = Trainer(tiny.replace(steps=2, compile="default", loader="device", out_dir=tiny.out_dir + "2"),
+                    generator=OwnG(), discriminator=OwnD(), dataset=glyphs64)
+    assert again.fit().column("compiled_graphs") == [0]  # the same code and shapes: dynamo's graphs are reused
 
 
 @cuda_only
