@@ -231,13 +231,19 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m gantools", description="Fast GAN training, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = {}
     for name, (help, description, add_flags, _, _) in COMMANDS.items():
-        add_flags(sub.add_parser(name, help=help, description=description or help))
+        parser.commands[name] = sub.add_parser(name, help=help, description=description or help)
+        add_flags(parser.commands[name])
     return parser
 
 
 def main(argv=None) -> int:
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser, so the pointer is to its own --help
+        parser.commands[namespace.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = vars(namespace)
     command = args.pop("command")
     _, _, _, run, under_torchrun = COMMANDS[command]
     world = distributed.world()

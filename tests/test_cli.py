@@ -83,7 +83,8 @@ def test_profile_refuses_bad_step_counts(capsys):
     (["train", "--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
     (["train", "--lr-g", "fast"], "argument --lr-g: 'fast' is not a number"),
     (["bench", "--repeats", "0"], "argument --repeats: 0 is too small: it must be >= 1"),
-], ids=["image-size", "steps", "precision", "lr", "repeats"])
+    (["train", "--stpes", "5"], "unrecognized arguments: --stpes 5"),
+], ids=["image-size", "steps", "precision", "lr", "repeats", "unknown-flag"])
 def test_a_bad_flag_value_is_one_line_and_a_pointer_to_help(args, expected, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
