@@ -81,7 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where to write the JSON (default: runs/bench/bench.json, or scaling.json)")
     bench.add_argument("--png", default="runs/bench/bench.png", help="where to write the chart (default: %(default)s)")
     sub.add_parser("info", help="print what this machine is (device, versions, cores) as JSON")
+    _add_doctor(sub)
     return parser
+
+
+def _add_doctor(sub) -> None:
+    from .doctor import STEPS, TIMEOUT_S, WARMUP
+
+    doc = sub.add_parser("doctor", help="diagnose YOUR training script: where its time goes, what to change",
+                         usage="python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]",
+                         description="Run your own GAN training script, unmodified, find its iterations (optimizer "
+                                     "steps), time and profile a few, stop it, and say what to change in your code, "
+                                     "with the numbers that justify it. Options go before SCRIPT.py; everything "
+                                     "after it goes to the script.")
+    doc.add_argument("--steps", type=int, default=STEPS,
+                     help="iterations timed, then as many profiled (default: %(default)s)")
+    doc.add_argument("--warmup", type=int, default=WARMUP, help="iterations skipped first (default: %(default)s)")
+    doc.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    doc.add_argument("--trace", default=None, metavar="PATH",
+                     help="chrome trace for Perfetto (default: runs/doctor/<script>-trace.json)")
+    doc.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S",
+                     help="give up when no optimizer has stepped S seconds after the start (default: %(default)g)")
+    doc.add_argument("script", metavar="SCRIPT.py", help="your training script")
+    doc.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
 
 
 def _add_preset_flag(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +114,8 @@ def _add_preset_flag(parser: argparse.ArgumentParser) -> None:
 def main(argv=None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
+    if command == "doctor":
+        return _doctor(args)
     if command in ("bench", "profile") and distributed.world().distributed:
         print(f"gantools: error: {command} runs as one process; start it without torchrun "
               f"(bench --scaling launches torchrun itself)", file=sys.stderr)
@@ -149,6 +173,30 @@ def _profile(args: dict) -> int:
     print(report)
     print(report.table)
     print(f"trace (open in https://ui.perfetto.dev): {report.trace_path}")
+    return 0
+
+
+def _doctor(args: dict) -> int:
+    from . import doctor
+
+    if args["steps"] < 1 or args["warmup"] < 0 or args["timeout"] <= 0:
+        print("gantools: error: --steps must be >= 1, --warmup >= 0 and --timeout > 0", file=sys.stderr)
+        return 2
+    try:
+        report = doctor.run_script(args["script"], args["args"], args["steps"], args["warmup"], args["trace"],
+                                   args["timeout"])
+    except doctor.ScriptError as e:  # the user's own traceback, marked as theirs; none of ours
+        print(f"gantools doctor: your script raised:\n{e.traceback_text}gantools doctor: {e}", file=sys.stderr)
+        return 2
+    except doctor.DoctorError as e:
+        print(f"gantools: error: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    if args["json"]:
+        print(f"JSON: {report.save_json(args['json'])}")
+    if not report.complete:
+        print(f"gantools doctor: {report.note}", file=sys.stderr)
+        return 130 if report.settings.get("outcome") == "interrupted" else 2
     return 0
 
 
