@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -195,7 +196,8 @@ class DoctorReport:
         lines.append(f"  {self.steps} profiled iterations: {self.step_time_ms:.1f} ms each (profiler overhead "
                      f"{self.overhead:.2f}x)")
         v = self.verdict
-        lines += ["", f"verdict: {v['bottleneck']}",
+        first = f" (try first: finding 1, {self.findings[0].kind})" if self.findings else ""
+        lines += ["", f"verdict: {v['bottleneck']}{first}",
                   "  evidence: " + ", ".join(f"{k} {_fmt(val)}" for k, val in v["evidence"].items()), "",
                   "where an iteration's time goes (profiled, ms per iteration):"]
         lines += [f"  {name:<22} {ms:8.2f} ms  {100 * ms / self.step_time_ms:5.1f}%" for name, ms in
@@ -335,6 +337,12 @@ def _name_in_frames(obj, frame) -> str | None:
     return None
 
 
+def _compiling() -> bool:
+    """Inside a graph torch.compile is tracing the hooks do nothing: dynamo folds this to True there, so they add
+    neither graph breaks nor ops (a compiled model is still timed as a whole, from outside)."""
+    return torch.compiler.is_compiling()
+
+
 def _is_leaf(module: nn.Module) -> bool:
     return next(module.children(), None) is None
 
@@ -346,11 +354,12 @@ class Watch:
     after the loop, `report` holds the `DoctorReport`."""
 
     def __init__(self, steps: int = STEPS, warmup: int = WARMUP, trace=None, source: str = "your loop",
-                 by_optimizer: bool = False):
+                 by_optimizer: bool = False, iteration: str = "one pass of your loop, up to doc.end_step()"):
         if steps < 1 or warmup < 0:
             raise DoctorError(f"steps={steps}, warmup={warmup}: the doctor needs steps >= 1 and warmup >= 0")
         self.steps, self.warmup, self.timed = steps, warmup, steps
         self.trace_request, self.source, self.by_optimizer = trace, source, by_optimizer
+        self.iteration = iteration
         self.thread = threading.get_ident()
         self.device: torch.device | None = None
         self.report: DoctorReport | None = None
@@ -392,6 +401,10 @@ class Watch:
         if _ACTIVE:
             raise DoctorError("the doctor is already watching a loop in this process: one at a time")
         _ACTIVE.append(self)
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        # torch warns that global module hooks fire once more for a torch.compile'd module: true, and handled here
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
         try:
             self._install_light()
             self._set_full(True)
@@ -465,6 +478,7 @@ class Watch:
         self.full = self.profiling = False
         if self in _ACTIVE:
             _ACTIVE.remove(self)
+            self._warnings.__exit__(None, None, None)
 
     # -- iteration marks ------------------------------------------------------------------------------------------
     @property
@@ -564,7 +578,7 @@ class Watch:
                 self._grad_handles.append(p.register_post_accumulate_grad_hook(seen))
 
     def _pre(self, module, args):
-        if threading.get_ident() != self.thread:
+        if _compiling() or threading.get_ident() != self.thread:
             return
         self.depth += 1
         if self.depth > 1:
@@ -589,7 +603,7 @@ class Watch:
         self.top = (call, self._range(call) if self.profiling else None, x)
 
     def _post(self, module, args, output):
-        if threading.get_ident() != self.thread:
+        if _compiling() or threading.get_ident() != self.thread:
             return
         self.depth -= 1
         key = id(module)
@@ -671,8 +685,8 @@ class Watch:
                 last = {k: i for i, k in enumerate(self.order)}
                 self.pacer = min(counts, key=lambda k: (counts[k], -last[k]))
                 self.stage = "warmup"
-                _say(f"found the training loop: one iteration = one step of {self.pacer.name}; measuring "
-                     f"{self.warmup} warm-up, {self.timed} timed and {1 + self.steps} profiled iterations")
+                _say(f"found the training loop: one iteration = one step of {self.pacer.name}; now {self.warmup} "
+                     f"warm-up, {self.timed} timed, then 1 + {self.steps} profiled iterations")
             return
         if o is self.pacer:
             self.mark()
@@ -725,7 +739,8 @@ class Watch:
         doctor = self
 
         def read(tensor, *args, **kwargs):
-            if (doctor.in_sync or doctor.in_data or not doctor.full or threading.get_ident() != doctor.thread
+            if (_compiling() or doctor.in_sync or doctor.in_data or not doctor.full
+                    or threading.get_ident() != doctor.thread
                     or (name == "cpu" and tensor.device.type == "cpu")):
                 return original(tensor, *args, **kwargs)
             caller = sys._getframe(1)
@@ -814,13 +829,14 @@ class Watch:
             report.settings["iteration"] = f"one step of {self.pacer.name}" + (
                 f" ({self.pacer.role}'s optimizer)" if self.pacer.role else "")
         elif not self.by_optimizer:
-            report.settings["iteration"] = "one pass of your loop between its marks"
+            report.settings["iteration"] = self.iteration
         w = self.window
         if w["images_loader"]:
             report.images_per_step = w["images_loader"] / n
             report.batch_size = w["batch_sizes"].most_common(1)[0][0]
-            report.images_source = (f"{w['batches'] / n:g} batches of {report.batch_size} per iteration "
-                                    f"from your data")
+            batches = w["batches"] / n
+            report.images_source = (f"{batches:g} batch{'es' if batches != 1 else ''} of {report.batch_size} per "
+                                    "iteration from your data")
         if self.stage != "done" or not self.profiled:
             report.note = report.note or self._incomplete_note()
             if w["images_loader"] == 0:
@@ -1137,8 +1153,8 @@ def _findings(r: DoctorReport, w: Watch) -> list:
                  if bce else "")
         found.append(Finding(
             "fp32-convolutions", "convolutions and matmuls run in fp32",
-            f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and matmuls "
-            f"take {compute_ms:.1f} ms of a {step:.1f} ms iteration ({100 * compute_ms / step:.0f}%)",
+            f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and "
+            f"matmuls take {compute_ms:.1f} ms of a {step:.1f} ms iteration ({100 * compute_ms / step:.0f}%)",
             "bf16 autocast runs them in 16-bit (half the bytes, and the fast units of recent CPUs and GPUs) while "
             "keeping sensitive ops in fp32; the estimate assumes it halves their time",
             f"{first}with torch.autocast(device.type, dtype=torch.bfloat16):  # each forward and its loss\n"
@@ -1211,10 +1227,10 @@ def _workers() -> int:
 # -- the three ways in ----------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def watch(steps: int = STEPS, warmup: int = WARMUP, trace=None, source: str = "your loop"):
+def watch(steps: int = STEPS, warmup: int = WARMUP, trace=None, source: str = "your loop", **kw):
     """Wrap your own loop: `for batch in doc.data(loader): ...; doc.end_step()`; the loop ends once the doctor has
     measured (`warmup` + `steps` timed + 1 + `steps` profiled iterations); then `doc.report`."""
-    doc = Watch(steps, warmup, trace, source)
+    doc = Watch(steps, warmup, trace, source, **kw)
     with doc:
         yield doc
 
@@ -1222,7 +1238,8 @@ def watch(steps: int = STEPS, warmup: int = WARMUP, trace=None, source: str = "y
 def run(step, data, steps: int = STEPS, warmup: int = WARMUP, trace=None) -> DoctorReport:
     """Diagnose a step function: `step(batch)` is called on batches of `data` (re-iterated when it runs out) until
     the doctor has measured."""
-    with watch(steps, warmup, trace, source=getattr(step, "__name__", "step")) as doc:
+    name = getattr(step, "__name__", "step")
+    with watch(steps, warmup, trace, source=name, iteration=f"one call of {name}") as doc:
         for batch in doc.data(data):
             step(batch)
             doc.end_step()

@@ -257,11 +257,13 @@ class Comparison:
         return self.after.images_per_sec / self.before.images_per_sec
 
     def __str__(self):
-        lines = [f"{'phase':>18}  {'before':>9}  {'after':>9}  (ms per step)"]
-        for name in dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]):
-            lines.append(f"{name:>18}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
+        names = list(dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]))
+        w = max([18, *map(len, names)])
+        lines = [f"{'phase':>{w}}  {'before':>9}  {'after':>9}  (ms per step)"]
+        for name in names:
+            lines.append(f"{name:>{w}}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
                          f"{self.after.phases_ms.get(name, 0.0):9.2f}")
-        lines.append(f"{'images/s':>18}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
+        lines.append(f"{'images/s':>{w}}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
                      f"-> {self.speedup:.2f}x (measured without the profiler)")
         return "\n".join(lines)
 

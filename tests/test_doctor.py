@@ -26,8 +26,9 @@ from conftest import BatchFreeD, BatchFreeG
 SCRIPTS = Path(__file__).parent / "scripts"
 TUTORIAL = SCRIPTS / "dcgan_tutorial.py"
 FIVE = {"host-sync", "sigmoid-bce", "fp32-convolutions", "per-sample-transforms", "d-grads-in-g-step"}
-FIX_FLAGS = {"per-sample-transforms": ["--preload"], "sigmoid-bce": ["--logits"],
-             "fp32-convolutions": ["--logits", "--bf16"], "host-sync": ["--no-item"], "d-grads-in-g-step": ["--freeze-d"]}
+FIX_FLAGS = {  # the tutorial script's flags for each fix
+    "per-sample-transforms": ["--preload"], "sigmoid-bce": ["--logits"], "fp32-convolutions": ["--logits", "--bf16"],
+    "host-sync": ["--no-item"], "d-grads-in-g-step": ["--freeze-d"]}
 ORIGINALS = {name: torch.Tensor.__dict__.get(name) for name in doctor.SYNC_METHODS}
 LOADER_ITER = DataLoader.__dict__["__iter__"]
 
