@@ -69,7 +69,7 @@ from .profiling import SYNC_EVENTS, bottleneck, compute_ms, device_time
 
 STEPS, WARMUP, TIMEOUT_S = 5, 2, 300.0
 PACING_LIMIT = 64       # optimizer steps after which the loop's rhythm is decided from the optimizers seen so far
-MIN_DATA_SHARE = 0.05   # waiting for data under 5% of the step is not worth changing a loader for
+MIN_SHARE = 0.05        # a cost under 5% of the step (data wait, copies, optimizer steps) is not worth a finding
 MIN_GAIN = 1.02         # a finding whose whole estimated gain is under 2% would be noise
 SYNCS_PER_STEP = 1.0    # reading values at least once per iteration, on average, is a per-step sync
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
@@ -320,8 +320,8 @@ def _site(frame) -> tuple[str, str]:
         frame = frame.f_back
     frame = frame or first
     filename = frame.f_code.co_filename
-    shown = os.path.relpath(filename) if not filename.startswith("<") and not os.path.relpath(
-        filename).startswith("..") else filename
+    relative = os.path.relpath(filename)
+    shown = filename if filename.startswith("<") or relative.startswith("..") else relative
     return f"{shown}:{frame.f_lineno}", linecache.getline(filename, frame.f_lineno).strip()
 
 
@@ -382,11 +382,13 @@ class Watch:
         self.next_range = 0
         self.open_opt_range = None
         self.recent_outputs: dict[int, _Model] = {}
+        self._last_leaf_name = None  # the last leaf module run inside the current top-level call
+        self.data_site = None        # where your loop takes its batches
         self.loaders: list = []
         self.losses: Counter = Counter()  # loss modules called at the top level
         self.conv_shapes = defaultdict(set)  # conv module -> input shapes seen (fixed shapes suit cudnn.benchmark)
         self.window = self._window()
-        self.timed_ms = float("nan")
+        self.timed_ms, self.peak_mem_mb = float("nan"), 0.0
         self.profiled = 0
         self._handles, self._grad_handles, self._patches = [], [], []
         self._light_handles = []
@@ -574,7 +576,7 @@ class Watch:
             if self.full:
                 self.pending_grads[model] += 1
         for p in m.module.parameters():
-            if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            if p.requires_grad:
                 self._grad_handles.append(p.register_post_accumulate_grad_hook(seen))
 
     def _pre(self, module, args):
@@ -625,8 +627,6 @@ class Watch:
             self.recent_outputs[out.data_ptr()] = m
         m.last_module = self._last_leaf_name
         self._last_leaf_name = None
-
-    _last_leaf_name = None
 
     def _leaf_seen(self, module, args, output):
         self._last_leaf_name = type(module).__name__
@@ -716,6 +716,7 @@ class Watch:
         def __next__(it):
             if doctor.in_data or threading.get_ident() != doctor.thread:
                 return original(it)
+            doctor.data_site = doctor.data_site or _site(sys._getframe(1))[0]
             return doctor._fetch(lambda: original(it))
         return __next__
 
@@ -767,14 +768,15 @@ class Watch:
         re-iterable source (a DataLoader: a new epoch) when it runs out first."""
         if self.marks < 0:
             self.mark()
+        self.data_site = _site(sys._getframe(1))[0]
         it = iter(iterable)
-        fresh = True
+        one_shot, fresh = it is iterable, True  # an iterator (a generator, say) cannot start over
         while not self.done:
             try:
                 batch = self._fetch(lambda: next(it))
                 fresh = False
             except StopIteration:
-                if fresh or iter(iterable) is iterable:  # empty, or a one-shot iterator: nothing more to read
+                if fresh or one_shot:  # empty, or used up: nothing more to read
                     return
                 it, fresh = iter(iterable), True
                 continue
@@ -844,7 +846,8 @@ class Watch:
             return report
         self._profile_into(report)
         report.complete = True
-        report.findings = _findings(report, self)
+        report.settings["data_site"] = self.data_site
+        report.findings = _findings(report)
         return report
 
     def _incomplete_note(self) -> str:
@@ -879,6 +882,10 @@ class Watch:
                 phases[e.name] += e.cpu_time_total / 1e3
         backward = sorted((e for e in events if e.name.startswith("autograd::engine::evaluate_function")),
                           key=lambda e: e.time_range.start)
+        # A backward node's event carries the sequence number and the forward thread of the op that made it
+        # (ATen's record_function.h: forwardThreadId "used alongside with sequence number to correlate backward
+        # functions with the forward ones"; FunctionEvent.fwd_thread, .sequence_nr). On CUDA the backward runs on
+        # the autograd engine's device thread, so the match is on (fwd_thread, sequence_nr), not on the thread.
         last = {}
         for e in backward:  # AccumulateGrad has no sequence number: it belongs to the node run just before it
             label = seq.get((e.fwd_thread, e.sequence_nr)) if e.sequence_nr >= 0 else None
@@ -905,7 +912,7 @@ class Watch:
         r.settings["h2d_copy_ms"] = h2d
         if cuda:
             r.settings["cuda_syncs_per_iteration"] = sum(by_name[k].count for k in SYNC_EVENTS if k in by_name) / n
-        r.peak_mem_mb = getattr(self, "peak_mem_mb", 0.0)
+        r.peak_mem_mb = self.peak_mem_mb
         w = self.window
         r.host_syncs_per_step = sum(w["syncs"].values()) / n
         r.sync_sites = [{"where": where, "code": w["sites"][where][0], "method": w["sites"][where][1],
@@ -1063,7 +1070,7 @@ def _amdahl(step_ms: float, removed_ms: float) -> float:
     return step_ms / max(step_ms - removed_ms, 1e-9)
 
 
-def _findings(r: DoctorReport, w: Watch) -> list:
+def _findings(r: DoctorReport) -> list:
     """Each rule needs evidence from this run; findings are ranked by estimated gain (unknown gains last)."""
     s, step = r.settings, r.step_time_ms
     names = {role: r.models.get(role, {}).get("name", role) for role in ("G", "D")}
@@ -1074,8 +1081,8 @@ def _findings(r: DoctorReport, w: Watch) -> list:
     found = []
     wait = r.phases_ms.get("data wait", 0.0)
     loaders = [x for x in s["dataloaders"] if x["per_image_work"] or x["num_workers"] == 0]
-    for_line = ""
-    if wait / step >= MIN_DATA_SHARE and loaders:
+    for_line = f"; batches taken at {s['data_site']}" if s.get("data_site") else ""
+    if wait / step >= MIN_SHARE and loaders:
         loader = loaders[0]
         seen = (f"waiting for data {wait:.1f} ms of a {step:.1f} ms iteration ({100 * wait / step:.0f}%); "
                 f"DataLoader(batch_size={loader['batch_size']}, num_workers={loader['num_workers']}) over "
@@ -1102,7 +1109,7 @@ def _findings(r: DoctorReport, w: Watch) -> list:
                 f"DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True)",
                 "03_data_loading", _amdahl(step, wait)))
     h2d = s.get("h2d_copy_ms", 0.0)
-    if cuda and h2d / step >= MIN_DATA_SHARE and any(not x["pin_memory"] for x in s["dataloaders"]):
+    if cuda and h2d / step >= MIN_SHARE and any(not x["pin_memory"] for x in s["dataloaders"]):
         found.append(Finding(
             "pin-memory", "batches are copied to the GPU from pageable memory",
             f"host-to-device copies {h2d:.1f} ms per iteration ({100 * h2d / step:.0f}%), pin_memory=False",
@@ -1148,20 +1155,22 @@ def _findings(r: DoctorReport, w: Watch) -> list:
     compute_ms = r.compute_share * r.device_busy_ms
     fp32 = {k: v for k, v in s["conv_linear_outputs"].items() if k == "float32"}
     gain16 = _amdahl(step, compute_ms / 2)
-    if fp32 and not s["autocast"] and gain16 >= MIN_GAIN and hardware.supports_bf16(torch.device(r.device)):
+    if fp32 and not s["autocast"] and gain16 >= MIN_GAIN:
         first = (f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n"
                  if bce else "")
+        bf16 = hardware.supports_bf16(torch.device(r.device))  # a GPU before Ampere: fp16, with a GradScaler
         found.append(Finding(
             "fp32-convolutions", "convolutions and matmuls run in fp32",
             f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and "
             f"matmuls take {compute_ms:.1f} ms of a {step:.1f} ms iteration ({100 * compute_ms / step:.0f}%)",
-            "bf16 autocast runs them in 16-bit (half the bytes, and the fast units of recent CPUs and GPUs) while "
+            "autocast runs them in 16-bit (half the bytes, and the fast units of recent CPUs and GPUs) while "
             "keeping sensitive ops in fp32; the estimate assumes it halves their time",
-            f"{first}with torch.autocast(device.type, dtype=torch.bfloat16):  # each forward and its loss\n"
-            f"    output = {d}(real).view(-1)\n"
+            f"{first}with torch.autocast(device.type, dtype=torch.{'bfloat16' if bf16 else 'float16'}):  "
+            f"# each forward and its loss\n    output = {d}(real).view(-1)\n"
             "    errD_real = criterion(output.float(), label)\n"
-            "errD_real.backward()  # backward and optimizer steps stay outside\n"
-            "# GPUs without bf16 (before Ampere): dtype=torch.float16 and one torch.amp.GradScaler('cuda') per network",
+            + ("errD_real.backward()  # backward and optimizer steps stay outside" if bf16 else
+               "scalerD.scale(errD_real).backward()  # fp16: one torch.amp.GradScaler('cuda') per network\n"
+               f"scalerD.step({opt_d}); scalerD.update()"),
             "02_mixed_precision", gain16))
     grads = s.get("d_grads_in_g_step", 0)
     d_bwd = r.phases_ms.get("D backward (G step)", 0.0)
@@ -1179,7 +1188,7 @@ def _findings(r: DoctorReport, w: Watch) -> list:
             "06_your_own_gan", _amdahl(step, d_bwd / 2)))
     opt_ms = sum(ms for k, ms in r.phases_ms.items() if k.endswith("optimizer step"))
     loops = [o for o in r.optimizers.values() if o["implementation"].startswith("for-loop")]
-    if loops and opt_ms / step >= MIN_DATA_SHARE:
+    if loops and opt_ms / step >= MIN_SHARE:
         found.append(Finding(
             "optimizer-for-loop", "the optimizers update one parameter at a time",
             f"{', '.join(o['name'] for o in loops)}: {loops[0]['implementation']}; optimizer steps take "
@@ -1255,7 +1264,8 @@ def check_script(path) -> Path:
         raise DoctorError("the doctor runs as one process: start it without torchrun "
                           "(python -m gantools doctor SCRIPT.py [ARGS...])")
     if not path.is_file():
-        raise DoctorError(f"{path}: no such file. Give the path of your training script: "
+        what = "a folder, not a script" if path.is_dir() else "no such file"
+        raise DoctorError(f"{path}: {what}. Give the path of your training script: "
                           "python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]")
     if path.suffix != ".py":
         raise DoctorError(f"{path}: not a Python script (.py). The doctor runs a training script: "
