@@ -102,7 +102,7 @@ def _add_doctor(sub) -> None:
                      help="chrome trace for Perfetto (default: runs/doctor/<script>-trace.json)")
     doc.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S",
                      help="give up when no optimizer has stepped S seconds after the start (default: %(default)g)")
-    doc.add_argument("script", metavar="SCRIPT.py", help="your training script")
+    doc.add_argument("script", metavar="SCRIPT.py", nargs="?", help="your training script")  # missing: said in _doctor
     doc.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
 
 
@@ -179,6 +179,10 @@ def _profile(args: dict) -> int:
 def _doctor(args: dict) -> int:
     from . import doctor
 
+    if args["script"] is None:
+        print("gantools: error: give your training script: python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]",
+              file=sys.stderr)
+        return 2
     if args["steps"] < 1 or args["warmup"] < 0 or args["timeout"] <= 0:
         print("gantools: error: --steps must be >= 1, --warmup >= 0 and --timeout > 0", file=sys.stderr)
         return 2

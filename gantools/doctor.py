@@ -43,6 +43,7 @@ import json
 import linecache
 import math
 import os
+import re
 import runpy
 import signal
 import sys
@@ -320,9 +321,17 @@ def _site(frame) -> tuple[str, str]:
         frame = frame.f_back
     frame = frame or first
     filename = frame.f_code.co_filename
+    return f"{_shown(filename)}:{frame.f_lineno}", linecache.getline(filename, frame.f_lineno).strip()
+
+
+def _shown(filename: str) -> str:
+    """A notebook cell as IPython names it in tracebacks (In[5]), a file relative to here when it is below."""
+    ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    label = getattr(getattr(ipython, "compile", None), "format_code_name", lambda name: None)(filename)
+    if label:
+        return label[1]
     relative = os.path.relpath(filename)
-    shown = filename if filename.startswith("<") or relative.startswith("..") else relative
-    return f"{shown}:{frame.f_lineno}", linecache.getline(filename, frame.f_lineno).strip()
+    return filename if filename.startswith("<") or relative.startswith("..") else relative
 
 
 def _name_in_frames(obj, frame) -> str | None:
@@ -1056,7 +1065,7 @@ def _describe_loader(loader) -> dict:
 
 
 def _default_trace(source: str) -> Path:
-    stem = Path(source).stem if source.endswith(".py") else "loop"
+    stem = re.sub(r"\W+", "_", Path(source).stem)  # a script's name, or your step function's
     return Path("runs") / "doctor" / f"{stem}-trace.json"
 
 

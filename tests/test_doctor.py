@@ -120,6 +120,8 @@ def test_wgan_counts_generator_iterations_from_the_command_line(pngs, tmp_path, 
 
 
 def test_bad_input_is_one_clear_message(pngs, tmp_path, capsys, monkeypatch):
+    assert main(["doctor"]) == 2
+    assert "give your training script" in capsys.readouterr().err
     assert main(["doctor", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "notes.txt").write_text("hello")
