@@ -31,10 +31,11 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
   G's step (post-accumulate-grad hooks), compiled modules, cudnn.benchmark, TF32, peak memory.
 
 Measurement: `warmup` iterations are skipped; `steps` iterations are timed with nothing installed but the iteration
-marks (device synchronised at both ends: the step time and images/s reported); then one profiler warm-up iteration
-and `steps` iterations under torch.profiler, whose overhead (profiled over unprofiled step time) is stated. The
-verdict is `profiling.bottleneck`, the one place that decides it. Every finding rests on numbers from this run and
-is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of its gain exists.
+marks (the device synchronised at each; their median is the step time and images/s reported); then one profiler
+warm-up iteration and `steps` iterations under torch.profiler, whose overhead (profiled over unprofiled step time) is
+stated. The verdict is `profiling.bottleneck`, the one place that decides it. Every finding rests on numbers from this
+run and is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of its gain
+exists.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ import os
 import re
 import runpy
 import signal
+import statistics
 import sys
 import sysconfig
 import tempfile
@@ -189,9 +191,11 @@ class DoctorReport:
         lines += ["  " + line for line in _describe_loop(self)]
         if not self.complete:
             lines.append(f"  incomplete: {self.note}")
+        timed = self.settings.get("timed_iterations_ms") or []
         if self.unprofiled_step_time_ms == self.unprofiled_step_time_ms:  # not NaN: the timed window finished
-            lines.append(f"  {self.unprofiled_step_time_ms:.1f} ms per iteration timed without the profiler (device "
-                         f"synchronised), {self.images_per_sec:.0f} images/s")
+            lines.append(f"  {self.unprofiled_step_time_ms:.1f} ms per iteration (median of {len(timed)} timed "
+                         f"without the profiler, device synchronised; {min(timed):.0f}-{max(timed):.0f}), "
+                         f"{self.images_per_sec:.0f} images/s")
         if not self.phases_ms:
             return "\n".join(lines)
         lines.append(f"  {self.steps} profiled iterations: {self.step_time_ms:.1f} ms each (profiler overhead "
@@ -397,7 +401,7 @@ class Watch:
         self.losses: Counter = Counter()  # loss modules called at the top level
         self.conv_shapes = defaultdict(set)  # conv module -> input shapes seen (fixed shapes suit cudnn.benchmark)
         self.window = self._window()
-        self.timed_ms, self.peak_mem_mb = float("nan"), 0.0
+        self.timed_ms, self.timed_list, self.peak_mem_mb = float("nan"), [], 0.0
         self.profiled = 0
         self._handles, self._grad_handles, self._patches = [], [], []
         self._light_handles = []
@@ -503,14 +507,18 @@ class Watch:
         self.marks += 1
         b, w, t, n = self.marks, self.warmup, self.timed, self.steps
         self.recent_outputs.clear()
+        if w < b <= w + t:  # one timed iteration ends: synchronised, so GPU work is inside the iteration it belongs to
+            hardware.synchronize(self._device())
+            now = time.perf_counter()
+            self.timed_list.append(1e3 * (now - self._t0))
+            self._t0 = now
         if b == w:  # warm-up over: time `timed` iterations with nothing installed but the marks
             self._set_full(False)
             self.stage = "timed"
             hardware.synchronize(self._device())
             self._t0 = time.perf_counter()
-        elif b == w + t:
-            hardware.synchronize(self._device())
-            self.timed_ms = 1e3 * (time.perf_counter() - self._t0) / t
+        elif b == w + t:  # the median: an epoch's start or a busy neighbour in one iteration does not move it
+            self.timed_ms = statistics.median(self.timed_list)
             self._set_full(True)
             self._start_profiler()
         elif b == w + t + 1:  # the profiler's warm-up iteration is over: the counted window starts
@@ -836,6 +844,7 @@ class Watch:
             for o in self.optimizers.values()}
         report.unprofiled_step_time_ms = self.timed_ms
         report.settings = self._settings(device)
+        report.settings["timed_iterations_ms"] = [round(ms, 2) for ms in self.timed_list]
         if self.pacer is not None:
             report.settings["iteration"] = f"one step of {self.pacer.name}" + (
                 f" ({self.pacer.role}'s optimizer)" if self.pacer.role else "")
