@@ -373,7 +373,7 @@ class Watch:
         self.steps, self.warmup, self.timed = steps, warmup, steps
         self.trace_request, self.source, self.by_optimizer = trace, source, by_optimizer
         self.iteration = iteration
-        self.thread = threading.get_ident()
+        self.owner = (os.getpid(), threading.get_ident())  # DataLoader workers are forked with the hooks: not theirs
         self.device: torch.device | None = None
         self.report: DoctorReport | None = None
         self.marks = -1            # iteration marks seen; mark 0 starts the first warm-up iteration
@@ -405,6 +405,10 @@ class Watch:
         self.profiled = 0
         self._handles, self._grad_handles, self._patches = [], [], []
         self._light_handles = []
+
+    def _mine(self) -> bool:
+        """True in the process and thread the doctor watches (hooks are global: forked workers inherit them)."""
+        return (os.getpid(), threading.get_ident()) == self.owner
 
     @staticmethod
     def _window() -> dict:
@@ -597,7 +601,7 @@ class Watch:
                 self._grad_handles.append(p.register_post_accumulate_grad_hook(seen))
 
     def _pre(self, module, args):
-        if _compiling() or threading.get_ident() != self.thread:
+        if _compiling() or not self._mine():
             return
         self.depth += 1
         if self.depth > 1:
@@ -622,7 +626,7 @@ class Watch:
         self.top = (call, self._range(call) if self.profiling else None, x)
 
     def _post(self, module, args, output):
-        if _compiling() or threading.get_ident() != self.thread:
+        if _compiling() or not self._mine():
             return
         self.depth -= 1
         key = id(module)
@@ -658,7 +662,7 @@ class Watch:
                 self.conv_shapes[id(module)].add(tuple(x.shape))
 
     def _opt_pre(self, opt, args, kwargs):
-        if threading.get_ident() != self.thread:
+        if not self._mine():
             return
         if self.depth:  # a forward that raised never closed its hooks: start clean
             self.depth, self.top = 0, None
@@ -666,7 +670,7 @@ class Watch:
         self.open_opt_range = self._range(o) if self.profiling else None
 
     def _opt_post(self, opt, args, kwargs):
-        if threading.get_ident() != self.thread:
+        if not self._mine():
             return
         if self.open_opt_range is not None:
             self.open_opt_range.__exit__(None, None, None)
@@ -731,7 +735,7 @@ class Watch:
         doctor = self
 
         def __next__(it):
-            if doctor.in_data or threading.get_ident() != doctor.thread:
+            if doctor.in_data or not doctor._mine():
                 return original(it)
             doctor.data_site = doctor.data_site or _site(sys._getframe(1))[0]
             return doctor._fetch(lambda: original(it))
@@ -758,7 +762,7 @@ class Watch:
 
         def read(tensor, *args, **kwargs):
             if (_compiling() or doctor.in_sync or doctor.in_data or not doctor.full
-                    or threading.get_ident() != doctor.thread
+                    or not doctor._mine()
                     or (name == "cpu" and tensor.device.type == "cpu")):
                 return original(tensor, *args, **kwargs)
             caller = sys._getframe(1)
