@@ -199,6 +199,55 @@ def _check(args: dict) -> int:
     return 0 if result["ok"] else 1
 
 
+# -- doctor ---------------------------------------------------------------------------------------------------------
+
+def _doctor_flags(p: argparse.ArgumentParser) -> None:
+    from .doctor import STEPS, TIMEOUT_S, WARMUP
+
+    p.usage = "python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]"
+    p.add_argument("--steps", type=_count(1), default=STEPS,
+                   help="iterations timed, then as many profiled (default: %(default)s)")
+    p.add_argument("--warmup", type=_count(0), default=WARMUP, help="iterations skipped first (default: %(default)s)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="chrome trace for Perfetto (default: runs/doctor/<script>-trace.json)")
+    p.add_argument("--timeout", type=_seconds, default=TIMEOUT_S, metavar="S",
+                   help="give up when no optimizer has stepped S seconds after the start (default: %(default)g)")
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="your training script")  # missing: said in _doctor
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be > 0")
+    return value
+
+
+def _doctor(args: dict) -> int:
+    from . import doctor
+
+    if args["script"] is None:
+        return _fail("give your training script: python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]")
+    try:
+        report = doctor.run_script(args["script"], args["args"], args["steps"], args["warmup"], args["trace"],
+                                   args["timeout"])
+    except doctor.ScriptError as e:  # the user's own traceback, marked as theirs; none of ours
+        print(f"gantools doctor: your script raised:\n{e.traceback_text}gantools doctor: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    if args["json"]:
+        print(f"JSON: {report.save_json(args['json'])}")
+    if not report.complete:
+        print(f"gantools doctor: {report.note}", file=sys.stderr)
+        return 130 if report.settings.get("outcome") == "interrupted" else 2
+    return 0
+
+
 # -- info -----------------------------------------------------------------------------------------------------------
 
 def _info(args: dict) -> int:
@@ -224,6 +273,11 @@ COMMANDS = {
               "loader, a DataLoader with workers (pinned on CUDA), accumulation and DDP with 2 processes, a few "
               "steps each: finite losses, no gradients into a frozen D, recompiles within bounds, exact resume "
               "(CPU). Prints a table, writes JSON, exits 1 if anything failed.", _check_flags, _check, False),
+    "doctor": ("diagnose YOUR training script: where its time goes, what to change in it",
+               "Run your own GAN training script, unmodified, find its iterations (optimizer steps), time and "
+               "profile a few, stop it, and say what to change in your code, with the numbers that justify it. "
+               "Options go before SCRIPT.py; everything after it goes to the script.", _doctor_flags, _doctor,
+               False),
     "info": ("print what this machine is (device, versions, cores) as JSON", None, lambda p: None, _info, True),
 }
 

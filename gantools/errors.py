@@ -30,3 +30,16 @@ class NonFiniteLossError(GantoolsError, FloatingPointError):
 
 class QualityError(GantoolsError, RuntimeError):
     """A quality metric cannot be computed as asked (missing package or weights); the message says how to fix it."""
+
+
+class DoctorError(GantoolsError, RuntimeError):
+    """Bad input to `gantools doctor` (script not found, no training seen, under torchrun, ...): what to do."""
+
+
+class ScriptError(DoctorError):
+    """The user's own script raised under the doctor: `traceback_text` is its traceback (the doctor's frames
+    removed), `report` what the doctor saw before it."""
+
+    def __init__(self, message: str, traceback_text: str, report=None):
+        super().__init__(message)
+        self.traceback_text, self.report = traceback_text, report

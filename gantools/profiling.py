@@ -32,8 +32,10 @@ from torch.profiler import ProfilerActivity, record_function, schedule
 from .config import TrainConfig
 from .train import Trainer
 
-if not torch.cuda.is_available():  # a CUDA build on a CPU-only machine: kineto's "no GPU" error is expected noise
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+if not torch.cuda.is_available():
+    # A CUDA build on a CPU-only machine: kineto's "no GPU" error (level 4) and its USDT profiler_start/stop lines
+    # (level 5, the highest) are noise there; 6 silences both. With a GPU its errors stay visible.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 PHASES = ("data wait", "G forward", "D forward", "D backward", "D optimizer step", "D forward (G step)",
           "D backward (G step)", "G backward", "G optimizer step", "host sync")
@@ -156,19 +158,10 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     step = by_name.get("ProfilerStep*")  # the profiler folds ProfilerStep#N into one row
     step_ms = step.cpu_time_total / 1e3 / step.count if step else float("nan")
     phases = {name: by_name[name].cpu_time_total / 1e3 / steps for name in PHASES if name in by_name}
-    ops = [e for e in averages if not e.key.startswith("ProfilerStep") and e.key not in PHASES]
-    if cuda:
-        kernels = {e.key: _self_device_ms(e) / steps for e in ops if _self_device_ms(e) > 0}
-        busy = sum(ms for name, ms in kernels.items() if not name.startswith("Memcpy"))
-        h2d = sum(ms for name, ms in kernels.items() if name.startswith("Memcpy HtoD"))
-        top = sorted(kernels.items(), key=lambda kv: -kv[1])
-        sort = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
-        table = averages.table(sort_by=sort, row_limit=row_limit)
-    else:  # on a CPU the device is the CPU: busy is the step minus waiting for data
-        busy, h2d = step_ms - phases.get("data wait", 0.0), 0.0
-        top = sorted(((e.key, e.self_cpu_time_total / 1e3 / steps) for e in ops if e.key.startswith("aten::")),
-                     key=lambda kv: -kv[1])
-        table = None
+    busy, h2d, top = device_time(averages, steps, step_ms, phases.get("data wait", 0.0), cuda,
+                                 skip=lambda key: key in PHASES)
+    sort = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
+    table = averages.table(sort_by=sort, row_limit=row_limit) if cuda else None
     cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit)
     # On a CPU nothing waits for a device, so there are no host syncs to count.
     syncs = sum(by_name[n].count for n in SYNC_EVENTS if n in by_name) / steps if cuda else 0.0
@@ -179,12 +172,47 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     return report
 
 
+def device_time(averages, steps: int, step_ms: float, wait_ms: float, cuda: bool, skip=lambda key: False):
+    """(device busy ms, host-to-device copy ms, [(op, ms)] by self time on the device in use), per step, from
+    `prof.key_averages()`. On CUDA: kernel time. On a CPU the device is the CPU: busy is the step minus waiting for
+    data, and the ops are aten ops by self CPU time. `skip(key)` leaves out labelled ranges."""
+    ops = [e for e in averages if not e.key.startswith("ProfilerStep") and not skip(e.key)]
+    if cuda:
+        kernels = {e.key: _self_device_ms(e) / steps for e in ops if _self_device_ms(e) > 0}
+        busy = sum(ms for name, ms in kernels.items() if not name.startswith("Memcpy"))
+        h2d = sum(ms for name, ms in kernels.items() if name.startswith("Memcpy HtoD"))
+        return busy, h2d, sorted(kernels.items(), key=lambda kv: -kv[1])
+    top = [(e.key, e.self_cpu_time_total / 1e3 / steps) for e in ops if e.key.startswith("aten::")]
+    return step_ms - wait_ms, 0.0, sorted(top, key=lambda kv: -kv[1])
+
+
+def compute_ms(ops) -> float:
+    """Milliseconds of [(op, ms)] spent in convolutions and matrix multiplies."""
+    return sum(ms for name, ms in ops if any(k in name.lower() for k in COMPUTE_OPS))
+
+
+def bottleneck(step_ms: float, data_wait_ms: float, device_busy_ms: float, compute_share: float,
+               cuda: bool) -> str:
+    """The thresholds of this module's docstring, in order: the one place that names the bottleneck (for
+    `profile` and for `gantools.doctor`)."""
+    if data_wait_ms / step_ms >= DATA_BOUND:
+        return "data-bound"
+    if cuda and 1 - device_busy_ms / step_ms >= HOST_BOUND:
+        return "host-overhead-bound"
+    if compute_share >= COMPUTE_SHARE or not cuda:  # on a CPU: data against compute only
+        return "compute-bound"
+    return "memory-bound"
+
+
 def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
-    """Apply the thresholds in this module's docstring to a report."""
+    """Apply the thresholds in this module's docstring to a report, and say what to change in the config."""
     step = report.step_time_ms
     wait = report.phases_ms.get("data wait", 0.0)
     cuda = report.device.startswith("cuda")
-    if wait / step >= DATA_BOUND:
+    compute = compute_ms(report.top_ops)
+    busy = max(report.device_busy_ms, 1e-9)
+    verdict = bottleneck(step, wait, report.device_busy_ms, compute / busy, cuda)
+    if verdict == "data-bound":
         if cfg.transform == "per-sample" and cfg.dataset != "folder":
             fix = {"transform": "on-device", "num_workers": 0, "persistent_workers": False,
                    "prefetch_factor": None}
@@ -198,7 +226,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             technique = "more DataLoader workers, or a dataset decoded once and held on the device"
         return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
                        technique, "03_data_loading", fix, step / max(step - wait, 1e-9))
-    if cuda and 1 - report.device_busy_ms / step >= HOST_BOUND:
+    if verdict == "host-overhead-bound":
         graphs = _compile_mode_for_overhead(report.device)
         fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": graphs}
         how = ("CUDA graphs via torch.compile mode='reduce-overhead' (validated here by gantools check)"
@@ -210,11 +238,9 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
                         "host syncs per step": report.host_syncs_per_step},
                        f"remove per-step host syncs (.item()), then {how}, or a larger batch", "05_all_together",
                        fix, step / max(report.device_busy_ms, 1e-9))
-    compute = sum(ms for name, ms in report.top_ops if any(k in name.lower() for k in COMPUTE_OPS))
-    busy = max(report.device_busy_ms, 1e-9)
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
-    if compute / busy >= COMPUTE_SHARE or not cuda:  # on a CPU: data against compute only
+    if verdict == "compute-bound":
         if cfg.precision == "fp32":
             # 16-bit halves the convolution time at best (measured 1.95x for the whole step on the 2-core CPU);
             # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too
@@ -248,17 +274,20 @@ class Comparison:
         return self.after.images_per_sec / self.before.images_per_sec
 
     def __str__(self):
-        lines = [f"{'phase':>20}  {'before':>9}  {'after':>9}  (ms per step)"]
-        for name in dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]):
-            lines.append(f"{name:>20}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
+        names = list(dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]))
+        w = max([20, *map(len, names)])
+        lines = [f"{'phase':>{w}}  {'before':>9}  {'after':>9}  (ms per step)"]
+        for name in names:
+            lines.append(f"{name:>{w}}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
                          f"{self.after.phases_ms.get(name, 0.0):9.2f}")
-        lines.append(f"{'images/s':>20}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
+        lines.append(f"{'images/s':>{w}}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
                      f"-> {self.speedup:.2f}x (measured without the profiler)")
         return "\n".join(lines)
 
 
-def compare(before: ProfileReport, after: ProfileReport) -> Comparison:
-    """The change in each phase and in images per second after a fix: profile, fix, measure in two lines."""
+def compare(before, after) -> Comparison:
+    """The change in each phase and in images per second after a fix: profile, fix, measure in two lines. Works on
+    `ProfileReport`s and on `gantools.doctor` reports of your own loop alike."""
     return Comparison(before, after)
 
 

@@ -1,0 +1,28 @@
+"""Write a folder of PNG images (one sub-folder per digit, as torchvision's ImageFolder reads them) from gantools'
+rendered glyphs, for the user-style scripts next to this file: `python glyph_pngs.py OUT [--n 2000] [--size 64]`."""
+import argparse
+from pathlib import Path
+
+
+def write_pngs(root, n: int = 2000, size: int = 64, channels: int = 3, seed: int = 0) -> Path:
+    from PIL import Image
+
+    from gantools import render_glyphs
+
+    root = Path(root)
+    images, labels = render_glyphs(n, size, channels, seed=seed)
+    for i, (image, label) in enumerate(zip(images, labels.tolist())):
+        folder = root / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        array = image.permute(1, 2, 0).numpy()
+        Image.fromarray(array[..., 0] if channels == 1 else array).save(folder / f"{i:05d}.png")
+    return root
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out")
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=64)
+    a = parser.parse_args()
+    print(write_pngs(a.out, a.n, a.size))

@@ -1,0 +1,214 @@
+"""gantools doctor on scripts written the way people write them (tests/scripts/: plain PyTorch, argparse, an
+ImageFolder of PNGs with the tutorial's transforms) and on loops written in Python (run() and watch())."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+from torch.optim import optimizer as torch_optimizer
+from torch.utils.data import DataLoader
+
+from gantools import doctor
+from gantools.cli import main
+from gantools.display import plot_phases
+from gantools.profiling import compare
+
+from conftest import BatchFreeD, BatchFreeG
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TUTORIAL = SCRIPTS / "dcgan_tutorial.py"
+FIVE = {"host-sync", "sigmoid-bce", "fp32-convolutions", "per-sample-transforms", "d-grads-in-g-step"}
+FIX_FLAGS = {  # the tutorial script's flags for each fix
+    "per-sample-transforms": ["--preload"], "sigmoid-bce": ["--logits"], "fp32-convolutions": ["--logits", "--bf16"],
+    "host-sync": ["--no-item"], "d-grads-in-g-step": ["--freeze-d"]}
+ORIGINALS = {name: torch.Tensor.__dict__.get(name) for name in doctor.SYNC_METHODS}
+LOADER_ITER = DataLoader.__dict__["__iter__"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from a second thread, and a single one is not thrown off by a busy neighbour."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory):
+    """64 glyphs as 128 px RGB PNGs in class folders: ImageFolder decodes and resizes each one per step."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from glyph_pngs import write_pngs
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return write_pngs(tmp_path_factory.mktemp("pngs"), n=64, size=128)
+
+
+def tutorial(pngs, *flags, epochs=50):
+    return ["--dataroot", str(pngs), "--batch-size", "16", "--ngf", "8", "--ndf", "8", "--nz", "16",
+            "--epochs", str(epochs), *flags]
+
+
+def assert_nothing_left_behind():
+    assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
+    assert not torch_optimizer._global_optimizer_pre_hooks and not torch_optimizer._global_optimizer_post_hooks
+    assert {name: torch.Tensor.__dict__.get(name) for name in doctor.SYNC_METHODS} == ORIGINALS
+    assert DataLoader.__dict__["__iter__"] is LOADER_ITER and not doctor._ACTIVE
+
+
+def test_tutorial_loop_gets_the_five_findings_and_the_top_fix_speeds_it_up(pngs, tmp_path):
+    argv, path = sys.argv[:], sys.path[:]
+    before = doctor.run_script(TUTORIAL, tutorial(pngs), steps=3, warmup=1, trace=tmp_path / "before.json")
+    assert sys.argv == argv and sys.path == path
+    assert_nothing_left_behind()
+    assert before.complete and FIVE <= set(before.kinds()), str(before)
+    assert before.models["G"]["name"] == "netG" and before.models["D"]["name"] == "netD"
+    assert {o["name"] for o in before.optimizers.values()} == {"optimizerD", "optimizerG"}
+    assert before.images_per_step == before.batch_size == 16
+    assert {"data wait", "G forward", "D forward", "D backward", "D forward (G step)", "D backward (G step)",
+            "G backward", "D optimizer step", "G optimizer step"} <= set(before.phases_ms)
+    gains = [f.estimated_speedup or 0 for f in before.findings]
+    assert gains == sorted(gains, reverse=True)  # ranked by estimated gain
+    by_kind = {f.kind: f for f in before.findings}
+    assert "dcgan_tutorial.py:" in by_kind["host-sync"].seen and ".item()" in by_kind["host-sync"].seen
+    assert "Sigmoid" in by_kind["sigmoid-bce"].seen and "BCEWithLogitsLoss" in by_kind["sigmoid-bce"].change
+    assert "drop netD's Sigmoid" in by_kind["fp32-convolutions"].change  # BCELoss refuses autocast
+    assert "netD.requires_grad_(False)" in by_kind["d-grads-in-g-step"].change
+    assert "ImageFolder" in by_kind["per-sample-transforms"].seen
+    trace = json.loads((tmp_path / "before.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "D forward (G step)" in names and not any(str(n).startswith(doctor._RANGE) for n in names)
+
+    top = before.findings[0]
+    after = doctor.run_script(TUTORIAL, tutorial(pngs, *FIX_FLAGS[top.kind]), steps=3, warmup=1,
+                              trace=tmp_path / "after.json")
+    change = compare(before, after)
+    print(before, change, sep="\n\n")
+    assert change.speedup > 1, str(change)
+    assert top.kind not in after.kinds()
+
+
+def test_an_optimised_loop_gets_none_of_them(pngs, tmp_path):
+    fast = doctor.run_script(TUTORIAL, tutorial(pngs, "--preload", "--logits", "--bf16", "--no-item", "--freeze-d"),
+                             steps=3, warmup=1, trace=tmp_path / "trace.json")
+    assert fast.complete and not FIVE & set(fast.kinds()), str(fast)
+    assert fast.settings["autocast"] and fast.host_syncs_per_step < 1 and not fast.settings["d_grads_in_g_step"]
+    assert fast.images_per_step == 16 and "no DataLoader" in fast.images_source  # D's real inputs, counted
+
+
+def test_wgan_counts_generator_iterations_from_the_command_line(pngs, tmp_path, capsys):
+    out = tmp_path / "wgan.json"
+    code = main(["doctor", "--steps", "2", "--warmup", "1", "--json", str(out), "--trace", str(tmp_path / "t.json"),
+                 str(SCRIPTS / "wgan.py"), "--dataroot", str(pngs), "--batch-size", "8", "--width", "8"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads(out.read_text())
+    assert report["complete"] and report["settings"]["iteration"].startswith("one step of opt_g")
+    assert report["optimizers"]["D"]["name"] == "opt_c" and report["optimizers"]["D"]["steps_per_iteration"] == 5
+    assert report["optimizers"]["G"]["steps_per_iteration"] == 1
+    assert report["images_per_step"] == 5 * 8 and report["batch_size"] == 8
+    assert report["verdict"]["bottleneck"] in ("data-bound", "compute-bound") and report["phases_ms"]["data wait"] > 0
+    assert all({"kind", "seen", "change", "notebook", "estimated_speedup"} <= set(f) for f in report["findings"])
+    assert "verdict:" in printed and "where an iteration's time goes" in printed and (tmp_path / "t.json").is_file()
+    assert_nothing_left_behind()
+
+
+def test_bad_input_is_one_clear_message(pngs, tmp_path, capsys, monkeypatch):
+    assert main(["doctor"]) == 2
+    assert "give your training script" in capsys.readouterr().err
+    assert main(["doctor", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["doctor", str(tmp_path / "notes.txt")]) == 2
+    assert "not a Python script" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad_flag:  # argparse's own exit, with our two-line message
+        main(["doctor", "--steps", "0", str(TUTORIAL)])
+    assert bad_flag.value.code == 2 and "--steps: 0 is too small" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["doctor", str(TUTORIAL)]) == 2
+    assert "without torchrun" in capsys.readouterr().err
+    monkeypatch.delenv("WORLD_SIZE")
+
+    assert main(["doctor", str(SCRIPTS / "raises.py")]) == 2  # the script's own error, shown as its own
+    err = capsys.readouterr().err
+    assert "your script raised" in err and 'raises.py", line 10, in check' in err and "ValueError: loss" in err
+    assert "the doctor saw 3 training steps before it" in err
+    assert "gantools/" not in err and "runpy" not in err
+
+    t0 = time.perf_counter()
+    assert main(["doctor", "--timeout", "1", str(SCRIPTS / "no_training.py")]) == 2
+    assert time.perf_counter() - t0 < 20
+    err = capsys.readouterr().err
+    assert "no optimizer step within 1 s" in err and "is this a training script?" in err and "Traceback" not in err
+
+    assert main(["doctor", str(TUTORIAL), *tutorial(pngs, epochs=1)]) == 2  # 4 iterations: fewer than needed
+    captured = capsys.readouterr()
+    assert "your script ended after 4 training steps" in captured.err and "Traceback" not in captured.err
+    assert "gantools doctor: " in captured.out and "incomplete" in captured.out
+    assert_nothing_left_behind()
+
+
+def test_ctrl_c_stops_and_reports_what_was_seen(pngs):
+    cmd = [sys.executable, "-m", "gantools", "doctor", "--warmup", "100000", str(TUTORIAL), *tutorial(pngs)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    err, deadline = "", time.monotonic() + 120
+    try:
+        while "found the training loop" not in err and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stderr], [], [], 1)[0]:
+                err += proc.stderr.readline()
+        assert "found the training loop" in err, err
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, rest
+    assert "interrupted (Ctrl-C) after" in rest and "Traceback" not in rest
+    assert "gantools doctor: " in out and "netG" in out
+
+
+def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
+    torch.manual_seed(0)
+    G, D = BatchFreeG(), BatchFreeD()
+    opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+    bce = nn.BCEWithLogitsLoss()
+    loader = DataLoader(glyphs64, batch_size=16, shuffle=True)
+
+    def train_step(batch):
+        real = batch[0].float() / 127.5 - 1
+        fake = G(torch.randn(real.shape[0], 8))
+        out_real, out_fake = D(real), D(fake.detach())
+        loss_d = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        out = D(fake)  # D not frozen: its weight gradients are computed and thrown away
+        loss_g = bce(out, torch.ones_like(out))
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+
+    report = doctor.run(train_step, loader, steps=2, warmup=1)
+    assert report.complete and report.images_per_step == 16 and report.models["G"]["name"] == "G"
+    assert report.optimizers["D"]["name"] == "opt_d" and "d-grads-in-g-step" in report.kinds()
+    assert "host-sync" not in report.kinds() and "sigmoid-bce" not in report.kinds()
+
+    iterations = 0
+    with doctor.watch(steps=2, warmup=1) as doc:
+        for batch in doc.data(loader):  # 4 batches an epoch: the doctor starts a new one when it needs to
+            train_step(batch)
+            doc.end_step()
+            iterations += 1
+    assert iterations == 1 + 2 + 1 + 2  # warm-up, timed, profiler warm-up, profiled: then the loop ended itself
+    again = doc.report
+    assert again.complete and set(again.phases_ms) == set(report.phases_ms) and again.phases_ms["data wait"] > 0
+    assert "images/s" in str(compare(report, again))
+    plot_phases(again)
+    assert_nothing_left_behind()
