@@ -7,6 +7,7 @@ and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 from pathlib import Path
@@ -347,9 +348,44 @@ class HostLoader:
         self.sampler.set_position(epoch, batch)
 
     def __iter__(self):
-        for batch in self.loader:  # (images, labels) pairs, or bare images from a dataset of your own
+        for batch in _worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
             yield prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
+
+
+# -- DataLoader workers shut down outside the garbage collector ----------------------------------------------------
+# A DataLoader iterator with workers that becomes garbage inside a reference cycle (a Trainer dropped in a notebook
+# or a test) is collected by `gc`, which first runs the weakref callbacks of its multiprocessing queues: they stop the
+# queues' feeder threads, so the iterator's own shutdown, run just after, can no longer send its workers the stop
+# signal and waits 5 s per worker for them to time out (measured: 10 s for 2 workers). So every live iterator is held
+# here (never garbage), and one whose consumer was collected is shut down by the next loader that starts, outside
+# the collector, in milliseconds.
+_LIVE_WORKERS: list = []   # [iterator, still consumed?]
+_COLLECTING = [False]
+
+
+def _note_collection(phase: str, info: dict) -> None:
+    _COLLECTING[0] = phase == "start"
+
+
+gc.callbacks.append(_note_collection)
+
+
+def _worker_safe(loader: DataLoader):
+    """Iterate `loader`; with workers, keep its iterator out of the garbage collector's reach (see above)."""
+    _LIVE_WORKERS[:] = [entry for entry in _LIVE_WORKERS if entry[1]]  # dropped here: shut down by refcount, now
+    it = iter(loader)
+    if not loader.num_workers:
+        yield from it
+        return
+    entry = [it, True]
+    _LIVE_WORKERS.append(entry)
+    try:
+        yield from it
+    finally:
+        entry[1] = False
+        if not _COLLECTING[0]:  # closed or finished in plain code: let it go now
+            _LIVE_WORKERS.remove(entry)
 
 
 class DeviceLoader:
