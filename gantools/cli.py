@@ -230,9 +230,14 @@ def _seconds(text: str) -> float:
 
 def _doctor(args: dict) -> int:
     from . import doctor
+    from .checkpoint import ensure_writable
 
     if args["script"] is None:
         return _fail("give your training script: python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]")
+    doctor.check_script(args["script"])
+    for path in (args["json"], args["trace"] or doctor.default_trace(args["script"])):  # before the run, not after
+        if path:
+            ensure_writable(Path(path).parent)
     try:
         report = doctor.run_script(args["script"], args["args"], args["steps"], args["warmup"], args["trace"],
                                    args["timeout"])

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .checkpoint import atomic_save
 from .distributed import World
-from .errors import DataError
+from .errors import DataError, OutOfMemory
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -404,7 +404,12 @@ class DeviceLoader:
                             "lower batch_size or add images")
         self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
         self.generator = generator  # flips are drawn from it
-        self.images = dataset.images.to(self.device)
+        try:
+            self.images = dataset.images.to(self.device)
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(f"the dataset ({dataset.images.numel() / 2**20:.0f} MB as uint8) does not fit in "
+                              f"{self.device.type} memory next to the model: use loader='dataloader', which holds "
+                              "one batch at a time there") from None
         self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
 
     def __len__(self):

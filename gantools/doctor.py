@@ -69,6 +69,7 @@ from torch.utils.data import dataloader as _dataloader
 
 from . import hardware
 from .errors import DoctorError, ScriptError
+from .profiling import PHASES as ORDER  # the trainer's phase names, in the same order
 from .profiling import SYNC_EVENTS, bottleneck, compute_ms, device_time
 
 STEPS, WARMUP, TIMEOUT_S = 5, 2, 300.0
@@ -77,8 +78,6 @@ MIN_SHARE = 0.05        # a cost under 5% of the step (data wait, copies, optimi
 MIN_GAIN = 1.02         # a finding whose whole estimated gain is under 2% would be noise
 SYNCS_PER_STEP = 1.0    # reading values at least once per iteration, on average, is a per-step sync
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
-ORDER = ("data wait", "G forward", "D forward", "D backward", "D optimizer step", "D forward (G step)",
-         "D backward (G step)", "G backward", "G optimizer step", "host sync")
 OTHER = "other (your code)"
 _RANGE = "gantools-doctor#"  # provisional profiler range names, renamed to phases once the loop is understood
 _LIBRARIES = tuple(str(Path(m.__file__).resolve().parent) + os.sep for m in (torch, sys.modules[__package__]))
@@ -237,7 +236,8 @@ def _describe_loop(r: DoctorReport) -> list:
     if r.optimizers:
         out.append("optimizers: " + "; ".join(
             f"{o['name']} ({o['class']}, {o['implementation']}) steps " + (f"{o['role']} " if o["role"] else "")
-            + f"{o['steps_per_iteration']:g}x per iteration" for o in r.optimizers.values()))
+            + (f"{o['steps_per_iteration']:g}x per iteration" if o["steps_per_iteration"] is not None
+               else "(its rhythm not measured)") for o in r.optimizers.values()))
     if r.images_per_step:
         out.append(f"{r.images_per_step:g} real images per iteration ({r.images_source})")
     return out
@@ -831,7 +831,7 @@ class Watch:
         n = max(self.profiled, 1)
         report.optimizers = {
             o.role or o.name: {"name": o.name, "class": o.cls, "implementation": o.implementation(device),
-                               "role": o.role, "model": o.model, "steps_per_iteration": round(o.window_steps / n, 2),
+                               "role": o.role, "model": o.model, "steps_per_iteration": round(o.window_steps / n, 2) if self.profiled else None,
                                "settings": {k: v for k, v in o.opt.defaults.items() if k in ("lr", "betas",
                                                                                             "weight_decay")}}
             for o in self.optimizers.values()}
@@ -866,9 +866,8 @@ class Watch:
         if self.by_optimizer and self.pacer is None:
             return ("the loop ended before the doctor could tell its rhythm (it needs every optimizer to step, "
                     "and one to step twice)")
-        return (f"the loop ended after {max(self.marks, 0)} iterations; the doctor needs {needed} "
-                f"({self.warmup} warm-up, {self.timed} timed, 1 + {self.steps} profiled): run it longer, or lower "
-                f"--warmup/--steps")
+        return (f"the doctor had seen {max(self.marks, 0)} of the {needed} iterations it measures ({self.warmup} "
+                f"warm-up, {self.timed} timed, 1 + {self.steps} profiled): run it longer, or lower --warmup/--steps")
 
     def _profile_into(self, r: DoctorReport) -> None:
         prof, n = self.prof, self.profiled
@@ -937,7 +936,10 @@ class Watch:
         evidence["conv/matmul share of busy"] = r.compute_share
         evidence["heaviest ops"] = ", ".join(name for name, _ in ops[:3])
         r.verdict = {"bottleneck": v, "evidence": evidence}
-        r.trace_path = self._export_trace()
+        try:
+            r.trace_path = self._export_trace()
+        except OSError as e:  # the measurements stand without the trace: say why there is none
+            r.note = (r.note + " " if r.note else "") + f"no trace written ({e})"
 
     def _images_without_loader(self, r: DoctorReport) -> None:
         """No DataLoader and no doc.data(): the real images are what D was fed that no model made; failing that
@@ -969,7 +971,7 @@ class Watch:
 
     def _export_trace(self) -> str | None:
         """The chrome trace for Perfetto, with the provisional range names replaced by phases."""
-        path = Path(self.trace_request) if self.trace_request else _default_trace(self.source)
+        path = Path(self.trace_request) if self.trace_request else default_trace(self.source)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             raw = Path(tmp) / "trace.json"
@@ -1059,14 +1061,36 @@ def _short(transform) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+def _steps_of(transform) -> list:
+    inner = getattr(transform, "transforms", None)  # torchvision's Compose, nested
+    return [t for part in inner for t in _steps_of(part)] if isinstance(inner, (list, tuple)) else [transform]
+
+
+def _not_decodable_once(dataset) -> str | None:
+    """Why decoding the images once into uint8 on the device would change the data (None when it would not):
+    random augmentation would be frozen, and a Normalize other than (0.5, 0.5) does not map back to 0-255."""
+    for ds in _dataset_chain(dataset):
+        for transform in (getattr(ds, "transform", None), getattr(ds, "_pipeline", None)):
+            if transform is None or isinstance(transform, str):
+                continue
+            for t in _steps_of(transform):
+                name = type(t).__name__
+                if name.startswith("Random") or name in ("AutoAugment", "RandAugment", "TrivialAugmentWide",
+                                                         "AugMix", "ColorJitter"):
+                    return f"{name} draws new augmentation every epoch"
+                if name == "Normalize" and not all(abs(float(v) - 0.5) < 1e-6 for v in (*t.mean, *t.std)):
+                    return f"Normalize(mean={list(t.mean)}, std={list(t.std)}) is not the [-1, 1] scaling"
+    return None
+
+
 def _describe_loader(loader) -> dict:
     ds = loader.dataset
     return {"dataset": type(ds).__name__, "batch_size": loader.batch_size, "num_workers": loader.num_workers,
             "pin_memory": loader.pin_memory, "persistent_workers": loader.persistent_workers,
-            "per_image_work": _per_image_work(ds)}
+            "per_image_work": _per_image_work(ds), "not_decodable_once": _not_decodable_once(ds)}
 
 
-def _default_trace(source: str) -> Path:
+def default_trace(source: str) -> Path:
     stem = re.sub(r"\W+", "_", Path(source).stem)  # a script's name, or your step function's
     return Path("runs") / "doctor" / f"{stem}-trace.json"
 
@@ -1104,13 +1128,16 @@ def _findings(r: DoctorReport) -> list:
                 "each image goes through PIL and torchvision transforms in Python on every epoch, "
                 + ("in the training process itself (num_workers=0), so the model waits for it"
                    if loader["num_workers"] == 0 else "and the workers do not keep up with the step"),
-                "# once, before training: the images decoded a single time, kept as uint8 on the device\n"
-                "images = torch.stack([(x * 127.5 + 127.5).round().to(torch.uint8) for x, _ in dataset]).to(device)\n"
-                "# each step: a batch by indexing, normalised on the device (no PIL, no workers)\n"
-                "idx = torch.randint(len(images), (batch_size,), device=device)\n"
-                "real = images[idx].float().div_(127.5).sub_(1)\n"
-                "# too big for the device? keep the DataLoader but decode in workers:\n"
-                f"# DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True, pin_memory=True)",
+                ("# once, before training: the images decoded a single time, kept as uint8 on the device\n"
+                 "images = torch.stack([(x * 127.5 + 127.5).round().to(torch.uint8) for x, _ in dataset]).to(device)\n"
+                 "# each step: a batch by indexing, normalised on the device (no PIL, no workers)\n"
+                 "idx = torch.randint(len(images), (batch_size,), device=device)\n"
+                 "real = images[idx].float().div_(127.5).sub_(1)\n"
+                 "# too big for the device? keep the DataLoader but decode in workers:\n"
+                 f"# DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True, pin_memory=True)")
+                if not loader["not_decodable_once"] else
+                (f"# decoding once would change your data ({loader['not_decodable_once']}): decode in workers\n"
+                 f"DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True, pin_memory=True)"),
                 "03_data_loading", _amdahl(step, wait)))
         else:
             found.append(Finding(
@@ -1185,7 +1212,7 @@ def _findings(r: DoctorReport) -> list:
             "02_mixed_precision", gain16))
     grads = s.get("d_grads_in_g_step", 0)
     d_bwd = r.phases_ms.get("D backward (G step)", 0.0)
-    if grads and d_bwd > 0:
+    if grads and d_bwd > 0 and _amdahl(step, d_bwd / 2) >= MIN_GAIN:
         found.append(Finding(
             "d-grads-in-g-step", f"{d} computes weight gradients in G's step",
             f"{grads:g} of {d}'s parameter gradients accumulated per iteration before {opt_g} stepped; "
@@ -1206,8 +1233,9 @@ def _findings(r: DoctorReport) -> list:
             f"{opt_ms:.1f} ms ({100 * opt_ms / step:.0f}%)",
             "the for-loop implementation launches several small ops per parameter; fused (or foreach) updates all "
             "parameters in a few kernels",
-            "\n".join(f"{o['name']} = optim.{o['class']}({o['model'] or 'model'}.parameters(), "
-                      + "".join(f"{k}={v}, " for k, v in o["settings"].items()) + "fused=True)" for o in loops),
+            "\n".join(f"# {o['name']}: add {_faster_impl(o['class'])} to its constructor, keeping your other "
+                      f"arguments\n{o['name']} = optim.{o['class']}(..., {_faster_impl(o['class'])})"
+                      for o in loops),
             "04_optimizers_and_accumulation", None))
     nchw = s["conv_input_formats"].get("contiguous (NCHW)", 0)
     heavy = r.compute_share >= 0.5
@@ -1228,16 +1256,27 @@ def _findings(r: DoctorReport) -> list:
             f"{100 * r.compute_share:.0f}% of the busy time",
             "with fixed shapes, benchmark mode times the candidate algorithms once and keeps the fastest",
             "torch.backends.cudnn.benchmark = True  # before the loop", "05_all_together", None))
-    if cuda and fp32 and not s["autocast"] and not s.get("tf32") and torch.cuda.get_device_capability()[0] >= 8:
-        snippet = ('torch.backends.cuda.matmul.fp32_precision = "tf32"\ntorch.backends.cudnn.conv.fp32_precision = '
-                   '"tf32"' if hasattr(torch.backends.cuda.matmul, "fp32_precision") else
-                   "torch.backends.cuda.matmul.allow_tf32 = True\ntorch.backends.cudnn.allow_tf32 = True")
+    ampere = cuda and torch.cuda.get_device_capability(torch.device(r.device))[0] >= 8
+    if ampere and fp32 and not s["autocast"] and not s.get("tf32"):
+        # the documented switch on every torch version; not `matmul.fp32_precision = "tf32"`, which breaks
+        # torch.compile on torch 2.9-2.11 (see hardware.backend_flags)
+        snippet = ('torch.set_float32_matmul_precision("high")  # TF32 matmuls\n'
+                   "torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions (PyTorch's default)")
         found.append(Finding(
             "tf32", "fp32 matmuls and convolutions run without TF32",
             f"fp32 Conv/Linear outputs, TF32 off, on {s.get('gpu')}",
             "Ampere and newer GPUs run fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa) "
             "several times faster; bf16 autocast (above) goes further", snippet, "05_all_together", None))
     return sorted(found, key=lambda f: -(f.estimated_speedup or 0.0))
+
+
+def _faster_impl(name: str) -> str:
+    """`fused=True` where the optimizer class takes it (Adam, AdamW, SGD, ...), else `foreach=True` (all built-ins)."""
+    import inspect
+
+    cls = getattr(torch.optim, name, None)
+    takes = inspect.signature(cls).parameters if cls is not None else {}
+    return "fused=True" if "fused" in takes else "foreach=True"
 
 
 def _workers() -> int:
@@ -1291,8 +1330,11 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
     `timeout` seconds; KeyboardInterrupt (Ctrl-C) ends the run and the report says what was seen."""
     path = check_script(path)
     saved = (sys.argv[:], sys.path[:], set(sys.modules), torch.get_rng_state(), torch.get_num_threads(),
-             torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+             torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, os.getcwd(),
+             hardware._matmul_precision(),
+             torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
     folder = str(path.resolve().parent)
+    trace = Path(trace or default_trace(str(path))).resolve()  # absolute: the script may change directory
     doc = Watch(steps, warmup, trace, source=str(path), by_optimizer=True)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {}
@@ -1328,8 +1370,15 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
         torch.set_num_threads(saved[4])
         torch.use_deterministic_algorithms(saved[5])
         torch.backends.cudnn.benchmark = saved[6]
+        os.chdir(saved[7])  # a script's os.chdir must not move where --json and --trace land
+        if saved[8] is not None:
+            torch.set_float32_matmul_precision(saved[8])
+        if saved[9] is not None:
+            torch.cuda.set_rng_state_all(saved[9])
     report = doc.report
     seen = _training_steps(doc)
+    if outcome == "raised" and _raised_in_doctor(error):  # a bug of ours, not the script's: shown as one
+        raise error
     if outcome == "raised":
         raise ScriptError(f"the doctor saw {seen} training steps before it", _user_traceback(error, path), report)
     if outcome == "timeout":
@@ -1357,8 +1406,11 @@ def _install_signals(doc: Watch, timeout: float | None) -> dict:
     """Ctrl-C raises the doctor's own interrupt (a script's `except KeyboardInterrupt` cannot hide it); a timer
     raises when no optimizer has stepped within `timeout` seconds (SIGALRM: the main thread only)."""
     previous = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    owner = os.getpid()
 
     def interrupt(signum, frame):
+        if os.getpid() != owner:  # a forked DataLoader worker inherited this handler: torch's worker loop ends
+            raise KeyboardInterrupt  # quietly on KeyboardInterrupt, and the terminal's Ctrl-C reaches it too
         signal.signal(signal.SIGINT, previous[signal.SIGINT])  # a second Ctrl-C acts as usual
         raise _Interrupted()
 
@@ -1381,6 +1433,14 @@ def _restore_signals(previous: dict) -> None:
         signal.signal(sig, handler)
 
 
+def _raised_in_doctor(error: BaseException) -> bool:
+    """Whether the innermost frame of the error is the doctor's own code (a hook), not the script or a library."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(__file__)
+
+
 def _user_traceback(error: BaseException, path: Path) -> str:
     """The script's traceback as Python would print it running the script directly: the doctor's frames (and
     runpy's) removed."""
@@ -1388,6 +1448,7 @@ def _user_traceback(error: BaseException, path: Path) -> str:
     script = str(path.resolve())
     frames = list(te.stack)
     start = next((i for i, f in enumerate(frames) if os.path.abspath(f.filename) == script), 0)
-    kept = [f for f in frames[start:] if not f.filename.startswith(_LIBRARIES[1])]
+    kept = [f for f in frames[start:]  # runpy's frozen frames show up when the script does not even compile
+            if not f.filename.startswith(_LIBRARIES[1]) and not f.filename.startswith("<frozen")]
     te.stack = traceback.StackSummary.from_list(kept)
     return "".join(te.format())

@@ -21,9 +21,11 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def supports_bf16(device: torch.device) -> bool:
-    """bf16 autocast runs on every recent CPU; on CUDA it needs Ampere (sm_80) or newer to be fast."""
+    """bf16 autocast runs on every recent CPU; on CUDA it needs Ampere (sm_80) or newer to be fast. Asked of the
+    device itself: `torch.cuda.is_bf16_supported()` reads the current device and, by default, also says True where
+    bf16 is only emulated (a T4 or V100: pytorch/pytorch#148322), slowly."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.get_device_capability(device)[0] >= 8
     return device.type == "cpu"
 
 
@@ -79,25 +81,31 @@ def backend_flags_now() -> dict:
     return flags
 
 
-def _legacy_tf32():
-    """(matmul, cuDNN) TF32 through the legacy API, or None when reading it raises (the process used the new one)."""
+def _legacy_conv_tf32():
+    """cuDNN's TF32 flag through the legacy API, or None when reading it raises (the process used the new one)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy getters' deprecation notice (torch >= 2.9)
         try:
-            return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+            return torch.backends.cudnn.allow_tf32
         except RuntimeError:
             return None
 
 
-def _set_tf32(matmul: bool, conv: bool, legacy: bool) -> None:
+def _matmul_precision():
+    """torch.get_float32_matmul_precision(), or None when it raises (legacy and new APIs already mixed)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
+
+
+def _set_conv_tf32(enabled: bool, legacy: bool) -> None:
     if legacy:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.backends.cuda.matmul.allow_tf32 = matmul
-            torch.backends.cudnn.allow_tf32 = conv
+            torch.backends.cudnn.allow_tf32 = enabled
     else:
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
-        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
 
 
 @contextlib.contextmanager
@@ -107,27 +115,33 @@ def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None)
     benchmark interleaves its variants) each run with their own settings and the process keeps its own. None
     leaves a setting as it is.
 
-    TF32 is written through the legacy flags (`allow_tf32`) unless the process already used the per-backend API.
-    Why: in torch 2.9-2.11 the legacy getter `Context::allowTF32CuBLAS` raises when the legacy enum and the new
-    per-backend string disagree ("you have used mix of the legacy and new APIs", aten/src/ATen/Context.cpp), and
-    inductor still read the legacy getter while compiling, so one write through `matmul.fp32_precision` made
-    every later torch.compile fail (pytorch/pytorch#189955, which moved inductor to the new getters after 2.11;
-    also #179445). The legacy setter writes both the enum and the per-backend string, so both views agree.
-    Restoring writes the legacy values back, then the exact per-backend strings ("none" = inherit), which agree
-    with them again."""
+    Matmul TF32 goes through `torch.set_float32_matmul_precision("high"/"highest")`, the documented switch in every
+    torch we support, and the process's own precision is put back with it. cuDNN's goes through the legacy flag
+    (`cudnn.allow_tf32`) unless the process already used the per-backend API. Why not the per-backend strings
+    (`matmul.fp32_precision = "tf32"`): in torch 2.9-2.11 the legacy getters raise once legacy and new writes
+    disagree ("you have used mix of the legacy and new APIs", aten/src/ATen/Context.cpp), and inductor still read
+    the legacy getters while compiling, so one such write made every later torch.compile fail
+    (pytorch/pytorch#189955, which moved inductor to the new getters after 2.11; also #179445, #166387). And a
+    legacy `matmul.allow_tf32` write after the common `torch.set_float32_matmul_precision("high")` makes
+    `get_float32_matmul_precision()` itself raise, which max-autotune reads (measured here, torch 2.14). Restoring
+    writes the per-backend strings back exactly ("none" = inherit), so the process ends as it began."""
     saved_strings = [(obj, obj.fp32_precision) for obj in _precision_settings()]
     saved_benchmark = torch.backends.cudnn.benchmark
-    legacy = _legacy_tf32() if tf32 is not None else None
+    saved_matmul = _matmul_precision() if tf32 is not None else None
+    conv_legacy = _legacy_conv_tf32() if tf32 is not None else None
     if tf32 is not None:
-        _set_tf32(tf32, tf32, legacy is not None)
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        _set_conv_tf32(tf32, legacy=conv_legacy is not None)
     if cudnn_benchmark is not None:
         torch.backends.cudnn.benchmark = cudnn_benchmark
     try:
         yield
     finally:
         if tf32 is not None:
-            if legacy is not None:
-                _set_tf32(*legacy, legacy=True)
+            if saved_matmul is not None:
+                torch.set_float32_matmul_precision(saved_matmul)
+            if conv_legacy is not None:
+                _set_conv_tf32(conv_legacy, legacy=True)
             for obj, value in saved_strings:
                 obj.fp32_precision = value
         torch.backends.cudnn.benchmark = saved_benchmark

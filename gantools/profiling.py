@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function, schedule
 
 from .config import TrainConfig
@@ -178,7 +179,13 @@ def device_time(averages, steps: int, step_ms: float, wait_ms: float, cuda: bool
     data, and the ops are aten ops by self CPU time. `skip(key)` leaves out labelled ranges."""
     ops = [e for e in averages if not e.key.startswith("ProfilerStep") and not skip(e.key)]
     if cuda:
-        kernels = {e.key: _self_device_ms(e) / steps for e in ops if _self_device_ms(e) > 0}
+        # Kernel rows only. With kineto the CPU op that launched a kernel also carries its time as self device time,
+        # and user-annotation rows (Optimizer.step#Adam.step) span whole regions: summing every row counts the GPU
+        # about twice (pytorch/pytorch#60783, #130730). torch's own table total keeps device_type CUDA rows that are
+        # not user annotations (torch/autograd/profiler_util.py, _build_table); is_user_annotation exists since 2.5.
+        kernels = {e.key: _self_device_ms(e) / steps for e in ops
+                   if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+                   and _self_device_ms(e) > 0}
         busy = sum(ms for name, ms in kernels.items() if not name.startswith("Memcpy"))
         h2d = sum(ms for name, ms in kernels.items() if name.startswith("Memcpy HtoD"))
         return busy, h2d, sorted(kernels.items(), key=lambda kv: -kv[1])

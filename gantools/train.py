@@ -239,10 +239,9 @@ class Trainer:
                 self._compile_stats.start()
             with _interrupts_stop(self):
                 while self.step < end and not self._stopping():
-                    real = self._next_batch(batches)
                     oom = None
-                    try:
-                        self._train_step(real)
+                    try:  # fetching a batch can run out of device memory too (its copy to the GPU)
+                        self._train_step(self._next_batch(batches))
                     except torch.OutOfMemoryError as e:
                         oom = str(e).splitlines()[0] if str(e) else "out of memory"
                     if oom is not None:  # outside the except block, so the failed step's tensors can be freed
@@ -300,15 +299,23 @@ class Trainer:
             with torch.random.fork_rng(devices=cuda, enabled=not keep_rng):
                 yield
             return
-        with hardware.backend_flags(self.cfg.tf32, self.cfg.cudnn_benchmark), torch.random.fork_rng(devices=cuda):
+        if not _PROCESS_STATE.acquire(blocking=False):  # another thread's trainer holds the flags and the RNG
+            raise ConfigError("another Trainer is training in this process right now (the widget panel's run, in "
+                              "its background thread?): TF32, cuDNN and RNG settings are process-wide, so two at "
+                              "once would run with each other's. Stop it first (the panel's Stop button), then run "
+                              "this one")
+        with contextlib.ExitStack() as held:
+            held.callback(_PROCESS_STATE.release)
+            held.enter_context(hardware.backend_flags(self.cfg.tf32, self.cfg.cudnn_benchmark))
+            held.enter_context(torch.random.fork_rng(devices=cuda))
             self._set_module_rng(self._module_rng)
             self._in_fit = keep_rng
             try:
                 yield
             finally:
-                self._in_fit = False
-                if keep_rng:
+                if keep_rng:  # read while still in the fit: the live stream, not the state it started from
                     self._module_rng = self._module_rng_now()
+                self._in_fit = False
 
     def _set_module_rng(self, state: dict | None) -> None:
         if state is None:  # a fresh run: its own stream, from its seed
@@ -723,21 +730,22 @@ class Trainer:
     def _check_d_output(self, out: torch.Tensor) -> None:
         """D's output must match the loss: logits for bce and hinge, probabilities for bce-sigmoid. A D ending in a
         Sigmoid (as the PyTorch DCGAN example's does) trained with BCE-with-logits runs without any error and
-        learns the wrong thing, so it is refused here. Told apart by structure, never by value: the last module is an
-        nn.Sigmoid, or the output comes out of a sigmoid op (through view/squeeze-like ops). "All outputs in (0, 1)"
+        learns the wrong thing, so it is refused here. Told apart by structure, never by value: the output comes out
+        of a sigmoid op (nn.Sigmoid, torch.sigmoid; through view/squeeze-like ops), seen in its autograd graph; a
+        Sigmoid module D registers but does not apply last (in a `predict()`, say) does not count. "All outputs in (0, 1)"
         is no test: an untrained logit DCGAN's two check outputs are near zero and both in (0, 1) about half the
         time (measured: 19 of 40 seeds)."""
         loss = self.cfg.loss
-        probabilities = isinstance(_last_module(self.discriminator), nn.Sigmoid) or _comes_from_sigmoid(out)
+        probabilities = _comes_from_sigmoid(out)
         if loss in ("bce", "hinge") and probabilities:
             raise ConfigError(f"the discriminator ends in a Sigmoid, but loss={loss!r} expects logits (raw scores): "
                               f"BCE-with-logits on probabilities trains silently wrong. Remove the final Sigmoid "
                               f"(BCEWithLogitsLoss applies it for you, safely under autocast), or use "
                               f"loss='bce-sigmoid' (Sigmoid + BCELoss, the tutorial's way) with precision='fp32'")
-        if loss == "bce-sigmoid" and not probabilities and not bool(((out >= 0) & (out <= 1)).all()):
-            raise ConfigError(f"loss='bce-sigmoid' (BCELoss) needs probabilities, but the discriminator returned "
-                              f"{[round(v, 3) for v in out.detach().flatten().tolist()]}: end it with nn.Sigmoid, or "
-                              f"use loss='bce', which takes its logits as they are")
+        if loss == "bce-sigmoid" and not probabilities:
+            raise ConfigError("loss='bce-sigmoid' (BCELoss) needs probabilities, but the discriminator's output does "
+                              "not come out of a sigmoid: end it with nn.Sigmoid, or use loss='bce', which takes its "
+                              "logits as they are")
 
     def _call(self, event: str, *args) -> None:
         for cb in self.callbacks:
@@ -746,16 +754,18 @@ class Trainer:
                 fn(self, *args)
 
 
+# Held by the trainer whose settings (TF32, cuDNN, the global RNG's stream) are applied to the process. Reentrant:
+# the same thread may nest (a callback scoring another trainer); another thread's trainer is refused, not interleaved
+# (its save/restore would leave the process with the other run's settings).
+_PROCESS_STATE = threading.RLock()
+
+
 def _unlabelled(name: str):
     return contextlib.nullcontext()
 
 
 _VIEWS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Flatten", "Clone", "ToCopy", "Alias",
           "Expand", "Permute", "Transpose", "T")
-
-
-def _last_module(module: nn.Module) -> nn.Module:
-    return list(module.modules())[-1]
 
 
 def _comes_from_sigmoid(out: torch.Tensor) -> bool:

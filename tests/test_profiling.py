@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from gantools import Trainer, TrainConfig, preset
@@ -43,6 +44,7 @@ def big_images(tmp_path_factory):
 
 
 def test_slow_loader_is_data_bound_and_the_recommended_fix_speeds_it_up(tiny, big_images):
+    torch.set_num_threads(1)  # a tiny model's two OpenMP threads spin 100x slower on a busy 2-core machine
     cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0)
     before = profile(cfg, steps=6, warmup=1)
     v = before.verdict
@@ -129,3 +131,24 @@ def test_profiled_steps_synchronise_the_data_wait_and_leave_the_trainer_as_it_wa
     assert seen == [False, True, True, True, False, False]  # warm-up, profiler warm-up + profiled, unprofiled
     assert not trainer.sync_data_wait and report.phases_ms["D backward (G step)"] > 0
     assert report.phases_ms["D forward (G step)"] > 0 and report.phases_ms["G backward"] > 0
+
+
+def test_device_busy_time_on_cuda_counts_each_kernel_once():
+    """kineto gives a kernel's time to its row and again to the CPU op that launched it, and user annotations span
+    whole regions: only kernel rows are the device's busy time (rows built by hand; no GPU here)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from gantools.profiling import device_time
+
+    def row(key, ms, device_type, annotation=False):
+        return SimpleNamespace(key=key, self_device_time_total=ms * 1e3, device_type=device_type,
+                               is_user_annotation=annotation, self_cpu_time_total=0)
+
+    rows = [row("aten::cudnn_convolution", 6.0, DeviceType.CPU), row("sm80_xmma_fprop", 6.0, DeviceType.CUDA),
+            row("Optimizer.step#Adam.step", 3.0, DeviceType.CUDA, annotation=True),
+            row("multi_tensor_apply_kernel", 2.0, DeviceType.CUDA), row("Memcpy HtoD", 1.0, DeviceType.CUDA)]
+    busy, h2d, top = device_time(rows, steps=1, step_ms=20.0, wait_ms=0.0, cuda=True)
+    assert busy == pytest.approx(8.0) and h2d == pytest.approx(1.0)
+    assert [name for name, _ in top] == ["sm80_xmma_fprop", "multi_tensor_apply_kernel", "Memcpy HtoD"]

@@ -352,6 +352,59 @@ def test_a_module_drawing_from_the_global_rng_resumes_exactly(tiny, glyphs64, tm
     assert full.history.column("loss_d") == resumed.history.column("loss_d")
 
 
+def test_the_module_stream_continues_across_fit_calls(tiny, glyphs64, tmp_path):
+    def losses(*chunks):
+        torch.manual_seed(0)
+        trainer = Trainer(tiny.replace(steps=4, log_interval=1, out_dir=str(tmp_path / str(chunks))),
+                          generator=BatchFreeG(), discriminator=DropoutD(), dataset=glyphs64)
+        for n in chunks:
+            trainer.fit(n)
+        return trainer.history.column("loss_d")
+
+    assert losses(2, 2) == losses(4)  # two fits are one run: dropout's masks do not start over
+
+
+def test_the_process_matmul_precision_is_kept_readable_and_restored(tiny, glyphs64):
+    seen = []
+
+    class Read:
+        def on_step_end(self, trainer):
+            seen.append(torch.get_float32_matmul_precision())  # raises if legacy and new TF32 APIs were mixed
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # what many scripts do first
+        Trainer(tiny.replace(tf32=False, steps=2), dataset=glyphs64, callbacks=[Read()]).fit()
+        assert seen == ["highest", "highest"] and torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_a_second_thread_cannot_train_while_a_trainer_holds_the_process(tiny, glyphs64):
+    import threading
+
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    class Hold:
+        def on_step_end(self, trainer):
+            inside.set()
+            release.wait(30)
+
+    def background():
+        Trainer(tiny.replace(steps=1, out_dir=tiny.out_dir + "bg"), dataset=glyphs64, callbacks=[Hold()]).fit()
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(ConfigError, match="another Trainer is training in this process"):
+            Trainer(tiny, dataset=glyphs64).fit()
+    finally:
+        release.set()
+        thread.join(30)
+    Trainer(tiny, dataset=glyphs64).fit()  # free again once the other run ended
+
+
 def dcgan_example_discriminator(nc=1, ndf=8):
     """The discriminator of pytorch/examples dcgan/main.py, as a new user would bring it: a Sequential of strided
     convolutions for 64 px images, ending in nn.Sigmoid, its output viewed to one value per image."""
@@ -396,9 +449,23 @@ def test_sigmoid_inside_forward_and_logits_for_bce_sigmoid_are_caught_too(tiny, 
     with pytest.raises(ConfigError, match="ends in a Sigmoid, but loss='hinge'"):
         Trainer(tiny.replace(loss="hinge"), generator=BatchFreeG(), discriminator=FunctionalSigmoidD(),
                 dataset=glyphs64)
-    with pytest.raises(ConfigError, match="loss='bce-sigmoid' \\(BCELoss\\) needs probabilities"):
-        Trainer(tiny.replace(loss="bce-sigmoid"), generator=BatchFreeG(),
-                discriminator=BatchFreeD(), dataset=glyphs64)
+    for seed in range(5):  # decided by structure: whatever values an untrained logit D happens to return
+        torch.manual_seed(seed)
+        with pytest.raises(ConfigError, match="loss='bce-sigmoid' \\(BCELoss\\) needs probabilities"):
+            Trainer(tiny.replace(loss="bce-sigmoid"), generator=BatchFreeG(),
+                    discriminator=BatchFreeD(), dataset=glyphs64)
+
+
+def test_a_sigmoid_registered_but_not_applied_last_is_not_refused(tiny, glyphs64):
+    class PredictingD(BatchFreeD):
+        def __init__(self):
+            super().__init__()
+            self.to_probability = nn.Sigmoid()  # used by predict() only; forward returns logits
+
+        def predict(self, x):
+            return self.to_probability(self(x))
+
+    Trainer(tiny.replace(loss="bce"), generator=BatchFreeG(), discriminator=PredictingD(), dataset=glyphs64)
 
 
 def test_an_unwritable_out_dir_is_a_config_error_naming_the_path_and_the_reason(tiny, glyphs64, tmp_path,
