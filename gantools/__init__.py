@@ -11,7 +11,8 @@ from .train import History, Trainer
 
 __version__ = "0.1.0"
 __all__ = [
-    "CheckpointError", "ConfigError", "DataError", "DeviceLoader", "Discriminator", "DoctorError", "GantoolsError", "Generator",
+    "CheckpointError", "ConfigError", "DataError", "DeviceLoader", "Discriminator", "DoctorError", "GantoolsError",
+    "Generator",
     "History", "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "NonFiniteLossError", "OutOfMemory",
     "QualityError", "Timer", "TrainConfig", "Trainer", "build_dcgan", "data_root", "dataset_from_config",
     "dcgan_init", "load_checkpoint", "load_glyphs", "machine_info", "make_dataset", "make_loader", "preset",

@@ -70,7 +70,7 @@ from torch.utils.data import dataloader as _dataloader
 from . import hardware
 from .errors import DoctorError, ScriptError
 from .profiling import PHASES as ORDER  # the trainer's phase names, in the same order
-from .profiling import SYNC_EVENTS, bottleneck, compute_ms, device_time
+from .profiling import SYNC_EVENTS, bottleneck, compute_ms, device_time, suggested_workers
 
 STEPS, WARMUP, TIMEOUT_S = 5, 2, 300.0
 PACING_LIMIT = 64       # optimizer steps after which the loop's rhythm is decided from the optimizers seen so far
@@ -831,7 +831,8 @@ class Watch:
         n = max(self.profiled, 1)
         report.optimizers = {
             o.role or o.name: {"name": o.name, "class": o.cls, "implementation": o.implementation(device),
-                               "role": o.role, "model": o.model, "steps_per_iteration": round(o.window_steps / n, 2) if self.profiled else None,
+                               "role": o.role, "model": o.model,
+                               "steps_per_iteration": round(o.window_steps / n, 2) if self.profiled else None,
                                "settings": {k: v for k, v in o.opt.defaults.items() if k in ("lr", "betas",
                                                                                             "weight_decay")}}
             for o in self.optimizers.values()}
@@ -1134,17 +1135,19 @@ def _findings(r: DoctorReport) -> list:
                  "idx = torch.randint(len(images), (batch_size,), device=device)\n"
                  "real = images[idx].float().div_(127.5).sub_(1)\n"
                  "# too big for the device? keep the DataLoader but decode in workers:\n"
-                 f"# DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True, pin_memory=True)")
+                 f"# DataLoader(dataset, ..., num_workers={suggested_workers()}, persistent_workers=True, "
+                 "pin_memory=True)")
                 if not loader["not_decodable_once"] else
                 (f"# decoding once would change your data ({loader['not_decodable_once']}): decode in workers\n"
-                 f"DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True, pin_memory=True)"),
+                 f"DataLoader(dataset, ..., num_workers={suggested_workers()}, persistent_workers=True, "
+                 "pin_memory=True)"),
                 "03_data_loading", _amdahl(step, wait)))
         else:
             found.append(Finding(
                 "no-workers", "the DataLoader loads batches in the training process", seen,
                 "with num_workers=0 every batch is assembled while the model waits; worker processes prepare "
                 "the next batches in parallel with the step",
-                f"DataLoader(dataset, ..., num_workers={_workers()}, persistent_workers=True)",
+                f"DataLoader(dataset, ..., num_workers={suggested_workers()}, persistent_workers=True)",
                 "03_data_loading", _amdahl(step, wait)))
     h2d = s.get("h2d_copy_ms", 0.0)
     if cuda and h2d / step >= MIN_SHARE and any(not x["pin_memory"] for x in s["dataloaders"]):
@@ -1277,10 +1280,6 @@ def _faster_impl(name: str) -> str:
     cls = getattr(torch.optim, name, None)
     takes = inspect.signature(cls).parameters if cls is not None else {}
     return "fused=True" if "fused" in takes else "foreach=True"
-
-
-def _workers() -> int:
-    return max(1, min(4, os.cpu_count() or 2))
 
 
 # -- the three ways in ----------------------------------------------------------------------------------------------

@@ -198,6 +198,11 @@ def compute_ms(ops) -> float:
     return sum(ms for name, ms in ops if any(k in name.lower() for k in COMPUTE_OPS))
 
 
+def suggested_workers() -> int:
+    """DataLoader workers to suggest: one per core, 1 to 4 (more rarely pays for a DCGAN-sized model)."""
+    return max(1, min(4, os.cpu_count() or 2))
+
+
 def bottleneck(step_ms: float, data_wait_ms: float, device_busy_ms: float, compute_share: float,
                cuda: bool) -> str:
     """The thresholds of this module's docstring, in order: the one place that names the bottleneck (for
@@ -225,7 +230,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
                    "prefetch_factor": None}
             technique = "drop per-image PIL transforms: copy uint8 batches and normalise them on the device"
         elif cfg.num_workers == 0:
-            workers = max(1, min(4, (os.cpu_count() or 2)))
+            workers = suggested_workers()
             fix = {"num_workers": workers, "persistent_workers": True}
             technique = f"decode in {workers} DataLoader worker processes, kept alive between epochs"
         else:
