@@ -1,7 +1,8 @@
 """DCGAN (Radford et al., 2015) at 28, 32 and 64 px: the model every notebook speeds up.
 
 Conditional on a class label (`classes` > 0): G joins a learned code of the label (one number per class: the one-hot
-code of the first conditional GANs, Mirza & Osindero 2014, made learnable) to its noise before its first layer; D adds a projection of its last feature map onto an embedding of the label to its logit,
+code of the first conditional GANs, Mirza & Osindero 2014, made learnable) to its noise before its first layer; D
+adds a projection of its last feature map onto an embedding of the label to its logit,
 D(x, y) = psi(phi(x)) + <embed(y), sum over positions of phi(x)> (Miyato & Koyama 2018, "cGANs with projection
 discriminator"): the label asks D "is this a real image *of class y*?" at the cost of one dot product.
 """

@@ -277,12 +277,13 @@ class Trainer:
         return self.history
 
     def _next_batches(self, batches) -> list:
-        """The step's `d_steps` batches (one per D step), their wait timed as one. On CUDA the host runs ahead of the GPU, and fetching a batch can block
-        on work already queued there (a copy from pageable memory waits for the stream: see data.prepare_batch),
-        which would be counted as data wait and make a compute-bound run look data-bound. So the wait is timed
-        between device synchronisations: on every step while profiling (`sync_data_wait`), else on the first step
-        of each log interval, which follows the log's synchronisation anyway (one sample per interval, no extra
-        host sync in the other steps). On the CPU nothing is queued: every step is timed, without syncs."""
+        """The step's `d_steps` batches (one per D step), their wait timed as one. On CUDA the host runs ahead of the
+        GPU, and fetching a batch can block on work already queued there (a copy from pageable memory waits for the
+        stream: see data.prepare_batch), which would be counted as data wait and make a compute-bound run look
+        data-bound. So the wait is timed between device synchronisations: on every step while profiling
+        (`sync_data_wait`), else on the first step of each log interval, which follows the log's synchronisation anyway
+        (one sample per interval, no extra host sync in the other steps). On the CPU nothing is queued: every step is
+        timed, without syncs."""
         cuda = self.device.type == "cuda"
         timed = not cuda or self.sync_data_wait or self.step == self._interval_step
         if cuda and timed:
@@ -513,16 +514,23 @@ class Trainer:
             with distributed.no_sync(self.ddp_d, skip=i < k - 1):  # all-reduce with the last micro-batch
                 with phase("D forward"):
                     with self.autocast():
-                        out_real, out_fake = _forward(self.d, r, y).float(), _forward(self.d, fake.detach(), y).float()
+                        out_real = _forward(self.d, r, y).float()
+                        out_fake = _forward(self.d, fake.detach(), y).float()
                     loss = self.loss.d(out_real, out_fake)
                 penalty = self._penalty(r, fake, y, mix, d_index)
-                if penalty is not None:
-                    loss = loss + penalty
+                logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
+                if penalty is not None and self.scaler_d.is_enabled():
+                    # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
+                    # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
+                    # warned about), so the log leaves that step's penalty out rather than stop the run
+                    logged = torch.where(logged.isfinite(), logged, 0.0)
                 probs = self.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
                 d_real = (out_real.sigmoid() if probs else out_real).mean()
                 d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-                values = [loss, d_real, d_fake, penalty if penalty is not None else torch.zeros_like(loss)]
-                self._metric_sum[:4] += torch.stack(values).detach() * (w * share)
+                values = [loss.detach() + logged, d_real.detach(), d_fake.detach(), logged]
+                self._metric_sum[:4] += torch.stack(values) * (w * share)
+                if penalty is not None:
+                    loss = loss + penalty
                 with phase("D backward"):
                     self.scaler_d.scale(loss * w).backward()
         with phase("D optimizer step"):
@@ -674,9 +682,9 @@ class Trainer:
 
     @contextlib.contextmanager
     def unchanged(self):
-        """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included, and
-        the EMA generator), optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step values are
-        put back as they were, so the run goes on exactly as if the block had never run."""
+        """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included, and the
+        EMA generator), optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step
+        values are put back as they were, so the run goes on exactly as if the block had never run."""
         snapshot, rng = self._snapshot(), self.rng.get_state()
         metric_sum, values = self._metric_sum.clone(), len(self.step_values)
         try:
@@ -819,7 +827,8 @@ class Trainer:
                 try:
                     fake = _forward(self.generator, z, y)
                 except Exception as e:
-                    given = f"noise of shape (2, {cfg.nz}) (nz={cfg.nz})" + (" and labels (2,)" if y is not None else "")
+                    given = f"noise of shape (2, {cfg.nz}) (nz={cfg.nz})" + (" and labels (2,)" if y is not None
+                                                                             else "")
                     raise ConfigError(f"the generator fails on {given}: {e}") from e
                 if tuple(fake.shape[1:]) != expected:
                     raise ConfigError(f"the generator makes images of shape {tuple(fake.shape[1:])}, but the data "
@@ -843,7 +852,8 @@ class Trainer:
         (WGAN-GP's paper, section 4: "we omit batch normalization in the critic")."""
         if not self.penalties:
             return
-        norms = [name for name, m in self.discriminator.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        norms = [name for name, m in self.discriminator.named_modules()
+                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if norms:
             what = " and ".join(p.name for p in self.penalties)
             raise ConfigError(f"the {what} penalises D's gradient image by image, but the discriminator has "

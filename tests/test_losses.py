@@ -180,3 +180,18 @@ def test_the_raw_score_losses_refuse_a_sigmoid_d(tiny, glyphs64, loss):
         Trainer(tiny.replace(loss=loss), generator=BatchFreeG(), discriminator=SigmoidD(), dataset=glyphs64)
     Trainer(tiny.replace(loss=loss, steps=1), generator=BatchFreeG(), discriminator=BatchFreeD(),
             dataset=glyphs64).fit()  # its raw scores train
+
+
+def test_an_fp16_style_overflow_of_the_scaled_penalty_skips_that_d_step_instead_of_stopping_the_run(tiny, glyphs64):
+    class LoudD(BatchFreeD):  # input gradients of about 1e2: scaled by 2**127 they overflow, as fp16's would at 2**16
+        def forward(self, x):
+            return super().forward(x) * 1e3
+
+    trainer = Trainer(tiny.replace(steps=2, loss="wgan-gp"), generator=BatchFreeG(), discriminator=LoudD(),
+                      dataset=glyphs64)
+    trainer.scaler_d = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # fp16 needs CUDA: the same scaler here
+    before = weights(trainer.discriminator)
+    history = trainer.fit()  # no NonFiniteLossError: the inf penalty is the scaler's business
+    assert all(torch.equal(before[k], v) for k, v in weights(trainer.discriminator).items())  # both steps skipped
+    assert trainer.scaler_d.get_scale() == 2.0 ** 125 and math.isfinite(history[-1]["loss_d"])
+    assert history[-1]["penalty"] == 0.0  # the overflowed steps' penalties are left out of the log
