@@ -128,10 +128,12 @@ def flops_per_image(trainer) -> float:
     items = [trainer.dataset[i] for i in range(trainer.cfg.batch_size // trainer.world.size)]
     images = torch.stack([item[0] if isinstance(item, (tuple, list)) else item for item in items])
     batch = prepare_batch(images, trainer.device, channels_last=trainer.cfg.channels_last)
+    if trainer.cfg.conditional:  # with its labels
+        batch = (batch, torch.as_tensor([int(item[1]) for item in items], device=trainer.device))
     with trainer.unchanged(), trainer.eager():
         with FlopCounterMode(display=False) as counter:
-            trainer._train_step(batch)
-    return counter.get_total_flops() / batch.shape[0]
+            trainer._train_step(*[batch] * trainer.cfg.d_steps)  # a step: d_steps D steps, one G step
+    return counter.get_total_flops() / (len(images) * trainer.cfg.d_steps)  # per real image, as images/s counts
 
 
 def peak_flops(device: torch.device) -> float | None:

@@ -4,14 +4,15 @@ where a GPU user finds out, in a minute or two, which techniques work with their
 
 For each technique (each precision the device supports, fused and foreach Adam, channels_last, torch.compile
 (default; reduce-overhead on CUDA), the device loader, a DataLoader with worker processes (pinned on CUDA),
-gradient accumulation, TF32 and cudnn.benchmark on CUDA, and DDP with 2 processes: gloo on a CPU, NCCL where 2
-GPUs exist) it checks:
+gradient accumulation, TF32 and cudnn.benchmark on CUDA, the GAN variants (WGAN-GP's gradient penalty with 2 D
+steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the penalty also with fp16 + GradScaler
+and with CUDA graphs), and DDP with 2 processes: gloo on a CPU, NCCL where 2 GPUs exist) it checks:
 - every logged loss is finite;
 - no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
 - torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
   accumulating; D twice: its inputs with and without gradients) and none after warm-up, and skipped no CUDA graphs;
-- on a CPU, resuming from a checkpoint gives bit-identical weights and losses (on a GPU kernels need not be
-  deterministic, so there it is not required).
+- on a CPU, resuming from a checkpoint gives bit-identical weights (the EMA generator's too) and losses (on a GPU
+  kernels need not be deterministic, so there it is not required).
 
 Techniques that pass on a CUDA device are recorded under data/check/ (keyed by GPU name and torch version):
 `validated()` reads that record, so the profiler recommends CUDA graphs only where they ran here.
@@ -67,13 +68,21 @@ def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
     rows["DataLoader, 2 workers" + (", pinned" if cuda else "")] = {
         "num_workers": 2, "persistent_workers": True, **({"pin_memory": True} if cuda else {})}
     rows["accumulation, 2 micro-batches"] = {"grad_accum_steps": 2}
+    # the GAN family: the penalties' double backward, n_critic's data position, the EMA copy, labels in the loader
+    rows["WGAN-GP, 2 D steps"] = {"loss": "wgan-gp", "d_steps": 2}
+    rows["R1 lazy + EMA"] = {"r1_gamma": 1.0, "r1_interval": 2, "ema_decay": 0.9}
+    rows["conditional"] = {"conditional": True}
+    if cuda:  # the penalty's AMP recipe (scaled input gradients), and its eager D beside CUDA graphs
+        rows["WGAN-GP, fp16 + GradScaler"] = {"loss": "wgan-gp", "precision": "fp16"}
+        rows["WGAN-GP + compile reduce-overhead"] = {"loss": "wgan-gp", "compile": "reduce-overhead"}
     return rows
 
 
 def expected_graphs(cfg: TrainConfig) -> int:
-    """Graphs the step needs compiled: G (and G under no_grad when accumulating), D on inputs without and with
-    gradients (the D step, and the G step, where D's weights are frozen)."""
-    return 1 + (cfg.grad_accum_steps > 1) + 2
+    """Graphs the step needs compiled: G (and G under no_grad when accumulating, or for the D steps before the last
+    of several), D on inputs without and with gradients (the D step, and the G step, where D's weights are frozen).
+    A penalty's D forward runs uncompiled (losses.input_gradients)."""
+    return 1 + (cfg.grad_accum_steps > 1 or cfg.d_steps > 1) + 2
 
 
 class _Probe:
@@ -101,8 +110,9 @@ class _Probe:
 
 
 def _weights(trainer: Trainer) -> dict:
-    return {f"{net}.{k}": v.detach().clone() for net in ("generator", "discriminator")
-            for k, v in getattr(trainer, net).state_dict().items()}
+    nets = {"generator": trainer.generator, "discriminator": trainer.discriminator,
+            **({"ema": trainer.ema.module} if trainer.ema is not None else {})}
+    return {f"{name}.{k}": v.detach().clone() for name, net in nets.items() for k, v in net.state_dict().items()}
 
 
 def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:

@@ -275,7 +275,8 @@ COMMANDS = {
     "check": ("run every technique for a few steps on this machine and say which work (the first thing to run on "
               "a new GPU)",
               "Every precision the device supports, fused and foreach Adam, channels_last, torch.compile, the device "
-              "loader, a DataLoader with workers (pinned on CUDA), accumulation and DDP with 2 processes, a few "
+              "loader, a DataLoader with workers (pinned on CUDA), accumulation, WGAN-GP, lazy R1 with EMA, a "
+              "conditional GAN and DDP with 2 processes, a few "
               "steps each: finite losses, no gradients into a frozen D, recompiles within bounds, exact resume "
               "(CPU). Prints a table, writes JSON, exits 1 if anything failed.", _check_flags, _check, False),
     "doctor": ("diagnose YOUR training script: where its time goes, what to change in it",

@@ -25,7 +25,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adam", "adamw")
 OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
-LOSSES = ("bce", "hinge", "bce-sigmoid")
+LOSSES = ("bce", "hinge", "bce-sigmoid", "lsgan", "wgan-gp")
 LOADERS = ("dataloader", "device")
 NONFINITE = ("stop", "skip")
 TRANSFORMS = ("on-device", "per-sample")
@@ -145,7 +145,9 @@ class TrainConfig:
     # schedule
     batch_size: int = _f(128, "images per optimizer step, over all processes under torchrun (split into "
                          "grad_accum_steps micro-batches)")
-    steps: int = _f(200, "optimizer steps to train for (a resumed run continues up to this many)")
+    steps: int = _f(200, "generator steps to train for (a resumed run continues up to this many)")
+    d_steps: int = _f(1, "discriminator steps per generator step (n_critic; WGAN-GP uses 5), each on its own real "
+                      "batch")
     grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step", speed=True)
     # numerics and speed
     precision: str = _f("fp32", "fp32, fp16 (autocast + GradScaler, CUDA only) or bf16 (autocast)", PRECISIONS,
@@ -169,7 +171,16 @@ class TrainConfig:
     betas: tuple = _f((0.5, 0.999), "Adam betas (DCGAN: 0.5, 0.999)", metavar=("BETA1", "BETA2"))
     weight_decay: float = _f(0.0, "weight decay (L2 for adam, decoupled for adamw)")
     loss: str = _f("bce", "bce: non-saturating BCE with logits; hinge; bce-sigmoid: the tutorial's "
-                   "Sigmoid + BCELoss (fp32 only)", LOSSES)
+                   "Sigmoid + BCELoss (fp32 only); lsgan: least squares; wgan-gp: Wasserstein with a gradient "
+                   "penalty (the built-in D then uses layer norm, not BatchNorm)", LOSSES)
+    gp_weight: float = _f(10.0, "loss=wgan-gp: weight of the gradient penalty (10 in the WGAN-GP paper)")
+    r1_gamma: float = _f(0.0, "R1 penalty on D's gradient at real images, gamma/2 * E||grad D||^2 (0: off; the "
+                         "built-in D then uses layer norm, not BatchNorm)")
+    r1_interval: int = _f(1, "lazy R1: every N discriminator steps, weighted by N (StyleGAN2 uses 16)")
+    ema_decay: float = _f(0.0, "exponential moving average of G's weights, used for samples, quality scores and "
+                          "checkpoints (0: off; it averages over about 1/(1-decay) steps, e.g. 0.999)")
+    conditional: bool = _f(False, "class-conditional: the dataset's labels go to G (an embedding joined to z) and "
+                           "D (a projection head); samples show one row per class")
     # output
     log_interval: int = _f(25, "steps between loss/speed records (the only host syncs)")
     sample_interval: int = _f(100, "steps between fixed-noise sample grids (0: only at the end)")
@@ -253,6 +264,11 @@ def cli_flags(cfg: TrainConfig, start: TrainConfig | None = None) -> list[str]:
             for token in knob.cli_tokens(name, getattr(cfg, name))]
 
 
+def _default(name: str):
+    """A field's default value (what leaving it out gives)."""
+    return getattr(TrainConfig(), name)
+
+
 def _type_problems(cfg: TrainConfig) -> list[str]:
     return [p for name, knob in knobs().items() if (p := knob.type_problem(name, getattr(cfg, name)))]
 
@@ -272,6 +288,12 @@ def _value_problems(c: TrainConfig) -> list[str]:
             p.append(f"{name}={getattr(c, name)}: must be >= {low}")
             return False
         return True
+
+    def finite_at_least(name, low):
+        if not math.isfinite(getattr(c, name)):
+            p.append(f"{name}={getattr(c, name)}: must be a finite number")
+            return False
+        return at_least(name, low)
 
     # device
     device = None
@@ -373,6 +395,27 @@ def _value_problems(c: TrainConfig) -> list[str]:
     if choice("loss") and c.loss == "bce-sigmoid" and c.precision != "fp32":
         p.append("loss='bce-sigmoid' (Sigmoid + BCELoss) is unsafe under autocast: use loss='bce' "
                  "(BCE with logits) with fp16/bf16")
+    # the GAN family
+    if finite_at_least("gp_weight", 0):
+        if c.loss == "wgan-gp" and c.gp_weight == 0:
+            p.append("loss='wgan-gp' with gp_weight=0 has nothing keeping the critic 1-Lipschitz, so its loss is no "
+                     "distance and training diverges: use gp_weight > 0 (10 in the paper)")
+        elif c.loss != "wgan-gp" and c.gp_weight != _default("gp_weight"):
+            p.append(f"gp_weight is only used with loss='wgan-gp' (loss={c.loss!r}); remove it")
+    if finite_at_least("r1_gamma", 0) and at_least("r1_interval", 1):
+        if c.r1_gamma == 0 and c.r1_interval != 1:
+            p.append("r1_interval sets how often R1 runs, but R1 is off (r1_gamma=0): set r1_gamma > 0, or remove "
+                     "r1_interval")
+        if c.r1_gamma > 0 and c.loss == "bce-sigmoid":
+            p.append("r1_gamma penalises the gradient of D's raw output, but loss='bce-sigmoid' squashes it through a "
+                     "Sigmoid: use loss='bce' (BCE with logits)")
+    at_least("d_steps", 1)
+    if not (math.isfinite(c.ema_decay) and 0 <= c.ema_decay < 1):
+        p.append(f"ema_decay={c.ema_decay}: must be in [0, 1) (0: off; 0.999 averages over about the last 1000 "
+                 "steps)")
+    if c.conditional and c.loss == "bce-sigmoid":
+        p.append("conditional=True adds a projection of the label to D's logit, but loss='bce-sigmoid' puts a "
+                 "Sigmoid after it: use loss='bce' (BCE with logits)")
     # output
     at_least("log_interval", 1)
     at_least("sample_interval", 0)

@@ -258,6 +258,18 @@ def dataset_from_config(cfg, split: str = "train") -> Dataset:
                         cfg.download, cfg.transform)
 
 
+def num_classes(dataset: Dataset) -> int:
+    """How many classes a dataset's labels name: its `classes` (a folder's class sub-folders), else the largest
+    of its `labels` + 1. A dataset of your own needs one of the two for a conditional run."""
+    if isinstance(getattr(dataset, "classes", None), (list, tuple)):
+        return len(dataset.classes)
+    labels = getattr(dataset, "labels", None)
+    if labels is None or len(labels) == 0:
+        raise DataError("a conditional run needs to know the classes: give your dataset a `labels` tensor (one "
+                        "class index per image) or a `classes` list (one name per class)")
+    return int(torch.as_tensor(labels).max()) + 1
+
+
 # -- loaders --------------------------------------------------------------------------------------------------
 
 class EpochBatchSampler(Sampler):
@@ -323,17 +335,18 @@ def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = Fals
 
 
 class HostLoader:
-    """A torch DataLoader with every knob exposed, yielding device-ready batches of real images."""
+    """A torch DataLoader with every knob exposed, yielding device-ready batches of real images (with `labels`:
+    (images, labels) pairs, the labels on the device too)."""
 
     def __init__(self, dataset: Dataset, batch_size: int, device, *, seed: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
                  drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, labels: bool = False):
         if len(dataset) < batch_size:
             raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
                             "lower batch_size or add images")
         self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
-        self.generator = generator  # flips are drawn from it
+        self.generator, self.labels = generator, labels  # flips are drawn from it
         self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
         self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=num_workers,
                                  pin_memory=pin_memory, persistent_workers=persistent_workers,
@@ -350,7 +363,8 @@ class HostLoader:
     def __iter__(self):
         for batch in _worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
-            yield prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
+            x = prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
+            yield (x, torch.as_tensor(batch[1]).to(self.device, non_blocking=True)) if self.labels else x
 
 
 # -- DataLoader workers shut down outside the garbage collector ----------------------------------------------------
@@ -391,11 +405,12 @@ def _worker_safe(loader: DataLoader):
 class DeviceLoader:
     """The whole uint8 dataset resident on the device; shuffling, normalising and flipping happen there, so no
     worker, no host decode and no host-to-device copy is left in the step. Under torchrun every GPU holds the whole
-    dataset (it fits one GPU, or one process could not hold it either) and gathers only its slice of each batch."""
+    dataset (it fits one GPU, or one process could not hold it either) and gathers only its slice of each batch.
+    With `labels` the labels live there too and each batch is an (images, labels) pair, gathered alike."""
 
     def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
                  drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, labels: bool = False):
         if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
             raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
                             "transform='on-device'); use loader='dataloader' for other datasets")
@@ -406,6 +421,7 @@ class DeviceLoader:
         self.generator = generator  # flips are drawn from it
         try:
             self.images = dataset.images.to(self.device)
+            self.labels = torch.as_tensor(dataset.labels).to(self.device) if labels else None
         except torch.OutOfMemoryError:
             raise OutOfMemory(f"the dataset ({dataset.images.numel() / 2**20:.0f} MB as uint8) does not fit in "
                               f"{self.device.type} memory next to the model: use loader='dataloader', which holds "
@@ -421,17 +437,20 @@ class DeviceLoader:
     def __iter__(self):
         order = self.sampler.epoch_order().to(self.device)
         for b in range(self.sampler.start, len(self.sampler)):
-            yield prepare_batch(self.images[self.sampler.batch_indices(order, b)], self.device, self.hflip,
-                                self.channels_last, self.world, self.generator)
+            indices = self.sampler.batch_indices(order, b)
+            x = prepare_batch(self.images[indices], self.device, self.hflip, self.channels_last, self.world,
+                              self.generator)
+            yield (x, self.labels[indices]) if self.labels is not None else x
 
 
 def make_loader(dataset: Dataset, cfg, device, world: World = World(),
                 generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
     """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share.
     `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA: only then is the non-blocking copy
-    asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation when asked)."""
+    asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation when asked).
+    With `cfg.conditional` every batch is an (images, labels) pair, else the images alone."""
     common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
-                  world=world, generator=generator)
+                  world=world, generator=generator, labels=cfg.conditional)
     if cfg.loader == "device":
         return DeviceLoader(dataset, cfg.batch_size, device, **common)
     pin = cfg.pin_memory if cfg.pin_memory is not None else True
@@ -445,14 +464,17 @@ def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2) -> float:
     batches (worker start-up) are not counted."""
     from .hardware import Timer
 
+    def size(batch) -> int:  # (images, labels) pairs from a conditional loader
+        return (batch[0] if isinstance(batch, tuple) else batch).shape[0]
+
     it = iter(loader)
     for _ in range(warmup):
         next(it)
     timer, images = Timer(loader.device).start(), 0
     for _ in range(batches):
         try:
-            images += next(it).shape[0]
+            images += size(next(it))
         except StopIteration:  # an epoch ran out: carry on from the next one
             it = iter(loader)
-            images += next(it).shape[0]
+            images += size(next(it))
     return images / timer.stop()

@@ -124,13 +124,15 @@ def show_images(images, nrow: int = 8, title: str = ""):
     return _display(fig)
 
 
-def show_samples(grids: dict, title: str = ""):
-    """Sample grids side by side, e.g. {'fp32': grid, 'bf16': grid}."""
-    fig, axes = _figure(1, len(grids), figsize=(4 * len(grids), 4.2), squeeze=False)
-    for ax, (name, grid) in zip(axes[0], grids.items()):
+def show_samples(grids: dict, title: str = "", per_row: int = 6):
+    """Sample grids side by side, e.g. {'fp32': grid, 'bf16': grid}; `per_row` of them in a row."""
+    rows, cols = -(-len(grids) // per_row), min(len(grids), per_row)
+    fig, axes = _figure(rows, cols, figsize=(4 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (name, grid) in zip(axes.flat, grids.items()):
         ax.imshow(grid)
         ax.set_title(name, fontsize=10)
-        ax.axis("off")
     fig.suptitle(title)
     return _display(fig)
 
@@ -220,6 +222,18 @@ def compare_losses(histories: dict, title: str = "losses"):
     return _display(fig)
 
 
+def plot_column(histories: dict, column: str, title: str = "", x: str = "step"):
+    """One logged column (e.g. 'penalty') of several runs on shared axes, e.g. {'fp32': history, 'bf16': history}."""
+    fig, ax = _figure(figsize=(7, 3.2))
+    for i, (name, h) in enumerate(histories.items()):
+        ax.plot(h.column(x), h.column(column), color=f"C{i}", label=name)
+    ax.set_xlabel(x)
+    ax.set_title(title or column, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _display(fig)
+
+
 def plot_phases(report, title: str = "where one training step's time goes"):
     """Horizontal bar chart of a ProfileReport's per-phase milliseconds."""
     fig, ax = _figure(figsize=(7, 3))
@@ -233,3 +247,37 @@ def plot_phases(report, title: str = "where one training step's time goes"):
     ax.set_xlim(0, max(ms) * 1.35 if ms else 1)
     fig.tight_layout()
     return _display(fig)
+
+
+class LiveRuns:
+    """One figure for runs trained side by side (`workbook.train_side_by_side`), updated in place after each
+    round: D's loss against the real images each run has trained, and each run's images/s so far."""
+
+    def __init__(self):
+        self.handle = None
+        self.fig, (self.ax_loss, self.ax_speed) = _figure(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1.4, 1]})
+
+    def update(self, trainers: dict, done: int, total: int) -> None:
+        ax = self.ax_loss
+        ax.clear()
+        for i, (name, t) in enumerate(trainers.items()):
+            h = t.history
+            if len(h):
+                per_step = t.cfg.batch_size * t.cfg.d_steps
+                ax.plot([s * per_step for s in h.column("step")], h.column("loss_d"), color=f"C{i % 10}", label=name)
+        ax.set_xlabel("real images trained")
+        ax.set_yscale("symlog")  # a critic's loss (wgan-gp) lives on another scale than BCE's
+        ax.set_title(f"D loss (penalty included): {done:,} of {total:,} images", fontsize=10)
+        ax.legend(fontsize=7, loc="upper right")
+        ax = self.ax_speed
+        ax.clear()
+        names = list(trainers)[::-1]
+        speeds = [trainers[n].history.summary().get("images_per_sec", 0) for n in names]
+        ax.barh(names, speeds, color="tab:blue")
+        for y, v in enumerate(speeds):
+            ax.text(v, y, f" {v:.0f}", va="center", fontsize=8)
+        ax.set_xlim(0, max(speeds + [1]) * 1.2)
+        ax.set_xlabel("images / s (median of the chunks after the first)")
+        ax.tick_params(axis="y", labelsize=8)
+        self.fig.tight_layout()
+        self.handle = _display(self.fig, self.handle)

@@ -201,8 +201,10 @@ class QualityMeter:
             self.kid.update(self._to_input(x), real=True)
 
     @torch.no_grad()
-    def score(self, fake: torch.Tensor) -> dict:
-        """`fake`: images in [-1, 1] (float) or uint8, at least as many as the real set for a fair FID."""
+    def score(self, fake: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        """`fake`: images in [-1, 1] (float) or uint8, at least as many as the real set for a fair FID. `labels`:
+        the classes a conditional generator was asked for, one per image; then `label_match` is the share of images
+        the classifier puts in the class they were asked for (1 / classes by chance)."""
         self.fid.reset()
         self.kid.reset()
         predictions = []
@@ -211,10 +213,12 @@ class QualityMeter:
             self.kid.update(self._to_input(x), real=False)
             predictions.append(self.classifier(prepare_batch(x, self.device)).argmax(1).cpu())
         kid_mean, kid_std = self.kid.compute()
-        n = len(fake)
+        n, predictions = len(fake), torch.cat(predictions)
         result = {"fid": self.fid.compute().item(), "kid": kid_mean.item(), "kid_std": kid_std.item(),
-                  **class_coverage(torch.cat(predictions), self.classes),
+                  **class_coverage(predictions, self.classes),
                   "n_samples": min(n, self.n), "feature_space": self.feature_space}
+        if labels is not None:
+            result["label_match"] = (predictions == labels.cpu()).float().mean().item()
         if min(n, self.n) < MIN_SAMPLES:
             result["note"] = f"computed from {min(n, self.n)} samples (< {MIN_SAMPLES}): expect a biased, noisier FID"
         return result
@@ -240,8 +244,9 @@ def _cached_meter(dataset, image_size, channels, root, device, n) -> QualityMete
 
 
 class QualityCallback:
-    """A Trainer callback: at the end of each fit(), score `n` generated images and put FID, KID and coverage into
-    the run's `History.summary()`, so every comparison shows quality beside speed. It draws no random numbers
+    """A Trainer callback: at the end of each fit(), score `n` generated images (the EMA generator's, with
+    `ema_decay`; a conditional run's asked for each class in turn, with `label_match`) and put FID, KID and coverage
+    into the run's `History.summary()`, so every comparison shows quality beside speed. It draws no random numbers
     from the run's generators: a scored run trains exactly as an unscored one."""
 
     def __init__(self, meter: QualityMeter | None = None, n: int | None = None):
@@ -264,10 +269,12 @@ class QualityCallback:
     def on_fit_end(self, trainer) -> None:
         if self.meter is None:
             return
+        n = self.meter.n  # a conditional generator is asked for every class in turn, and scored against them
+        labels = torch.arange(n) % trainer.classes if trainer.cfg.conditional else None
         with torch.random.fork_rng(devices=_rng_devices(trainer.device)):  # KID subsets draw random numbers
-            score = self.meter.score(trainer.generate(self.meter.n))
+            score = self.meter.score(trainer.generate(n, labels=labels), labels)
         trainer.history.quality = {**{k: v for k, v in score.items() if k != "class_shares"},
-                                   "images_trained": trainer.step * trainer.cfg.batch_size}
+                                   "images_trained": trainer.batches_seen * trainer.cfg.batch_size}  # real images
 
 
 def _rng_devices(device: torch.device) -> list:

@@ -1,4 +1,11 @@
-"""DCGAN (Radford et al., 2015) at 28, 32 and 64 px: the model every notebook speeds up."""
+"""DCGAN (Radford et al., 2015) at 28, 32 and 64 px: the model every notebook speeds up.
+
+Conditional on a class label (`classes` > 0): G joins a learned code of the label (one number per class: the one-hot
+code of the first conditional GANs, Mirza & Osindero 2014, made learnable) to its noise before its first layer; D
+adds a projection of its last feature map onto an embedding of the label to its logit,
+D(x, y) = psi(phi(x)) + <embed(y), sum over positions of phi(x)> (Miyato & Koyama 2018, "cGANs with projection
+discriminator"): the label asks D "is this a real image *of class y*?" at the cost of one dot product.
+"""
 from __future__ import annotations
 
 import math
@@ -17,14 +24,19 @@ def _layout(image_size: int) -> tuple[int, int]:
 
 
 class Generator(nn.Module):
-    """z (B, nz) or (B, nz, 1, 1) -> images in [-1, 1] of shape (B, channels, image_size, image_size)."""
+    """z (B, nz) or (B, nz, 1, 1), and with `classes` labels y (B,) -> images in [-1, 1] of shape
+    (B, channels, image_size, image_size)."""
 
-    def __init__(self, image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64):
+    def __init__(self, image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64, classes: int = 0):
         super().__init__()
         start, n = _layout(image_size)
         self.nz = nz
+        # The label's code, joined to z. Short (classes numbers) beside z: a code as long as z made G ignore z in
+        # short runs (measured on glyphs: every sample of a class the same image), as conditional GANs are prone to.
+        self.embed = nn.Embedding(classes, classes) if classes else None
         width = ngf * 2 ** (n - 1)
-        layers = [nn.ConvTranspose2d(nz, width, start, 1, 0, bias=False), nn.BatchNorm2d(width), nn.ReLU(True)]
+        layers = [nn.ConvTranspose2d(nz + classes, width, start, 1, 0, bias=False),  # -> start x start
+                  nn.BatchNorm2d(width), nn.ReLU(True)]
         for _ in range(n - 1):
             layers += [nn.ConvTranspose2d(width, width // 2, 4, 2, 1, bias=False),
                        nn.BatchNorm2d(width // 2), nn.ReLU(True)]
@@ -32,29 +44,52 @@ class Generator(nn.Module):
         layers += [nn.ConvTranspose2d(width, channels, 4, 2, 1, bias=False), nn.Tanh()]
         self.main = nn.Sequential(*layers)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        z = z.view(z.shape[0], -1)
+        if self.embed is not None:
+            z = torch.cat([z, self.embed(y).to(z.dtype)], 1)
         return self.main(z.view(z.shape[0], -1, 1, 1))
 
 
-class Discriminator(nn.Module):
-    """Images -> one logit per image, shape (B,). `sigmoid=True` is the tutorial's probability output (BCELoss)."""
+NORMS = ("batch", "layer", "none")
 
-    def __init__(self, image_size: int = 32, channels: int = 1, ndf: int = 64, sigmoid: bool = False):
+
+def _norm(kind: str, width: int) -> list[nn.Module]:
+    """D's normalisation layer: BatchNorm (DCGAN's), layer norm over (C, H, W) with a scale and shift per channel
+    (GroupNorm with one group: per image, as a gradient penalty needs; WGAN-GP's recommendation), or none."""
+    return {"batch": [nn.BatchNorm2d(width)], "layer": [nn.GroupNorm(1, width)], "none": []}[kind]
+
+
+class Discriminator(nn.Module):
+    """Images (and with `classes` labels y (B,)) -> one logit per image, shape (B,). `sigmoid=True` is the
+    tutorial's probability output (BCELoss). `norm`: batch (DCGAN), layer (for gradient penalties) or none."""
+
+    def __init__(self, image_size: int = 32, channels: int = 1, ndf: int = 64, sigmoid: bool = False,
+                 norm: str = "batch", classes: int = 0):
         super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm={norm!r}: choose one of {', '.join(NORMS)}")
         start, n = _layout(image_size)
         layers = [nn.Conv2d(channels, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True)]
         width = ndf
-        for _ in range(n - 1):
+        for _ in range(n - 1):  # each halves the side: image_size / 2 ... down to start x start
             layers += [nn.Conv2d(width, width * 2, 4, 2, 1, bias=False),
-                       nn.BatchNorm2d(width * 2), nn.LeakyReLU(0.2, inplace=True)]
+                       *_norm(norm, width * 2), nn.LeakyReLU(0.2, inplace=True)]
             width *= 2
-        layers += [nn.Conv2d(width, 1, start, 1, 0, bias=False)]
+        layers += [nn.Conv2d(width, 1, start, 1, 0, bias=False)]  # (width, start, start) features -> one logit
         if sigmoid:
             layers.append(nn.Sigmoid())
         self.main = nn.Sequential(*layers)
+        self.embed = nn.Embedding(classes, width) if classes else None  # the projection head
+        if self.embed is not None:  # as small as the convolutions' weights: a projection of N(0, 1) embeddings
+            nn.init.normal_(self.embed.weight, 0.0, 0.02)  # onto summed features would swamp the logit at first
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.main(x).view(-1)
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        if self.embed is None:
+            return self.main(x).view(-1)
+        features = self.main[:-1](x)  # phi(x); a conditional D has no final Sigmoid (validation refuses it)
+        projection = (self.embed(y).to(features.dtype) * features.sum((2, 3))).sum(1)
+        return self.main[-1](features).view(-1) + projection
 
 
 def dcgan_init(module: nn.Module) -> None:
@@ -68,10 +103,11 @@ def dcgan_init(module: nn.Module) -> None:
 
 
 def build_dcgan(image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64, ndf: int = 64,
-                sigmoid: bool = False) -> tuple[Generator, Discriminator]:
-    """Both networks, DCGAN-initialised (call torch.manual_seed first for reproducible weights)."""
-    g = Generator(image_size, channels, nz, ngf)
-    d = Discriminator(image_size, channels, ndf, sigmoid)
+                sigmoid: bool = False, d_norm: str = "batch", classes: int = 0) -> tuple[Generator, Discriminator]:
+    """Both networks, DCGAN-initialised (call torch.manual_seed first for reproducible weights); conditional on
+    `classes` labels when > 0."""
+    g = Generator(image_size, channels, nz, ngf, classes)
+    d = Discriminator(image_size, channels, ndf, sigmoid, d_norm, classes)
     g.apply(dcgan_init)
     d.apply(dcgan_init)
     return g, d

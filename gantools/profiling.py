@@ -38,8 +38,9 @@ if not torch.cuda.is_available():
     # (level 5, the highest) are noise there; 6 silences both. With a GPU its errors stay visible.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
-PHASES = ("data wait", "G forward", "D forward", "D backward", "D optimizer step", "D forward (G step)",
-          "D backward (G step)", "G backward", "G optimizer step", "host sync")
+PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
+          "D backward (G step)", "G backward", "G optimizer step", "EMA update", "host sync")
+OPTIONAL_PHASES = ("D penalty", "EMA update")  # only with a gradient penalty (wgan-gp, R1) or ema_decay
 DATA_BOUND = 0.20      # share of the step spent waiting for data
 HOST_BOUND = 0.40      # share of the step the GPU sits idle
 COMPUTE_SHARE = 0.50   # share of busy time in convolutions / matmuls

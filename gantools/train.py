@@ -10,6 +10,15 @@ steps once; only then are the k G micro-batches accumulated, through the *update
 micro-loss is weighted by its share of the batch, so k micro-batches give the same gradients as one full batch on a
 model without batch statistics (BatchNorm sees k smaller batches: the notebook on accumulation shows the cost).
 
+D steps per G step (`d_steps`, n_critic): each D step takes its own real batch, so a step reads `d_steps` batches and
+the data position (`batches_seen`) advances by as many; images/s and "images trained" count real images, and a step
+in the history is a G step. G's step judges the fakes of the last D step, as the tutorial's loop does with its one.
+
+Losses and penalties live in losses.py, the EMA of G in ema.py; the step calls them. A penalty's D forward runs
+through D's plain module (never compiled, never DDP-wrapped: `losses.input_gradients` says why) and its term joins
+D's loss in the one backward of that micro-batch, so accumulation, `no_sync` and DDP's all-reduce see it as part of
+D's gradient.
+
 Under torchrun (see distributed.py) both networks are wrapped in DistributedDataParallel and each process trains on
 its share of the global batch. In the G step D is called unwrapped: its weights are frozen there (or their gradients
 thrown away), and a DDP-wrapped D would wait for gradients that never come. Micro-batches that do not step run
@@ -36,17 +45,20 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import distributed, hardware
 from .checkpoint import atomic_write, ensure_writable, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import dataset_from_config, make_loader
+from .data import ImageFolderDataset, dataset_from_config, make_loader, num_classes
+from .ema import EMAGenerator
 from .errors import CheckpointError, ConfigError, NonFiniteLossError, OutOfMemory
+from .losses import LOSSES, d_loss, g_loss, input_gradients, penalties  # noqa: F401 (d_loss, g_loss: public names)
 from .models import build_dcgan
 
-METRICS = ("loss_d", "d_real", "d_fake", "loss_g")  # D's three first: the D step adds them as one slice
+# D's four first: the D step adds them as one slice. loss_d includes the penalty; penalty is 0 without one.
+METRICS = ("loss_d", "d_real", "d_fake", "penalty", "loss_g")
+GRID_CLASSES = 16  # a conditional run's sample grid: one row of 8 per class, for at most this many classes
 CHECKPOINT_FORMAT = 2  # 2: the trainer's own generator in "rng"; 1 (still read): the global RNG's states
 
 
@@ -99,25 +111,10 @@ def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer
     return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[cfg.optimizer_impl])
 
 
-def d_loss(loss: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-    """Discriminator loss from its outputs on real and fake images (fp32)."""
-    if loss == "hinge":
-        return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
-    bce = F.binary_cross_entropy if loss == "bce-sigmoid" else F.binary_cross_entropy_with_logits
-    return bce(real, torch.ones_like(real)) + bce(fake, torch.zeros_like(fake))
-
-
-def g_loss(loss: str, fake: torch.Tensor) -> torch.Tensor:
-    """Non-saturating generator loss (BCE) or the hinge generator loss."""
-    if loss == "hinge":
-        return -fake.mean()
-    bce = F.binary_cross_entropy if loss == "bce-sigmoid" else F.binary_cross_entropy_with_logits
-    return bce(fake, torch.ones_like(fake))
-
-
 class Trainer:
     """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
-    (D must return one logit per image; G must take (B, nz) noise), on the config's dataset or your `dataset`.
+    (D must return one logit per image; G must take (B, nz) noise; with `conditional`, G's forward is (z, y) and
+    D's (x, y), y the labels), on the config's dataset or your `dataset`.
 
     `callbacks` are objects with any of `on_fit_start(trainer)`, `on_step_end(trainer)` (every step: keep it
     host-only, reading a tensor there would sync), `on_log(trainer, record)`, `on_sample(trainer, step, grid)` and
@@ -136,25 +133,31 @@ class Trainer:
         if self.world.is_main:  # before the process group, the data or the models: one clear error, no traceback
             ensure_writable(self.out_dir)
         distributed.init(dev, self.world)
+        if dataset is None:
+            with distributed.main_first(self.world):  # rank 0 fills the dataset cache, the others read it
+                dataset = dataset_from_config(cfg)
+        self.dataset = dataset
+        self.classes = self._classes() if cfg.conditional else 0
+        self.loss = LOSSES[cfg.loss]
+        self.penalties = penalties(cfg)  # D's regularisers: the gradient penalty of wgan-gp, R1
         if generator is None:  # the same weights on every rank; the caller's RNG is not touched
-            with hardware.seeded(cfg.seed):
+            with hardware.seeded(cfg.seed):  # a penalty is per image: layer norm in D, not BatchNorm
                 generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
-                                                       sigmoid=(cfg.loss == "bce-sigmoid"))
+                                                       sigmoid=(cfg.loss == "bce-sigmoid"),
+                                                       d_norm="layer" if self.penalties else "batch",
+                                                       classes=self.classes)
         if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
             generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
             discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
         fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.generator = generator.to(dev, memory_format=fmt)
         self.discriminator = discriminator.to(dev, memory_format=fmt)
+        self.ema = EMAGenerator(self.generator, cfg.ema_decay) if cfg.ema_decay else None  # samples come from it
         # This run's own random numbers, on its device: the noise of every step and the flips. Seeded alike on
         # every rank, so under torchrun all ranks draw the whole global batch's noise in lockstep and keep a slice.
         self.rng = torch.Generator(device=dev).manual_seed(_derived_seed(cfg.seed, "noise"))
         self._module_rng = None  # the global RNG state this run's modules (dropout) left at the end of the last fit
         self._in_fit = False
-        if dataset is None:
-            with distributed.main_first(self.world):  # rank 0 fills the dataset cache, the others read it
-                dataset = dataset_from_config(cfg)
-        self.dataset = dataset
         self.loader = make_loader(self.dataset, cfg, dev, self.world, self.rng)
         with self._process_state(keep_rng=False):
             self._check_shapes()
@@ -178,7 +181,12 @@ class Trainer:
         self._compile_stats = CompileStats() if cfg.compile != "off" else None
 
         noise = torch.Generator().manual_seed(cfg.seed + 1)  # own generator: sampling never shifts training RNG
-        self.fixed_noise = torch.randn(64, cfg.nz, generator=noise).to(dev)
+        if cfg.conditional:  # one row per class, the same 8 noise vectors in every row
+            rows = min(self.classes, GRID_CLASSES)
+            self.fixed_noise = torch.randn(8, cfg.nz, generator=noise).repeat(rows, 1).to(dev)
+            self.fixed_labels = torch.arange(rows).repeat_interleave(8).to(dev)
+        else:
+            self.fixed_noise, self.fixed_labels = torch.randn(64, cfg.nz, generator=noise).to(dev), None
         self.step = 0
         self.batches_seen = 0
         self.history = History()
@@ -232,22 +240,23 @@ class Trainer:
             hardware.reset_peak_memory(self.device)
             hardware.synchronize(self.device)  # nothing queued before fit() counts as its time
             self._interval_start = time.perf_counter()
-            self._interval_step, self._excluded = self.step, 0.0
+            self._interval_step, self._interval_batches, self._excluded = self.step, self.batches_seen, 0.0
             self._interval_wait, self._waits = 0.0, 0
             self._train_time = self.history[-1]["train_time_s"] if len(self.history) else 0.0
             if self._compile_stats is not None:
                 self._compile_stats.start()
             with _interrupts_stop(self):
                 while self.step < end and not self._stopping():
-                    oom = None
+                    oom, reals = None, ()
                     try:  # fetching a batch can run out of device memory too (its copy to the GPU)
-                        self._train_step(self._next_batch(batches))
+                        reals = self._next_batches(batches)  # one real batch per D step
+                        self._train_step(*reals)
                     except torch.OutOfMemoryError as e:
                         oom = str(e).splitlines()[0] if str(e) else "out of memory"
                     if oom is not None:  # outside the except block, so the failed step's tensors can be freed
                         raise self._out_of_memory(oom)
                     self.step += 1
-                    self.batches_seen += 1
+                    self.batches_seen += len(reals)
                     self._call("on_step_end")
                     if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
                         self._log()
@@ -267,26 +276,27 @@ class Trainer:
             self._call("on_fit_end")
         return self.history
 
-    def _next_batch(self, batches):
-        """The next batch, its wait timed. On CUDA the host runs ahead of the GPU, and fetching a batch can block
-        on work already queued there (a copy from pageable memory waits for the stream: see data.prepare_batch),
-        which would be counted as data wait and make a compute-bound run look data-bound. So the wait is timed
-        between device synchronisations: on every step while profiling (`sync_data_wait`), else on the first step
-        of each log interval, which follows the log's synchronisation anyway (one sample per interval, no extra
-        host sync in the other steps). On the CPU nothing is queued: every step is timed, without syncs."""
+    def _next_batches(self, batches) -> list:
+        """The step's `d_steps` batches (one per D step), their wait timed as one. On CUDA the host runs ahead of the
+        GPU, and fetching a batch can block on work already queued there (a copy from pageable memory waits for the
+        stream: see data.prepare_batch), which would be counted as data wait and make a compute-bound run look
+        data-bound. So the wait is timed between device synchronisations: on every step while profiling
+        (`sync_data_wait`), else on the first step of each log interval, which follows the log's synchronisation anyway
+        (one sample per interval, no extra host sync in the other steps). On the CPU nothing is queued: every step is
+        timed, without syncs."""
         cuda = self.device.type == "cuda"
         timed = not cuda or self.sync_data_wait or self.step == self._interval_step
         if cuda and timed:
             hardware.synchronize(self.device)
         t = time.perf_counter()
         with self.label_phase("data wait"):
-            real = next(batches)
+            reals = [next(batches) for _ in range(self.cfg.d_steps)]
             if cuda and timed:
                 hardware.synchronize(self.device)  # the copy to the device is part of waiting for data
         if timed:
             self._interval_wait += time.perf_counter() - t
             self._waits += 1
-        return real
+        return reals
 
     @contextlib.contextmanager
     def _process_state(self, keep_rng: bool):
@@ -342,14 +352,19 @@ class Trainer:
         return state
 
     @torch.no_grad()
-    def sample(self, noise: torch.Tensor | None = None):
-        """A grid (H, W, 3 uint8 numpy) of the generator's images for the fixed noise; saved as a PNG (by rank 0).
-        Under torchrun every rank generates the same grid, in step: SyncBatchNorm layers need all ranks there."""
+    def sample(self, noise: torch.Tensor | None = None, labels: torch.Tensor | None = None):
+        """A grid (H, W, 3 uint8 numpy) of the generator's images (the EMA generator's, with `ema_decay`) for the
+        fixed noise, 8 per row (a conditional run: one row per class); saved as a PNG (by rank 0). Under torchrun
+        every rank generates the same grid, in step: SyncBatchNorm layers need all ranks there."""
         from PIL import Image
         from torchvision.utils import make_grid
 
+        if noise is None:
+            noise, labels = self.fixed_noise, self.fixed_labels
+        elif self.cfg.conditional and labels is None:
+            labels = torch.arange(len(noise)) % self.classes
         with self._process_state(keep_rng=False):
-            images = self._generate(self.fixed_noise if noise is None else noise.to(self.device))
+            images = self._generate(noise.to(self.device), None if labels is None else labels.to(self.device))
         grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
         self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         if self.world.is_main:
@@ -359,17 +374,25 @@ class Trainer:
         return self.latest_grid
 
     @torch.no_grad()
-    def generate(self, n: int, seed: int = 0, batch_size: int = 256) -> torch.Tensor:
-        """n images in [-1, 1] (CPU float), from seeded noise, for quality metrics."""
+    def generate(self, n: int, seed: int = 0, batch_size: int = 256, labels: torch.Tensor | None = None,
+                 ema: bool = True):
+        """n images in [-1, 1] (CPU float), from seeded noise, for quality metrics; by the EMA generator when
+        `ema_decay` is set (`ema=False`: by the trained generator itself). A conditional run draws them for `labels`
+        (default: each class in turn, `torch.arange(n) % classes`)."""
         noise = torch.randn(n, self.cfg.nz, generator=torch.Generator().manual_seed(seed))
+        if self.cfg.conditional and labels is None:
+            labels = torch.arange(n) % self.classes
+        ys = labels.split(batch_size) if labels is not None else [None] * len(noise.split(batch_size))
         with self._process_state(keep_rng=False):
-            return torch.cat([self._generate(z.to(self.device)).cpu() for z in noise.split(batch_size)])
+            return torch.cat([self._generate(z.to(self.device), None if y is None else y.to(self.device), ema).cpu()
+                              for z, y in zip(noise.split(batch_size), ys)])
 
-    def _generate(self, noise: torch.Tensor) -> torch.Tensor:
-        saved = [b.clone() for b in self.generator.buffers()]  # train-mode BatchNorm, as in training, but
-        with self.autocast():                                  # without moving its running statistics
-            images = self.generator(noise).float()
-        for buffer, value in zip(self.generator.buffers(), saved):
+    def _generate(self, noise: torch.Tensor, labels: torch.Tensor | None = None, ema: bool = True) -> torch.Tensor:
+        g = self.ema.module if self.ema is not None and ema else self.generator
+        saved = [b.clone() for b in g.buffers()]  # train-mode BatchNorm, as in training, but
+        with self.autocast():                     # without moving its running statistics
+            images = _forward(g, noise, labels).float()
+        for buffer, value in zip(g.buffers(), saved):
             buffer.copy_(value)
         return images
 
@@ -384,6 +407,7 @@ class Trainer:
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng": rng, "history": self.history.records,
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def load_state(self, state: dict) -> None:
@@ -397,6 +421,16 @@ class Trainer:
         self.opt_d.load_state_dict(state["opt_d"])
         self.scaler_g.load_state_dict(state["scaler_g"])
         self.scaler_d.load_state_dict(state["scaler_d"])
+        if self.ema is not None and "ema" in state:
+            try:
+                self.ema.load_state_dict(state["ema"])
+            except RuntimeError as e:
+                raise ConfigError(f"the checkpoint's EMA generator does not match this config's generator: "
+                                  f"{str(e).splitlines()[0]}") from e
+        elif self.ema is not None:
+            self.ema.reset()
+            self._warn(f"the checkpoint has no EMA generator (it was trained without ema_decay): the average starts "
+                       f"now, from the generator of step {state['step']}")
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self._stream = None  # restart the data stream at the restored position
         self._skips, self._good_state = 0, None  # a rollback point belongs to the run it was taken in
@@ -435,10 +469,11 @@ class Trainer:
         return path
 
     # -- the step -----------------------------------------------------------------------------------------------
-    def _train_step(self, real: torch.Tensor) -> None:
-        """One optimizer step of D, then one of G. No host sync here: metrics stay on the device. Under torchrun
-        `real` is this rank's share of the batch; the noise is drawn for the whole batch and sliced the same way."""
-        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+    def _train_step(self, *batches) -> None:
+        """One optimizer step of G after one of D per batch (`d_steps` of them in training, each batch its own
+        real images, or (images, labels) for a conditional run). No host sync here: metrics stay on the device.
+        Under torchrun each batch is this rank's share; noise is drawn for the whole batch and sliced the same way."""
+        cfg, phase = self.cfg, self.label_phase
         if cfg.compile == "reduce-overhead":
             # One CUDA-graph generation per training step. Without the mark, CUDA Graph Trees start a new generation
             # at any compiled call made with no backward pending (torch.compiler.cudagraph_mark_step_begin docs), and
@@ -446,59 +481,110 @@ class Trainer:
             # next call would overwrite the images it is about to judge ("accessing tensor output of CUDAGraphs
             # that has been overwritten by a subsequent run", pytorch/pytorch#122192, #160281). Once marked, only
             # the mark starts a generation (MarkStepBox in torch/_inductor/cudagraph_trees.py), so G, D and their
-            # backwards all share the step's generation, and nothing is kept across steps: the losses are copied
-            # out of the graphs' outputs by eager ops (d_loss, the metric sums) within the step.
+            # backwards all share the step's generation (the d_steps D steps too, like micro-batches), and nothing
+            # is kept across steps: the losses are copied out of the graphs' outputs by eager ops (the loss objects,
+            # the metric sums) within the step.
             torch.compiler.cudagraph_mark_step_begin()
-        noise = torch.randn(real.shape[0] * self.world.size, cfg.nz, device=self.device, generator=self.rng)
-        z = self.world.shard(noise)
-        reals, zs = real.chunk(k), z.chunk(k)
+        for i, batch in enumerate(batches):
+            real, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
+            fakes, zs, ys, d_values = self._d_step(real, labels, self.batches_seen + i, 1 / len(batches),
+                                                   keep_fakes=i == len(batches) - 1)
+        loss_g = self._g_step(fakes, zs, ys)
+        if self.ema is not None:
+            with phase("EMA update"):
+                self.ema.update()
+        if cfg.sync_every_step:  # the tutorial's .item() calls every step: each one waits for the device
+            with phase("host sync"):
+                self.step_values.append((*(v.item() for v in d_values), loss_g.item()))
+
+    def _d_step(self, real, labels, d_index: int, share: float, keep_fakes: bool):
+        """One optimizer step of D on one real batch (its k micro-batches accumulated), with the penalties due at
+        this D step (the `d_index`-th of the run: lazy R1 counts them). Returns G's fakes (their graph kept when
+        G's step will reuse them, as the tutorial does), the noise and labels, and the last micro-batch's
+        (loss_d, d_real, d_fake)."""
+        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+        zs = self._draw(torch.randn, real.shape[0], cfg.nz).chunk(k)
+        mixes = (self._draw(torch.rand, real.shape[0]).chunk(k) if any(p.mixes for p in self.penalties)
+                 else [None] * k)
+        reals, ys = real.chunk(k), labels.chunk(k) if labels is not None else [None] * k
         weights = [r.shape[0] / real.shape[0] for r in reals]
-        probs = cfg.loss == "bce"  # report D's outputs as probabilities for the logit losses
 
         self.opt_d.zero_grad(set_to_none=True)
         fakes = []
-        for i, (r, zi, w) in enumerate(zip(reals, zs, weights)):
+        for i, (r, y, z, mix, w) in enumerate(zip(reals, ys, zs, mixes, weights)):
             with phase("G forward"), self.autocast():
-                if k == 1:  # keep G's graph: the G step below reuses this fake, as the tutorial does
-                    fake = self.g(zi)
+                if k == 1 and keep_fakes:  # keep G's graph: the G step below reuses this fake, as the tutorial does
+                    fake = _forward(self.g, z, y)
                     fakes.append(fake)
-                else:  # accumulating: holding k graphs would defeat the point, so G re-runs in the G step
-                    with torch.no_grad():
-                        fake = self.g(zi)
+                else:  # accumulating (holding k graphs would defeat the point: G re-runs in its step), or an
+                    with torch.no_grad():  # earlier D step of several
+                        fake = _forward(self.g, z, y)
             with distributed.no_sync(self.ddp_d, skip=i < k - 1):  # all-reduce with the last micro-batch
                 with phase("D forward"):
                     with self.autocast():
-                        out_real, out_fake = self.d(r).float(), self.d(fake.detach()).float()
-                    loss = d_loss(cfg.loss, out_real, out_fake)
-                    d_real = (out_real.sigmoid() if probs else out_real).mean()
-                    d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-                    self._metric_sum[:3] += torch.stack([loss, d_real, d_fake]).detach() * w
+                        out_real = _forward(self.d, r, y).float()
+                        out_fake = _forward(self.d, fake.detach(), y).float()
+                    loss = self.loss.d(out_real, out_fake)
+                penalty = self._penalty(r, fake, y, mix, d_index)
+                logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
+                if penalty is not None and self.scaler_d.is_enabled():
+                    # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
+                    # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
+                    # warned about), so the log leaves that step's penalty out rather than stop the run
+                    logged = torch.where(logged.isfinite(), logged, 0.0)
+                probs = self.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
+                d_real = (out_real.sigmoid() if probs else out_real).mean()
+                d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
+                values = [loss.detach() + logged, d_real.detach(), d_fake.detach(), logged]
+                self._metric_sum[:4] += torch.stack(values) * (w * share)
+                if penalty is not None:
+                    loss = loss + penalty
                 with phase("D backward"):
                     self.scaler_d.scale(loss * w).backward()
         with phase("D optimizer step"):
             self.scaler_d.step(self.opt_d)
             self.scaler_d.update()
+        return fakes, zs, ys, (loss, d_real, d_fake)
 
+    def _penalty(self, real, fake, labels, mix, d_index: int):
+        """The sum of D's penalties due at this D step (None when none is), each on D's gradient with respect to
+        its input, taken through D's plain module (`losses.input_gradients`: AMP-correct, no host sync)."""
+        total = None
+        for penalty in self.penalties:
+            if penalty.due(d_index):
+                with self.label_phase("D penalty"):
+                    grads = input_gradients(lambda x: _forward(self.discriminator, x, labels),
+                                            penalty.points(real, fake, mix), self.autocast, self.scaler_d)
+                    with self.autocast():  # computed under autocast, as PyTorch's AMP recipe does
+                        term = penalty(grads).float()
+                total = term if total is None else total + term
+        return total
+
+    def _g_step(self, fakes, zs, ys) -> torch.Tensor:
+        """One optimizer step of G through the updated D (frozen, with `freeze_d`); returns the last micro-batch's
+        loss."""
+        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+        weights = [z.shape[0] / sum(z.shape[0] for z in zs) for z in zs]
         if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
             self.discriminator.requires_grad_(False)
         try:
             self.opt_g.zero_grad(set_to_none=True)
-            for i, (zi, w) in enumerate(zip(zs, weights)):
+            for i, (zi, yi, w) in enumerate(zip(zs, ys, weights)):
                 with distributed.no_sync(self.ddp_g, skip=i < k - 1):
                     if k == 1:
                         fake = fakes[i]
                     else:
                         with phase("G forward"), self.autocast():
-                            fake = self.g(zi)
+                            fake = _forward(self.g, zi, yi)
                     # D's share of G's step has its own labels, so a profile says where that time goes: D judges
                     # a detached copy of the images, its backward stops at their gradient, and that gradient then
                     # flows through G alone. The chain rule split in two: the same gradients as one backward.
                     judged = fake.detach().requires_grad_()
                     with phase("D forward (G step)"):
                         with self.autocast():
-                            out = self.d_in_g_step(judged).float()
-                        loss_g = g_loss(cfg.loss, out)
-                        self._metric_sum[3] += loss_g.detach() * w
+                            out = _forward(self.d_in_g_step, judged, yi).float()
+                        loss_g = self.loss.g(out)
+                        self._metric_sum[4] += loss_g.detach() * w
                     with phase("D backward (G step)"):
                         self.scaler_g.scale(loss_g * w).backward()
                     with phase("G backward"):
@@ -508,10 +594,13 @@ class Trainer:
                 self.scaler_g.update()
         finally:  # also after an exception (out of memory, an interrupt): D must train again next step
             self.discriminator.requires_grad_(True)
+        return loss_g
 
-        if cfg.sync_every_step:  # the tutorial's .item() calls every step: each one waits for the device
-            with phase("host sync"):
-                self.step_values.append((loss.item(), d_real.item(), d_fake.item(), loss_g.item()))
+    def _draw(self, sample, n: int, *shape) -> torch.Tensor:
+        """Random numbers for this rank's n images from this run's generator: drawn for the whole global batch
+        (n per rank) and sliced, so every process count draws the same numbers for the same images."""
+        draws = sample(n * self.world.size, *shape, device=self.device, generator=self.rng)
+        return self.world.shard(draws)
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
     def _stopping(self) -> bool:
@@ -520,11 +609,16 @@ class Trainer:
         return self._stop_agreed if self.world.distributed else self._stop_requested
 
     def _batches(self):
-        """Endless batches, starting exactly where the run left off (epoch and batch within it)."""
+        """Endless batches, starting exactly where the run left off (epoch and batch within it). The position is
+        counted here, batch by batch: `batches_seen` only moves once a step is done, and a step of several D steps
+        can cross the end of an epoch."""
+        position = self.batches_seen
         while True:
-            epoch, batch = divmod(self.batches_seen, len(self.loader))
+            epoch, batch = divmod(position, len(self.loader))
             self.loader.set_position(epoch, batch)
-            yield from self.loader
+            for real in self.loader:
+                position += 1
+                yield real
 
     def _log(self) -> None:
         hardware.synchronize(self.device)
@@ -541,7 +635,8 @@ class Trainer:
         self._metric_sum.zero_()
         record = {"step": self.step, **dict(zip(METRICS, values)),
                   "step_time_ms": 1e3 * elapsed / steps,
-                  "images_per_sec": steps * self.cfg.batch_size / elapsed,  # global batch: all ranks' images
+                  # real images (d_steps batches per step) of the global batch: all ranks' images
+                  "images_per_sec": (self.batches_seen - self._interval_batches) * self.cfg.batch_size / elapsed,
                   "data_wait_ms": 1e3 * self._interval_wait / max(self._waits, 1),
                   "peak_mem_mb": hardware.peak_memory_mb(self.device),
                   "train_time_s": self._train_time}
@@ -587,13 +682,17 @@ class Trainer:
         self._warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
                    f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=3)
 
-    _ROLLBACK = ("generator", "discriminator", "opt_g", "opt_d", "scaler_g", "scaler_d")
+    @property
+    def _rollback(self) -> tuple:
+        """What a rollback restores: the networks (and the EMA generator), optimizers and scalers."""
+        keys = ("generator", "discriminator", "opt_g", "opt_d", "scaler_g", "scaler_d")
+        return keys + (("ema",) if self.ema is not None else ())
 
     @contextlib.contextmanager
     def unchanged(self):
-        """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included),
-        optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step values are
-        put back as they were, so the run goes on exactly as if the block had never run."""
+        """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included, and the
+        EMA generator), optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step
+        values are put back as they were, so the run goes on exactly as if the block had never run."""
         snapshot, rng = self._snapshot(), self.rng.get_state()
         metric_sum, values = self._metric_sum.clone(), len(self.step_values)
         try:
@@ -618,10 +717,10 @@ class Trainer:
 
     def _snapshot(self) -> dict:
         """A copy of the networks, optimizers and scalers to roll back to (on_nonfinite='skip'), on the device."""
-        return {"step": self.step, **copy.deepcopy({k: getattr(self, k).state_dict() for k in self._ROLLBACK})}
+        return {"step": self.step, **copy.deepcopy({k: getattr(self, k).state_dict() for k in self._rollback})}
 
     def _restore(self, snapshot: dict) -> None:
-        for key in self._ROLLBACK:  # a copy: optimizers keep the tensors they are given, and would alter these
+        for key in self._rollback:  # a copy: optimizers keep the tensors they are given, and would alter these
             getattr(self, key).load_state_dict(copy.deepcopy(snapshot[key]))
 
     def _weights_finite(self) -> bool:
@@ -693,33 +792,61 @@ class Trainer:
             hardware.synchronize(self.device)
             if reset:
                 self._interval_start, self._interval_step = time.perf_counter(), self.step
+                self._interval_batches = self.batches_seen
                 self._interval_wait, self._waits, self._excluded = 0.0, 0, 0.0
             else:
                 self._excluded += time.perf_counter() - t0
 
+    def _classes(self) -> int:
+        """The number of classes a conditional run's labels name; at least 2, or there is nothing to condition on."""
+        classes = num_classes(self.dataset)
+        if classes >= 2:
+            return classes
+        if isinstance(self.dataset, ImageFolderDataset):
+            raise ConfigError(f"conditional=True needs class labels, but {self.dataset.root} has no class "
+                              f"sub-folders (its images are one class): put each class's images in a sub-folder "
+                              f"named after the class, or set conditional=False")
+        raise ConfigError(f"conditional=True needs at least 2 classes; the dataset's labels name {classes}: set "
+                          f"conditional=False")
+
     def _check_shapes(self) -> None:
-        """Run G and D once on two images (eval mode, no state change) so a mismatch fails now, clearly."""
+        """Run G and D once on two images (eval mode, no state change) so a mismatch fails now, clearly: shapes,
+        each network's contract (with `conditional`, forward(z, y) and forward(x, y); else forward(z) and
+        forward(x)), D's output against the loss, and no BatchNorm in a D whose input gradient is penalised."""
         cfg = self.cfg
-        real = self.dataset[0]
-        real = real[0] if isinstance(real, (tuple, list)) else real
+        item = self.dataset[0]
+        real = item[0] if isinstance(item, (tuple, list)) else item
         expected = (cfg.channels, cfg.image_size, cfg.image_size)
         if tuple(real.shape) != expected:
             raise ConfigError(f"the dataset gives images of shape {tuple(real.shape)}, but the config asks for "
                               f"{expected} (channels, image_size, image_size)")
+        if cfg.conditional and not isinstance(item, (tuple, list)):
+            raise ConfigError("conditional=True needs labels, but the dataset yields bare images: make it yield "
+                              "(image, label) pairs, or set conditional=False")
+        y = torch.tensor([0, self.classes - 1], device=self.device) if cfg.conditional else None
+        _check_contract(self.generator, "generator", "z", cfg.conditional)
+        _check_contract(self.discriminator, "discriminator", "x", cfg.conditional)
+        self._check_penalty_norms()
         modes = (self.generator.training, self.discriminator.training)
         self.generator.eval(), self.discriminator.eval()
         try:
             with torch.no_grad():
                 z = torch.randn(2, cfg.nz, generator=torch.Generator().manual_seed(0)).to(self.device)
                 try:
-                    fake = self.generator(z)
+                    fake = _forward(self.generator, z, y)
                 except Exception as e:
-                    raise ConfigError(f"the generator fails on noise of shape (2, {cfg.nz}) (nz={cfg.nz}): {e}") from e
+                    given = f"noise of shape (2, {cfg.nz}) (nz={cfg.nz})" + (" and labels (2,)" if y is not None
+                                                                             else "")
+                    raise ConfigError(f"the generator fails on {given}: {e}") from e
                 if tuple(fake.shape[1:]) != expected:
                     raise ConfigError(f"the generator makes images of shape {tuple(fake.shape[1:])}, but the data "
                                       f"is {expected}: match image_size and channels")
             with torch.enable_grad():  # D's autograd graph shows whether its output comes out of a sigmoid
-                out = self.discriminator(fake.detach().requires_grad_())
+                try:
+                    out = _forward(self.discriminator, fake.detach().requires_grad_(), y)
+                except Exception as e:
+                    given = f"2 images of shape {expected}" + (" and labels (2,)" if y is not None else "")
+                    raise ConfigError(f"the discriminator fails on {given}: {e}") from e
             if out.numel() != 2:
                 raise ConfigError(f"the discriminator must return one logit per image; for 2 images it "
                                   f"returned shape {tuple(out.shape)}")
@@ -727,22 +854,40 @@ class Trainer:
         finally:
             self.generator.train(modes[0]), self.discriminator.train(modes[1])
 
+    def _check_penalty_norms(self) -> None:
+        """A gradient penalty is per image; BatchNorm normalises each image by statistics of the whole batch, so
+        each image's gradient would depend on the others' and the penalty would constrain the wrong function
+        (WGAN-GP's paper, section 4: "we omit batch normalization in the critic")."""
+        if not self.penalties:
+            return
+        norms = [name for name, m in self.discriminator.named_modules()
+                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if norms:
+            what = " and ".join(p.name for p in self.penalties)
+            raise ConfigError(f"the {what} penalises D's gradient image by image, but the discriminator has "
+                              f"BatchNorm ({', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}), which mixes "
+                              f"the images of a batch: replace it by a per-image norm (nn.GroupNorm(1, C) is layer "
+                              f"norm, nn.InstanceNorm2d) or none; the built-in discriminator does so for penalties")
+
     def _check_d_output(self, out: torch.Tensor) -> None:
-        """D's output must match the loss: logits for bce and hinge, probabilities for bce-sigmoid. A D ending in a
-        Sigmoid (as the PyTorch DCGAN example's does) trained with BCE-with-logits runs without any error and
-        learns the wrong thing, so it is refused here. Told apart by structure, never by value: the output comes out
-        of a sigmoid op (nn.Sigmoid, torch.sigmoid; through view/squeeze-like ops), seen in its autograd graph; a
-        Sigmoid module D registers but does not apply last (in a `predict()`, say) does not count. "All outputs in (0, 1)"
-        is no test: an untrained logit DCGAN's two check outputs are near zero and both in (0, 1) about half the
-        time (measured: 19 of 40 seeds)."""
-        loss = self.cfg.loss
+        """D's output must match the loss: logits for bce, raw scores for hinge, lsgan and wgan-gp, probabilities for
+        bce-sigmoid. A D ending in a Sigmoid (as the PyTorch DCGAN example's does) trained with BCE-with-logits runs
+        without any error and learns the wrong thing, so it is refused here. Told apart by structure, never by
+        value: the output comes out of a sigmoid op (nn.Sigmoid, torch.sigmoid; through view/squeeze-like ops), seen
+        in its autograd graph; a Sigmoid module D registers but does not apply last (in a `predict()`, say) does not
+        count. "All outputs in (0, 1)" is no test: an untrained logit DCGAN's two check outputs are near zero and both
+        in (0, 1) about half the time (measured: 19 of 40 seeds)."""
+        loss, wants = self.cfg.loss, self.loss.outputs
         probabilities = _comes_from_sigmoid(out)
-        if loss in ("bce", "hinge") and probabilities:
+        if wants != "probabilities" and probabilities:
+            why = ("BCE-with-logits on probabilities trains silently wrong" if wants == "logits" else
+                   "squashed into (0, 1) they train silently wrong (hinge margins, least-squares targets and a "
+                   "Wasserstein critic need unbounded scores)")
             raise ConfigError(f"the discriminator ends in a Sigmoid, but loss={loss!r} expects logits (raw scores): "
-                              f"BCE-with-logits on probabilities trains silently wrong. Remove the final Sigmoid "
-                              f"(BCEWithLogitsLoss applies it for you, safely under autocast), or use "
-                              f"loss='bce-sigmoid' (Sigmoid + BCELoss, the tutorial's way) with precision='fp32'")
-        if loss == "bce-sigmoid" and not probabilities:
+                              f"{why}. Remove the final Sigmoid (BCEWithLogitsLoss applies it for you, safely under "
+                              f"autocast), or use loss='bce-sigmoid' (Sigmoid + BCELoss, the tutorial's way) with "
+                              f"precision='fp32'")
+        if wants == "probabilities" and not probabilities:
             raise ConfigError("loss='bce-sigmoid' (BCELoss) needs probabilities, but the discriminator's output does "
                               "not come out of a sigmoid: end it with nn.Sigmoid, or use loss='bce', which takes its "
                               "logits as they are")
@@ -762,6 +907,38 @@ _PROCESS_STATE = threading.RLock()
 
 def _unlabelled(name: str):
     return contextlib.nullcontext()
+
+
+def _forward(net, x: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+    """A network's forward: forward(x) unconditional, forward(x, labels) conditional."""
+    return net(x) if labels is None else net(x, labels)
+
+
+def _check_contract(module: nn.Module, name: str, arg: str, conditional: bool) -> None:
+    """Whether `module.forward` takes what the run will give it: (arg) unconditional, (arg, y) conditional. Told
+    from its signature, so the error names the contract it follows; a forward taking *args is left to the call."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required, most = sum(p.default is p.empty for p in positional), len(positional)
+    signature = f"forward({', '.join(p.name for p in positional)})"
+    if conditional and most < 2:
+        raise ConfigError(f"conditional=True gives the {name} labels, forward({arg}, y), but its {signature} takes "
+                          f"none (an unconditional {name}): give it a second argument y (class indices, shape (B,)), "
+                          f"or set conditional=False")
+    if not conditional and required >= 2:
+        raise ConfigError(f"the {name}'s {signature} needs labels (a conditional {name}, forward({arg}, y)), but "
+                          f"conditional=False gives it only {arg}: set conditional=True (the labels come from the "
+                          f"dataset), or give y a default")
+    if required > 2 or most < 1:
+        raise ConfigError(f"the {name}'s {signature} fits neither contract: forward({arg}) (unconditional) or "
+                          f"forward({arg}, y) (conditional=True)")
 
 
 _VIEWS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Flatten", "Clone", "ToCopy", "Alias",

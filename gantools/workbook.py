@@ -58,3 +58,35 @@ def baseline(path=None) -> dict:
         raise FileNotFoundError(f"no baseline in {Path(path or runs_dir() / 'results.json')}: run "
                                 "00_baseline.ipynb first (it measures the reference loop on this machine)")
     return results["baseline"]["summary"]
+
+
+def train_side_by_side(configs: dict, images: int, chunk_images: int, quality: bool = True,
+                       plot: bool = True) -> dict:
+    """Train several configs to the same number of real images, taking turns: each run trains `chunk_images` real
+    images (d_steps x batch_size per G step), then the next, round after round, so machine noise hits every run
+    alike and their images/s compare fairly (each run's figure: the median over its chunks after the first, which
+    holds warm-up). One live figure, updated in place, shows them all. With `quality`, every run is scored (FID,
+    KID, coverage; a conditional run also `label_match`) at the end. Returns name -> Trainer."""
+    from .display import LiveRuns
+    from .metrics import QualityCallback
+    from .train import Trainer
+
+    steps = {}
+    for name, cfg in configs.items():
+        per_step = cfg.batch_size * cfg.d_steps  # real images per G step
+        if chunk_images % per_step or images % chunk_images:
+            raise ValueError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
+                             f"({per_step}), and images={images} a multiple of chunk_images")
+        steps[name] = chunk_images // per_step
+    trainers = {name: Trainer(cfg.replace(steps=10**9, log_interval=steps[name], sample_interval=0,
+                                          checkpoint_interval=0)) for name, cfg in configs.items()}
+    live = LiveRuns() if plot else None
+    rounds = images // chunk_images
+    for r in range(rounds):
+        for name, trainer in trainers.items():
+            if quality and r == rounds - 1:  # scored once, at the end of the last chunk
+                trainer.callbacks.append(QualityCallback())
+            trainer.fit(steps[name])
+        if live is not None:
+            live.update(trainers, (r + 1) * chunk_images, images)
+    return trainers

@@ -73,3 +73,49 @@ class FlakyD(BatchFreeD):
         self.calls += 1
         out = super().forward(x)
         return out * float("nan") if (self.calls - 1) // 3 + 1 in self.bad_steps else out
+
+
+class CondBatchFreeG(BatchFreeG):
+    """A conditional generator without batch statistics, forward(z, y): the label's embedding added to z."""
+
+    def __init__(self, nz=8, size=32, classes=10):
+        super().__init__(nz, size)
+        self.embed = nn.Embedding(classes, nz)
+
+    def forward(self, z, y):
+        return super().forward(z.flatten(1) + self.embed(y))
+
+
+class CondBatchFreeD(BatchFreeD):
+    """A conditional discriminator without batch statistics, forward(x, y): a learned score per class added."""
+
+    def __init__(self, size=32, classes=10):
+        super().__init__(size)
+        self.embed = nn.Embedding(classes, 1)
+
+    def forward(self, x, y):
+        return super().forward(x) + self.embed(y).view(-1)
+
+
+class HostReads:
+    """Every value read from a tensor to the host (`.item()`, `bool(t)`, `float(t)`, `.tolist()` all dispatch
+    `aten::_local_scalar_dense`, a host sync on a GPU), seen by a TorchDispatchMode, in the forward and backward
+    passes alike (the autograd engine carries the mode into backward): `reads` holds the tensors read."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        reads = self.reads = []
+
+        class Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    reads.append(args[0])
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Watch()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import TINY, BatchFreeD, BatchFreeG, FlakyD, weights
+from conftest import TINY, BatchFreeD, BatchFreeG, CondBatchFreeD, CondBatchFreeG, FlakyD, weights
 from gantools import ImageTensorDataset, TrainConfig, Trainer, distributed, render_glyphs
 
 
@@ -30,6 +30,9 @@ def configs(out: Path) -> dict[str, TrainConfig]:
         "stop": base.replace(steps=50, loader="device", out_dir=str(out / "stop")),
         "skip": base.replace(steps=8, loader="device", on_nonfinite="skip", out_dir=str(out / "skip")),
         "dcgan": base.replace(steps=3, out_dir=str(out / "dcgan")),  # with BatchNorm
+        # the GAN family: a penalty's input gradient beside DDP, 2 D steps per G step, EMA, labels sliced per rank
+        "family": base.replace(steps=3, loss="wgan-gp", r1_gamma=1.0, r1_interval=2, d_steps=2, ema_decay=0.9,
+                               conditional=True, grad_accum_steps=2, loader="device", out_dir=str(out / "family")),
     }
 
 
@@ -37,6 +40,12 @@ def batch_free(cfg: TrainConfig, data, **kw) -> Trainer:
     """A trainer whose networks have no batch statistics, built from the same seed in every process."""
     torch.manual_seed(0)
     return Trainer(cfg, generator=BatchFreeG(), discriminator=BatchFreeD(), dataset=data, **kw)
+
+
+def family(cfg: TrainConfig, data) -> Trainer:
+    """A conditional trainer without batch statistics (the penalties need none), the same in every process."""
+    torch.manual_seed(0)
+    return Trainer(cfg, generator=CondBatchFreeG(), discriminator=CondBatchFreeD(), dataset=data)
 
 
 def resume(path, data, **overrides) -> Trainer:
@@ -127,6 +136,10 @@ def main(out: Path, one_process_checkpoint: Path) -> None:
     trainer = Trainer(cfgs["dcgan"], dataset=data)
     trainer.fit()
     results["dcgan"] = {**summary(trainer), "buffer_sync": trainer.ddp_d.broadcast_buffers}
+
+    trainer = family(cfgs["family"], data)
+    trainer.fit()
+    results["family"] = {**summary(trainer), "ema": weights(trainer.ema.module)}
 
     recording[0] = False
     torch.save({"results": results, "writes": writes}, out / f"rank{rank}.pt")

@@ -94,7 +94,7 @@ def test_a_bad_flag_value_is_one_line_and_a_pointer_to_help(args, expected, caps
 
 
 def test_every_error_of_every_subcommand_is_one_message_not_a_traceback(tmp_path, monkeypatch, capsys):
-    from gantools import Trainer, train
+    from gantools import Trainer, losses
 
     monkeypatch.setattr(Trainer, "_train_step", lambda self, real: (_ for _ in ()).throw(
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
@@ -103,8 +103,8 @@ def test_every_error_of_every_subcommand_is_one_message_not_a_traceback(tmp_path
     err = capsys.readouterr().err
     assert err.startswith("gantools: error: out of cpu memory at step 1") and "Traceback" not in err
     monkeypatch.undo()
-    monkeypatch.setattr(train, "d_loss", lambda loss, real, fake: real.mean() * float("nan"))  # NaN from step 1
-    monkeypatch.setattr(train, "g_loss", lambda loss, fake: fake.mean() * float("nan"))
+    monkeypatch.setattr(losses.BCE, "d", lambda self, real, fake: real.mean() * float("nan"))  # NaN from step 1
+    monkeypatch.setattr(losses.BCE, "g", lambda self, fake: fake.mean() * float("nan"))
     assert main(["bench", "--device", "cpu", "--variants", "bf16 autocast", "--no-compile",
                  "--json", str(tmp_path / "b.json"), "--png", str(tmp_path / "b.png")]) == 2
     err = capsys.readouterr().err

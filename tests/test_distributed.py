@@ -15,7 +15,7 @@ import ddp_worker
 from gantools import ConfigError, Trainer, TrainConfig, distributed, load_checkpoint
 from gantools.cli import main
 
-from conftest import BatchFreeD, BatchFreeG
+from conftest import BatchFreeD, BatchFreeG, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # 2 processes on 2 cores: 1 thread each
@@ -68,6 +68,22 @@ def test_accumulating_micro_batches_all_reduces_once_per_step_and_matches_one_pr
     _close(_one_process(cfgs["accum"].replace(out_dir=str(tmp_path)), data), two)
     # no_sync on the first of the 2 micro-batches: one all-reduce per network per step (2 without it)
     assert two["all_reduces"] == {"generator": 3, "discriminator": 3} and two["step"] == 3
+
+
+def test_penalties_d_steps_ema_and_labels_under_two_processes_train_the_weights_of_one(two_ranks, tmp_path):
+    cfgs, data, ranks = two_ranks
+    trainer = ddp_worker.family(cfgs["family"].replace(out_dir=str(tmp_path)), data)
+    trainer.fit()
+    one, two = {**ddp_worker.summary(trainer), "ema": weights(trainer.ema.module)}, ranks[0]["results"]["family"]
+    # the penalty's D runs unwrapped and joins D's loss in the one backward DDP all-reduces: the same gradients
+    _close(one, two)
+    for name in one["ema"]:
+        torch.testing.assert_close(one["ema"][name], two["ema"][name], rtol=1e-4, atol=1e-6, msg=f"ema {name}")
+    for a, b in zip(one["history"], two["history"]):
+        assert a["penalty"] == pytest.approx(b["penalty"], rel=1e-4) and a["loss_d"] == pytest.approx(b["loss_d"],
+                                                                                                      rel=1e-4)
+    assert one["history"][-1]["penalty"] > 0 and two["step"] == 3
+    _close(two, ranks[1]["results"]["family"])
 
 
 def test_only_rank_0_writes_files(two_ranks):

@@ -536,11 +536,11 @@ def test_on_cuda_the_data_wait_is_timed_between_synchronisations(tiny, glyphs64,
     trainer.device = torch.device("cuda")  # only the timing logic runs: the batches come from a list
     trainer.step, trainer._interval_step, trainer._interval_wait, trainer._waits = 5, 5, 0.0, 0
     batches = iter([torch.zeros(1)] * 4)
-    trainer._next_batch(batches)  # first step of a log interval: sampled, between two syncs
+    trainer._next_batches(batches)  # first step of a log interval: sampled, between two syncs
     assert syncs == ["cuda", "cuda"] and trainer._waits == 1
     trainer.step = 6
-    trainer._next_batch(batches)  # the others: no sync, not counted (queued GPU work would be counted as waiting)
+    trainer._next_batches(batches)  # the others: no sync, not counted (queued GPU work would be counted as waiting)
     assert len(syncs) == 2 and trainer._waits == 1
     trainer.sync_data_wait = True  # profiling: every step, synchronised
-    trainer._next_batch(batches)
+    trainer._next_batches(batches)
     assert len(syncs) == 4 and trainer._waits == 2

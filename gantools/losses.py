@@ -1,0 +1,178 @@
+"""The GAN losses and D's regularisers, one small object each, so `Trainer._train_step` stays one readable loop.
+
+A loss (`LOSSES[name]`) gives D's loss from its outputs on real and fake images and G's loss from its outputs on
+fakes, all in fp32, and says what D must output: `logits` (bce: BCE-with-logits applies the sigmoid itself, safely
+under autocast), `probabilities` (bce-sigmoid: the PyTorch tutorial's Sigmoid + BCELoss, fp32 only) or `scores`
+(hinge, lsgan, wgan-gp: raw outputs, never squashed).
+
+A penalty (`penalties(cfg)`) regularises D through the gradient of its output with respect to its input, per image:
+- `GradientPenalty` (WGAN-GP, Gulrajani et al. 2017): weight * E[(||grad D(x_hat)||_2 - 1)^2] at random points
+  x_hat = a * real + (1 - a) * fake between real and fake images, a ~ U(0, 1) per image.
+- `R1` (Mescheder et al. 2018): gamma / 2 * E[||grad D(x)||^2] on real images. Lazy as in StyleGAN2 (Karras et al.
+  2020): computed every `interval` D steps only and weighted by `interval`, so on average it pulls as hard as the
+  penalty every step, at 1/interval of its cost.
+The gradient is taken per image, so D must treat each image on its own: BatchNorm (statistics over the batch) would
+make each image's gradient depend on the others'. The trainer refuses a D with BatchNorm for a penalty, and builds its
+own D with layer normalisation instead (as WGAN-GP's paper recommends).
+
+`input_gradients` is the AMP-correct gradient of D with respect to its input (PyTorch's AMP examples, "Gradient
+penalty"), with no host sync.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class BCE:
+    """Non-saturating GAN (Goodfellow et al. 2014): D classifies real against fake with binary cross-entropy on
+    its logits; G maximises log D(G(z)) rather than minimising log(1 - D(G(z))), which saturates early on."""
+
+    name, outputs = "bce", "logits"
+
+    def _bce(self, x: torch.Tensor, target: float) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(x, torch.full_like(x, target))
+
+    def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        return self._bce(real, 1.0) + self._bce(fake, 0.0)
+
+    def g(self, fake: torch.Tensor) -> torch.Tensor:
+        return self._bce(fake, 1.0)
+
+
+class BCESigmoid(BCE):
+    """The PyTorch DCGAN tutorial's loss: D ends in a Sigmoid and BCELoss takes its probabilities (fp32 only: in
+    16-bit a sigmoid rounds to exactly 1.0 and BCELoss's log(1 - p) to log(0))."""
+
+    name, outputs = "bce-sigmoid", "probabilities"
+
+    def _bce(self, x: torch.Tensor, target: float) -> torch.Tensor:
+        return F.binary_cross_entropy(x, torch.full_like(x, target))
+
+
+class Hinge:
+    """Hinge loss (Lim & Ye 2017; SAGAN, BigGAN): D pushes real scores above 1 and fake ones below -1."""
+
+    name, outputs = "hinge", "scores"
+
+    def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
+
+    def g(self, fake: torch.Tensor) -> torch.Tensor:
+        return -fake.mean()
+
+
+class LSGAN:
+    """Least squares (Mao et al. 2017, a = 0, b = c = 1): D regresses real images to 1 and fakes to 0; G pulls its
+    fakes' scores to 1. Gradients do not vanish for fakes D already scores far from the real ones."""
+
+    name, outputs = "lsgan", "scores"
+
+    def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((real - 1) ** 2).mean() + 0.5 * (fake ** 2).mean()
+
+    def g(self, fake: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((fake - 1) ** 2).mean()
+
+
+class Wasserstein:
+    """WGAN (Arjovsky et al. 2017): the critic D maximises E[D(real)] - E[D(fake)], an estimate of the Wasserstein
+    distance if D is 1-Lipschitz; the gradient penalty (`GradientPenalty`) is what keeps it so in WGAN-GP."""
+
+    name, outputs = "wgan-gp", "scores"
+
+    def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        return fake.mean() - real.mean()
+
+    def g(self, fake: torch.Tensor) -> torch.Tensor:
+        return -fake.mean()
+
+
+LOSSES = {loss.name: loss for loss in (BCE(), Hinge(), BCESigmoid(), LSGAN(), Wasserstein())}
+
+
+def d_loss(loss: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """Discriminator loss from its outputs on real and fake images (fp32)."""
+    return LOSSES[loss].d(real, fake)
+
+
+def g_loss(loss: str, fake: torch.Tensor) -> torch.Tensor:
+    """Generator loss from D's outputs on fake images (fp32)."""
+    return LOSSES[loss].g(fake)
+
+
+# -- penalties on D's input gradient ------------------------------------------------------------------------------
+
+def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) -> torch.Tensor:
+    """grad_x D(x), one gradient per image, as a graph the penalty's backward can differentiate (`create_graph`).
+
+    `d(x)` returns D's outputs on `x` (with the labels, for a conditional D). It must be D's plain module: not
+    compiled, since torch.compile (AOTAutograd) does not support double backward (it raises "torch.compile with
+    aot_autograd does not currently support double backward", pytorch/pytorch#91469 and #92348; before #181606,
+    merged 2026-06 and so not in torch 2.11, compiled gradients from `create_graph=True` silently lost their graph,
+    #181581, so a compiled penalty would not train D at all); and not DistributedDataParallel's wrapper, whose
+    documentation says it does not work with `torch.autograd.grad()`: the gradient here is taken with respect to
+    the input only, which fires none of DDP's parameter hooks, and the penalty then joins D's loss in the one
+    backward that DDP all-reduces (see `Trainer._train_step`).
+
+    Mixed precision follows PyTorch's AMP examples, "Gradient penalty" (docs.pytorch.org/docs/stable/notes/
+    amp_examples.html): D's forward runs under autocast; with fp16 the output is scaled by the GradScaler before
+    `autograd.grad`, so small input gradients do not underflow in fp16, and the gradients are unscaled before the
+    penalty uses them. The recipe unscales with `1 / scaler.get_scale()`, a Python float read from the device: a
+    host sync ("get_scale incurs a CPU-GPU sync", its docstring). Dividing by `scaler.scale(ones)`, the scale as a
+    device tensor, unscales the same way with no sync. An overflow makes the gradients inf; the penalty and D's
+    gradients are then inf too, and the scaler skips D's step and lowers its scale, as for any overflow. Without a
+    scaler (fp32, bf16) the gradients are used as they come."""
+    x = x.detach().requires_grad_(True)
+    with autocast():
+        out = d(x)
+    (grads,) = torch.autograd.grad(scaler.scale(out.float().sum()), x, create_graph=True)
+    if scaler.is_enabled():
+        grads = grads / scaler.scale(torch.ones((), device=x.device))
+    return grads
+
+
+class GradientPenalty:
+    """WGAN-GP's penalty: weight * E[(||grad D(x_hat)||_2 - 1)^2] at x_hat = mix * real + (1 - mix) * fake."""
+
+    name, mixes = "gradient penalty", True
+
+    def __init__(self, weight: float = 10.0):
+        self.weight = weight
+
+    def due(self, d_step: int) -> bool:
+        return True
+
+    def points(self, real: torch.Tensor, fake: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+        return torch.lerp(fake.detach().to(real.dtype), real, mix.view(-1, *[1] * (real.dim() - 1)))
+
+    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
+        return self.weight * ((grads.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
+
+
+class R1:
+    """R1: gamma / 2 * E[||grad D(real)||^2]; lazily every `interval` D steps, then weighted by `interval`."""
+
+    name, mixes = "R1", False
+
+    def __init__(self, gamma: float, interval: int = 1):
+        self.gamma, self.interval = gamma, interval
+
+    def due(self, d_step: int) -> bool:
+        return d_step % self.interval == 0
+
+    def points(self, real: torch.Tensor, fake: torch.Tensor, mix: torch.Tensor | None) -> torch.Tensor:
+        return real
+
+    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
+        return self.interval * self.gamma / 2 * grads.flatten(1).pow(2).sum(1).mean()
+
+
+def penalties(cfg) -> list:
+    """The penalties a config asks for, in the order they are added to D's loss."""
+    found = []
+    if cfg.loss == "wgan-gp":
+        found.append(GradientPenalty(cfg.gp_weight))
+    if cfg.r1_gamma > 0:
+        found.append(R1(cfg.r1_gamma, cfg.r1_interval))
+    return found
