@@ -1,8 +1,6 @@
 import json
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from gantools import Trainer, TrainConfig, preset
 from gantools.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, PHASES, ProfileReport, compare, diagnose,
@@ -30,16 +28,6 @@ def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
     assert "host sync" not in report.phases_ms and report.phases_ms["D backward"] > 0
     assert trainer.step == 1 + 1 + 2 + 2  # warm-up, profiler warm-up, profiled, unprofiled
     assert not any(type(c).__name__ == "StepProfiler" for c in trainer.callbacks)
-
-
-@pytest.fixture(scope="module")
-def big_images(tmp_path_factory):
-    """Large PNGs: decoding and resizing them per image, in the training process, starves a tiny model."""
-    root = tmp_path_factory.mktemp("big")
-    rng = np.random.default_rng(0)
-    for i in range(48):
-        Image.fromarray(rng.integers(0, 255, (640, 640, 3), dtype=np.uint8)).save(root / f"{i}.png")
-    return root
 
 
 def test_slow_loader_is_data_bound_and_the_recommended_fix_speeds_it_up(tiny, big_images):
