@@ -34,10 +34,13 @@ class ControlPanel:
     all blocking: notebooks and tests call them."""
 
     def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES, quality: bool = True,
-                 tune_minutes: float = 15.0):
+                 tune_minutes: float | None = None):
         import ipywidgets as W
 
+        from .workbook import QUICK
+
         stop_active_run()
+        tune_minutes = tune_minutes or (0.25 if QUICK else 15.0)  # quick mode (tests): seconds
         self.base, self.baseline, self.quality, self.tuned = base, baseline, quality, None
         self.controls = {}
         for name in techniques:
@@ -63,8 +66,8 @@ class ControlPanel:
         buttons = W.HBox([self.run_button, self.stop_button, self.progress])
         tune = W.HBox([self.tune_button, self.minutes, self.load_button])
         self.tune_table, self.tune_plot = W.Output(), W.Image(format="png")
-        self.tune_view = W.VBox([self.tune_table, self.tune_plot], layout=W.Layout(display="none"))
-        self.widget = W.VBox([grid, buttons, tune, self.status, self.plot, self.tune_view, self.table])
+        self.tune_view = W.VBox([self.tune_table, self.tune_plot])  # shown once Tune is pressed
+        self.widget = W.VBox([grid, buttons, tune, self.status, self.plot, self.table])
         self._show_table()
 
     def _ipython_display_(self):
@@ -172,7 +175,8 @@ class ControlPanel:
                 self.status.value = f"Tuning ({result.elapsed_s / 60:.1f} of {minutes:g} min): {result.now} ..."
 
         self._busy(True)
-        self.tune_view.layout.display = None
+        if self.tune_view not in self.widget.children:
+            self.widget.children = (*self.widget.children[:-1], self.tune_view, self.widget.children[-1])
         self.status.value = f"Tuning for up to {minutes:g} min ..."
         try:
             result = tune(cfg, minutes, quality=self.quality, quality_images=cfg.steps * cfg.batch_size, stop=stop,

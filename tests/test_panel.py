@@ -96,7 +96,7 @@ def test_tune_button_tunes_in_the_background_draws_the_path_and_loads_the_result
     result = panel.tuned
     assert panel.status.value.startswith("Tuned") and result.path and not result.stopped, panel.status.value
     assert result.start_config.loader == "device" and result.quality["images"] == 4 * 16  # a Run's images
-    assert panel.tune_view.layout.display is None and panel.tune_plot.value[:4] == b"\x89PNG"
+    assert panel.tune_view in panel.widget.children and panel.tune_plot.value[:4] == b"\x89PNG"
     assert "| step | change |" in panel.tune_table.outputs[0]["data"]["text/markdown"]
     assert not panel.load_button.disabled and not panel.run_button.disabled
     panel.load_button.click()

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -11,11 +12,11 @@ import torch
 from gantools import TrainConfig, tune
 from gantools.cli import main
 from gantools.config import speed_knobs
-from gantools.tuning import decide, search_space
+from gantools.tuning import decide, describe, search_space
 
 from conftest import BatchFreeD, BatchFreeG, weights
 
-PLAN = dict(warmup_images=16, images_per_repeat=32, repeats=3)  # 1 warm-up step, 3 chunks of 2 steps of 16
+PLAN = dict(warmup_images=64, images_per_repeat=512, repeats=3)  # tiny models: chunks of a few tenths of a second
 DATA_KNOBS = {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "transform", "loader"}
 
 
@@ -50,39 +51,59 @@ def test_the_search_space_holds_what_applies_here_likeliest_first(tmp_path):
         {"grad_accum_steps": 2}, "fewer, larger micro-batches only: more never makes a step faster"
 
 
-def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, big_images, tmp_path):
-    """Large PNGs decoded per image in the training process, a tiny model: the loop's first kept change loads the
-    data faster. The device loader cannot hold a folder (an invalid combination): rejected, and the loop goes on.
-    The quality function makes worker processes "hurt" FID, so the check backs off every kept change."""
-    cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0)
-    scored = []
+def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
+    """The tutorial's per-image PIL transforms in the training process feeding a tiny model: the step waits for its
+    data, the verdict says so, and tune's first kept change is the verdict's data-loading fix."""
+    cfg = tiny.replace(transform="per-sample", batch_size=64)
 
-    def quality(c):
-        scored.append(c)
-        return {"fid": 20.0 if c.num_workers else 10.0}
+    def stop_once_kept(result):
+        if any(s.accepted for s in result.path):
+            stop.set()
 
-    result = tune(cfg, minutes=5, quality=quality, plan=PLAN, progress=None,
-                  space=("channels_last", "loader", "num_workers", "persistent_workers"))
-    kept = [s for s in result.path if s.accepted]
-    assert kept, result.markdown()
-    first = kept[0]
-    assert set(first.change) <= DATA_KNOBS and first.source == "verdict: data-bound", result.markdown()
-    assert first.ratio > 1 and first.spread[0] > 1 and first.images_per_sec > first.incumbent_images_per_sec
-    device = next(s for s in result.path if s.change.get("loader") == "device")
-    assert not device.accepted and device.why.startswith("rejected: ConfigError") and "whole dataset" in device.why
-    assert result.ended == "no untried candidate left"
-    # quality: every kept change brought workers, so the check backed off to the start
-    assert result.final_config == cfg and all(s.backed_off for s in kept)
-    assert result.quality["held"] and [t["held"] for t in result.quality["tries"]][-1] is False
-    assert result.final["fid"] == result.start["fid"] == 10.0 and scored[0] == cfg
+    stop = threading.Event()
+    result = tune(cfg, minutes=5, quality=lambda c: {"fid": 1.0}, plan=PLAN, progress=None, stop=stop,
+                  on_update=stop_once_kept)
+    first = next((s for s in result.path if s.accepted), None)
+    assert first is not None, result.markdown()
+    assert result.path[0] is first and first.source == "verdict: data-bound", result.markdown()
+    assert first.change == {"transform": "on-device"} and set(first.change) <= DATA_KNOBS
+    assert first.spread[0] > 1 and first.images_per_sec > first.incumbent_images_per_sec
+    assert result.final_config == cfg.replace(transform="on-device") and result.stopped
     path = result.save_json(tmp_path / "tune.json")
     saved = json.loads(path.read_text())
     for point in ("start", "final"):
         assert {"config", "images_per_sec", "fid"} <= set(saved[point])
-    assert saved["final"]["config"]["num_workers"] == 0
+    assert saved["final"]["config"]["transform"] == "on-device" and saved["start"]["config"]["transform"] == "per-sample"
     step = saved["path"][0]
     assert {"change", "images_per_sec", "ratio_to_start", "accepted", "why"} <= set(step)
-    assert step["change"] == first.change and step["accepted"] is True and step["backed_off"] is True
+    assert step["change"] == first.change and step["accepted"] is True and step["why"].startswith("kept")
+
+
+def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64, monkeypatch):
+    """Every measured candidate is kept (the rule replaced, so the path is known); the quality function makes the
+    last one (for-loop Adam) "hurt" FID: the check backs off that change alone, re-scoring each config."""
+    from gantools import tuning
+
+    monkeypatch.setattr(tuning, "decide", lambda inc, cand: (True, 1.1, (1.05, 1.2), "kept (test)"))
+    scored = []
+
+    def quality(c):
+        scored.append(c)
+        return {"fid": 20.0 if c.optimizer_impl == "for-loop" else 10.0, "kid": 0.01}
+
+    cfg = tiny.replace(loader="device", sync_every_step=True)
+    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=PLAN, progress=None,
+                  space=("sync_every_step", "optimizer_impl"))
+    assert [describe(s.change) for s in result.path] == ["sync_every_step=False", "optimizer_impl=fused",
+                                                         "optimizer_impl=foreach", "optimizer_impl=for-loop"]
+    assert [s.backed_off for s in result.path] == [False, False, False, True]
+    final = result.final_config
+    assert final == cfg.replace(sync_every_step=False, optimizer_impl="foreach")
+    assert scored == [cfg, cfg.replace(sync_every_step=False, optimizer_impl="for-loop"), final]
+    assert [t["held"] for t in result.quality["tries"]] == [False, True] and result.quality["held"]
+    assert result.final["fid"] == 10.0 and result.start["fid"] == 10.0 and "1 kept change(s) backed off" in \
+        result.quality["note"]
+    assert "(backed off: quality)" in result.markdown() and result.speedup is not None
 
 
 class OutOfMemoryAbove(BatchFreeG):
@@ -97,19 +118,22 @@ class OutOfMemoryAbove(BatchFreeG):
         return super().forward(z)
 
 
-def test_your_own_networks_and_a_candidate_that_raises(tiny, glyphs64):
+def test_your_own_networks_and_candidates_that_raise(tiny, big_images):
+    """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory, the device
+    loader on a folder of files (an invalid combination): both rejected with their reasons, and the loop goes on."""
     g, d = OutOfMemoryAbove(), BatchFreeD()
     before = weights(g), weights(d)
-    cfg = tiny.replace(loader="device", sync_every_step=True)
-    result = tune(cfg, minutes=5, generator=g, discriminator=d, dataset=glyphs64, plan=PLAN, progress=None,
-                  quality=lambda c: {"fid": 1.0}, space=("batch_size", "sync_every_step"))
-    batch, sync = result.path  # the verdict's fix (bf16) is outside this space: the space's own order
+    cfg = tiny.replace(dataset="folder", data_path=str(big_images), sync_every_step=True)
+    result = tune(cfg, minutes=5, generator=g, discriminator=d, plan=dict(PLAN, images_per_repeat=64),
+                  progress=None, quality=lambda c: {"fid": 1.0}, space=("batch_size", "loader", "sync_every_step"))
+    batch, device, sync = result.path  # the verdict's fix (workers) is outside this space: the space's own order
     assert batch.change == {"batch_size": 32, "lr_g": pytest.approx(2e-4 * math.sqrt(2)),
                             "lr_d": pytest.approx(2e-4 * math.sqrt(2))}
     assert not batch.accepted and batch.why.startswith("rejected: OutOfMemory: out of cpu memory at step 1")
+    assert not device.accepted and device.why.startswith("rejected: ConfigError") and "whole dataset" in device.why
     assert sync.change == {"sync_every_step": False} and sync.images_per_sec > 0, "the loop went on"
-    assert result.final_config.batch_size == 16
-    assert g.calls == 0 and weights(g).keys() == before[0].keys(), "your networks are copied, never trained"
+    assert result.final_config.batch_size == 16 and result.ended == "no untried candidate left"
+    assert g.calls == 0, "your networks are copied for every run, never trained themselves"
     assert all(torch.equal(a, b) for a, b in zip(weights(g).values(), before[0].values()))
     assert all(torch.equal(a, b) for a, b in zip(weights(d).values(), before[1].values()))
 
