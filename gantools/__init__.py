@@ -8,6 +8,7 @@ from .errors import (CheckpointError, ConfigError, DataError, DoctorError, Ganto
 from .hardware import Timer, machine_info, resolve_device
 from .models import Discriminator, Generator, build_dcgan, dcgan_init
 from .train import History, Trainer
+from .tuning import TuneResult, tune
 
 __version__ = "0.1.0"
 __all__ = [
@@ -16,5 +17,5 @@ __all__ = [
     "History", "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "NonFiniteLossError", "OutOfMemory",
     "QualityError", "Timer", "TrainConfig", "Trainer", "build_dcgan", "data_root", "dataset_from_config",
     "dcgan_init", "load_checkpoint", "load_glyphs", "machine_info", "make_dataset", "make_loader", "preset",
-    "render_glyphs", "resolve_device", "save_checkpoint",
+    "render_glyphs", "resolve_device", "save_checkpoint", "tune", "TuneResult",
 ]

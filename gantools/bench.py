@@ -1,11 +1,12 @@
 """The benchmark ladder: the tutorial's loop, each technique alone, everything together and a max-throughput preset,
 measured in one process, interleaved, with quality beside speed when asked.
 
-Protocol: every variant is built and warmed up first (warm-up time, which holds torch.compile, is reported on its
-own); then the variants take turns, one chunk of steps each per repeat, so machine noise hits them all alike.
-Every chunk is timed with the device synchronised; a row reports the median images/s over repeats and its spread
-(min to max). Every variant trains on the same number of images, so with `quality=True` their FID, KID and class
-coverage are comparable.
+Protocol (`interleave`, the one place that decides how gantools measures speed; `gantools.tuning` uses it too):
+every variant is built and warmed up first (warm-up time, which holds torch.compile, is reported on its own); then
+the variants take turns, one chunk of steps each per repeat, so machine noise hits them all alike. Every chunk is
+timed with the device synchronised; a row reports the median images/s over repeats and its spread (min to max).
+Every variant trains on the same number of images, so with `quality=True` their FID, KID and class coverage are
+comparable.
 
 `scaling()` adds the row for more than one GPU: the same training under torchrun with 1..N processes (N: the GPUs
 here; on a CPU, 2 processes with gloo), each process with the preset's batch (so the global batch grows with N, the
@@ -20,12 +21,13 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import distributed
-from .config import TrainConfig, cli_flags, preset
+from .config import TrainConfig, cli_flags, preset, scale_batch
 from .errors import ConfigError, GantoolsError
 from .hardware import machine_info, resolve_device
 
@@ -45,6 +47,15 @@ SIZES = {  # the two presets the issue asks for: a few minutes on a 2-core CPU, 
 # (measured: 1330 at 100 steps, 127 at 400, 26 at 800), so budgets shorter than that compare noise
 PLAN = {"cpu": dict(warmup_images=128 * 3, images_per_repeat=128 * 3, repeats=5, quality_images=128 * 800),
         "gpu": dict(warmup_images=128 * 20, images_per_repeat=128 * 50, repeats=5, quality_images=128 * 3000)}
+# Quick mode (GANTOOLS_QUICK=1: tests, nbval): one-step chunks, a tiny quality budget
+QUICK_PLAN = dict(warmup_images=1, images_per_repeat=1, repeats=3, quality_images=32 * 12)
+
+
+def plan_for(device: torch.device) -> dict:
+    """The measuring plan for a device: the CPU's or the GPU's, or the quick one in quick mode."""
+    from .workbook import QUICK
+
+    return dict(QUICK_PLAN if QUICK else PLAN["gpu" if device.type == "cuda" else "cpu"])
 
 
 def can_compile(device: torch.device) -> bool:
@@ -98,18 +109,151 @@ def ladder(device: torch.device, compile_variants: bool) -> dict:
     if device.type == "cuda":
         together["tf32"] = True
     steps["all together"] = together
-    # twice the batch; Adam's learning rate scaled by sqrt(2), the usual rule for adaptive optimizers
-    steps["max throughput (batch x2)"] = {**together, "batch_scale": 2, "lr_scale": math.sqrt(2)}
+    # twice the batch; the learning rates follow (config.scale_batch: x sqrt 2, the usual rule for Adam)
+    steps["max throughput (batch x2)"] = {**together, "batch_scale": 2}
     return steps
 
 
-def _config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> TrainConfig:
+def variant(name: str, base: TrainConfig) -> TrainConfig:
+    """The ladder's row `name` (e.g. 'all together') applied to `base` (normally the reference preset)."""
+    dev = resolve_device(base.device)
+    steps = ladder(dev, can_compile(dev))
+    if name not in steps:
+        raise ConfigError(f"unknown variant {name!r}; choose from {list(steps)}")
+    return _apply(base, steps[name]).validate()
+
+
+def _apply(base: TrainConfig, changes: dict) -> TrainConfig:
     changes = dict(changes)
-    scale, batch_scale = changes.pop("lr_scale", 1.0), changes.pop("batch_scale", 1)
-    return base.replace(
-        **{**changes, "batch_size": base.batch_size * batch_scale, "lr_g": base.lr_g * scale,
-           "lr_d": base.lr_d * scale, "sample_interval": 0, "checkpoint_interval": 0,
-           "out_dir": str(out_dir / name.split(" (")[0].replace(" ", "-").replace("/", "-"))}).validate()
+    batch_scale = changes.pop("batch_scale", 1)
+    return scale_batch(base, base.batch_size * batch_scale).replace(**changes)
+
+
+def _config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> TrainConfig:
+    return _apply(base, changes).replace(
+        sample_interval=0, checkpoint_interval=0,
+        out_dir=str(out_dir / name.split(" (")[0].replace(" ", "-").replace("/", "-"))).validate()
+
+
+def measurement_trainer(cfg: TrainConfig, plan: dict, **trainer_args):
+    """A trainer for interleaved chunks (`interleave`): no cap on steps, a log record per chunk, no samples or
+    checkpoints on the way (fit() still writes one checkpoint at its end, outside the timed steps; 36 ms for the
+    32 px DCGAN here). `trainer_args` go to Trainer (your own networks, dataset, callbacks)."""
+    from .train import Trainer
+
+    return Trainer(cfg.replace(log_interval=max(1, plan["images_per_repeat"] // cfg.batch_size), steps=10**9,
+                               sample_interval=0, checkpoint_interval=0), **trainer_args)
+
+
+def side_by_side(configs: dict, plan: dict | None = None, out_dir="runs/bench/side-by-side", progress=None) -> dict:
+    """Configs measured against each other with the ladder's protocol (`interleave`), e.g. tune's start and final
+    beside the ladder's 'all together' (`variant`). Returns name -> {images_per_sec, spread, vs_first, warmup_s};
+    `side_by_side_markdown` draws it."""
+    first = next(iter(configs.values()))
+    plan = {**plan_for(resolve_device(first.device)), **(plan or {})}
+    builders = {name: (lambda name=name, cfg=cfg: measurement_trainer(
+        cfg.replace(out_dir=str(Path(out_dir) / f"{i}")), plan)) for i, (name, cfg) in enumerate(configs.items())}
+    measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
+    base = measured[next(iter(measured))].images_per_sec_runs
+    rows = {}
+    for name, m in measured.items():
+        ratios = [a / b for a, b in zip(m.images_per_sec_runs, base)]
+        rows[name] = {"images_per_sec": m.images_per_sec, "spread": m.spread, "vs_first": statistics.median(ratios),
+                      "vs_first_spread": (min(ratios), max(ratios)), "warmup_s": m.warmup_s}
+    return {"plan": plan, "date": time.strftime("%Y-%m-%d"), "machine": machine_info(first.device), "rows": rows}
+
+
+def side_by_side_markdown(result: dict) -> str:
+    from .display import markdown_table
+
+    first = next(iter(result["rows"]))
+    head = ["config", "images/s", "spread", f"vs {first} (paired, spread)", "warm-up s"]
+    return markdown_table(head, [[name, f"{r['images_per_sec']:.0f}", f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f}",
+                                  f"{r['vs_first']:.2f}x ({r['vs_first_spread'][0]:.2f}-{r['vs_first_spread'][1]:.2f})",
+                                  f"{r['warmup_s']:.1f}"] for name, r in result["rows"].items()])
+
+
+class Stopped(KeyboardInterrupt):
+    """A measurement ended early because its run was asked to stop (Ctrl-C, a Stop button): the user's interrupt,
+    raised between chunks, never a half-measured result."""
+
+
+@dataclass
+class Measured:
+    """One contender of an interleaved measurement: its trainer (warm, ready to go on), the steps in each of its
+    chunks, its warm-up time (construction included: it holds torch.compile and worker start-up) and the images/s
+    of each repeat's chunk, in repeat order (so two contenders' runs pair up repeat by repeat)."""
+
+    trainer: object
+    steps_per_repeat: int
+    warmup_s: float
+    images_per_sec_runs: list = field(default_factory=list)
+
+    @property
+    def images_per_sec(self) -> float:
+        return statistics.median(self.images_per_sec_runs)
+
+    @property
+    def spread(self) -> tuple:
+        return min(self.images_per_sec_runs), max(self.images_per_sec_runs)
+
+
+def interleave(contenders: dict, warmup_images: int, images_per_repeat: int, repeats: int, progress=None,
+               stop=None) -> dict:
+    """Measure trainers against each other in one process: the benchmark's protocol, and the tuner's.
+
+    `contenders`: name -> a Trainer, or a function that builds one (then its construction counts as warm-up). Each
+    is warmed up first (`warmup_images`, at least one step; the time is returned apart and excluded), then they take
+    turns for `repeats` rounds, one chunk of `images_per_repeat` images (at least one step) each per round; the order
+    is reversed every other round, so no contender always runs right after the same one. A chunk's images/s comes
+    from the trainer's own synchronised step times over that chunk (every log record it wrote), so the config's
+    log_interval does not matter. `stop()` is asked between chunks; a chunk cut short (Ctrl-C, `Trainer.stop`)
+    also ends the measurement: both raise `Stopped`."""
+    progress, stop = progress or (lambda line: None), stop or (lambda: False)
+    measured = {}
+    for name, contender in contenders.items():
+        t0 = time.perf_counter()
+        trainer = contender() if callable(contender) else contender
+        batch = trainer.cfg.batch_size
+        _chunk(trainer, max(1, warmup_images // batch), stop)
+        measured[name] = Measured(trainer, max(1, images_per_repeat // batch), time.perf_counter() - t0)
+        progress(f"warmed up {name} in {measured[name].warmup_s:.1f} s")
+    for r in range(repeats):
+        for name in (list(measured) if r % 2 == 0 else list(measured)[::-1]):
+            m = measured[name]
+            m.images_per_sec_runs.append(_chunk(m.trainer, m.steps_per_repeat, stop))
+        progress(f"repeat {r + 1}/{repeats} done")
+    return measured
+
+
+def prefetched(cfg: TrainConfig) -> int:
+    """Batches a DataLoader's workers prepare in the background, whether or not the trainer is training: up to
+    num_workers x prefetch_factor (torch's default factor: 2) are in flight at any time. None without workers or
+    with the device loader."""
+    if cfg.loader != "dataloader" or cfg.num_workers == 0:
+        return 0
+    return cfg.num_workers * (cfg.prefetch_factor or 2)
+
+
+def _chunk(trainer, steps: int, stop) -> float:
+    """Train `steps` steps; their images/s from the synchronised step times logged meanwhile. A DataLoader with
+    workers first runs, untimed, the batches it prepared while the other contenders trained (`prefetched`), so it
+    is not credited with work done in their turn."""
+    lead = prefetched(trainer.cfg)
+    for n in (lead, steps) if lead else (steps,):  # the timed steps come last
+        if stop():
+            raise Stopped("stopped between measurements")
+        start, first = trainer.step, len(trainer.history)
+        trainer.fit(n)
+        if trainer.step - start < n:
+            raise Stopped(f"stopped after {trainer.step - start} of {n} steps")
+    images = seconds = 0.0
+    previous = start
+    for record in trainer.history.records[first:]:
+        n = record["step"] - previous
+        images, seconds = images + n * trainer.cfg.batch_size, seconds + n * record["step_time_ms"] / 1e3
+        previous = record["step"]
+    return images / seconds
 
 
 def flops_per_image(trainer) -> float:
@@ -147,8 +291,6 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
         repeats: int | None = None, out_dir="runs/bench", quality_samples: int = 2048, overrides=None,
         plan=None, progress=print) -> dict:
     """Run the ladder (or the named `variants` of it). Returns a dict with machine, protocol and rows."""
-    from .train import Trainer
-
     dev = resolve_device(device)
     plan = {**PLAN[size], **(plan or {})}
     if repeats:
@@ -161,50 +303,37 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
             raise ConfigError(f"unknown variant(s) {sorted(unknown)}; choose from {list(steps)}")
         steps = {k: v for k, v in steps.items() if k in variants or k.startswith("reference")}
     out_dir = Path(out_dir)
-    trainers, rows = {}, {}
+    configs = {name: _config(base, changes, out_dir, name) for name, changes in steps.items()}
     # Each variant is built and trained with its own settings (TF32, cudnn.benchmark and its RNG live in its
     # Trainer and apply only during its own fit()), so building them all first and interleaving them is fair.
-    for name, changes in steps.items():  # build and warm up each variant
-        cfg = _config(base, changes, out_dir, name)
-        per_repeat = max(1, plan["images_per_repeat"] // cfg.batch_size)
-        cfg = cfg.replace(log_interval=per_repeat, steps=10**9)
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg)
-        trainer.fit(max(1, plan["warmup_images"] // cfg.batch_size))
-        trainers[name] = (trainer, per_repeat)
-        rows[name] = {"variant": name, "changes": {k: v for k, v in changes.items()}, "batch_size": cfg.batch_size,
-                      "warmup_s": time.perf_counter() - t0, "images_per_sec_runs": [],
-                      "flops_per_image": flops_per_image(trainer)}
-        progress(f"warmed up {name} in {rows[name]['warmup_s']:.1f} s")
+    builders = {name: (lambda cfg=cfg: measurement_trainer(cfg, plan)) for name, cfg in configs.items()}
+    measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
     peak = peak_flops(dev)
-    measured = {"fp32": matmul_peak(dev, torch.float32), "bf16": matmul_peak(dev, torch.bfloat16)}
-    for r in range(plan["repeats"]):  # interleaved: one chunk of each variant per repeat
-        for name, (trainer, per_repeat) in trainers.items():
-            trainer.fit(per_repeat)
-            rows[name]["images_per_sec_runs"].append(trainer.history[-1]["images_per_sec"])
-        progress(f"repeat {r + 1}/{plan['repeats']} done")
-    reference = statistics.median(rows[next(iter(rows))]["images_per_sec_runs"])
-    for name, (trainer, _) in trainers.items():
-        row, runs = rows[name], rows[name]["images_per_sec_runs"]
-        flops = row["flops_per_image"]
-        row.update(images_per_sec=statistics.median(runs), spread=(min(runs), max(runs)),
-                   speedup=statistics.median(runs) / reference, peak_mem_mb=trainer.history[-1]["peak_mem_mb"],
-                   tflops=statistics.median(runs) * flops / 1e12,
-                   mfu=statistics.median(runs) * flops / peak if peak else None,
-                   matmul_share=statistics.median(runs) * flops / max(measured.values()))
+    matmul = {"fp32": matmul_peak(dev, torch.float32), "bf16": matmul_peak(dev, torch.bfloat16)}
+    reference = measured[next(iter(measured))].images_per_sec
+    rows, trainers = {}, {name: m.trainer for name, m in measured.items()}
+    for name, m in measured.items():
+        flops = flops_per_image(m.trainer)
+        rows[name] = {"variant": name, "changes": dict(steps[name]), "batch_size": m.trainer.cfg.batch_size,
+                      "warmup_s": m.warmup_s, "images_per_sec_runs": m.images_per_sec_runs,
+                      "flops_per_image": flops, "images_per_sec": m.images_per_sec, "spread": m.spread,
+                      "speedup": m.images_per_sec / reference, "peak_mem_mb": m.trainer.history[-1]["peak_mem_mb"],
+                      "tflops": m.images_per_sec * flops / 1e12,
+                      "mfu": m.images_per_sec * flops / peak if peak else None,
+                      "matmul_share": m.images_per_sec * flops / max(matmul.values())}
     if quality:  # same image budget for every variant, then FID/KID/coverage
         from .metrics import QualityCallback, QualityMeter
 
         meter = QualityMeter(base.dataset, base.image_size, base.channels, n=quality_samples, device=dev)
         progress(f"training every variant to {plan['quality_images']} images for FID ...")
-        for name, (trainer, _) in trainers.items():
+        for name, trainer in trainers.items():
             seen = trainer.step * trainer.cfg.batch_size
             trainer.callbacks.append(QualityCallback(meter))
             trainer.fit(max(0, plan["quality_images"] - seen) // trainer.cfg.batch_size)
             rows[name].update(trainer.history.quality)
             progress(f"quality of {name}: FID {rows[name]['fid']:.2f}")
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "plan": plan,
-            "peak_bf16_flops": peak, "measured_matmul_flops": measured,
+            "peak_bf16_flops": peak, "measured_matmul_flops": matmul,
             "date": time.strftime("%Y-%m-%d"),
             "rows": list(rows.values())}
 

@@ -217,15 +217,20 @@ def _doctor_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value:g} must be > 0")
-    return value
+def _positive(unit: str):
+    """An argparse type: a positive number of `unit`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{value:g} must be > 0")
+        return value
+    return parse
+
+
+_seconds = _positive("seconds")
 
 
 def _doctor(args: dict) -> int:
@@ -251,6 +256,43 @@ def _doctor(args: dict) -> int:
         print(f"gantools doctor: {report.note}", file=sys.stderr)
         return 130 if report.settings.get("outcome") == "interrupted" else 2
     return 0
+
+
+# -- tune -----------------------------------------------------------------------------------------------------------
+
+def _tune_flags(p: argparse.ArgumentParser) -> None:
+    _add_preset_flag(p)
+    p.add_argument("--minutes", type=_positive("minutes"), default=15.0, metavar="M",
+                   help="wall-clock budget, the quality check included (default: %(default)g)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--quality", action=argparse.BooleanOptionalAction, default=True,
+                   help="train the start and the final config on the same images and keep the final FID within "
+                        "1.1x the start's, backing off changes if needed (default: on)")
+    p.add_argument("--quality-images", type=_count(1), default=None, metavar="N",
+                   help="images each config trains on for the quality check (default: 800 steps of batch 128 on a "
+                        "CPU, 3000 on a GPU)")
+    p.add_argument("--tune-batch-size", action="store_true",
+                   help="also try doubling batch_size (learning rates x sqrt 2): changes what is learned per image, "
+                        "so off by default")
+    add_config_flags(p)
+
+
+def _tune(args: dict) -> int:
+    from .checkpoint import ensure_writable
+    from .config import speed_knobs
+    from .tuning import tune
+
+    minutes, path, quality = args.pop("minutes"), args.pop("json"), args.pop("quality")
+    images, batch, name = args.pop("quality_images"), args.pop("tune_batch_size"), args.pop("preset")
+    if path:
+        ensure_writable(Path(path).parent)  # before minutes of tuning, not after
+    result = tune(preset(name, **args), minutes, quality=quality, quality_images=images,
+                  space=(*speed_knobs(), "batch_size") if batch else None)
+    print()
+    print(result.summary())
+    if path:
+        print(f"JSON: {result.save_json(path)}")
+    return 130 if result.stopped else 0
 
 
 # -- info -----------------------------------------------------------------------------------------------------------
@@ -284,6 +326,12 @@ COMMANDS = {
                "profile a few, stop it, and say what to change in your code, with the numbers that justify it. "
                "Options go before SCRIPT.py; everything after it goes to the script.", _doctor_flags, _doctor,
                False),
+    "tune": ("find the fastest config on this machine, keeping quality: profile, fix, measure, repeat",
+             "Start from a config (the train flags) and run the workbook's loop: profile, try the verdict's fix (or "
+             "the next speed knob), measure it against the best so far interleaved, keep it only if faster by more "
+             "than the spread; then train start and final on the same images and keep FID within 1.1x. Prints the "
+             "path as it goes and the final config as Python and as flags; Ctrl-C stops between measurements.",
+             _tune_flags, _tune, False),
     "info": ("print what this machine is (device, versions, cores) as JSON", None, lambda p: None, _info, True),
 }
 

@@ -160,13 +160,17 @@ FORMATS = {"images/s": "{:.0f}", "speed-up": "{:.2f}x", "ms/step": "{:.1f}", "da
            "peak MB": "{:.0f}", "loss D": "{:.3f}", "loss G": "{:.3f}", "FID": "{:.1f}", "FID vs baseline": "{:.2f}x"}
 
 
+def markdown_table(head: list, rows: list[list]) -> str:
+    """A Markdown table: the one way gantools draws one (cells already formatted)."""
+    lines = ["| " + " | ".join(map(str, head)) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
 def comparison_markdown(rows: list[dict]) -> str:
     head = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = ["n/a" if r.get(k) is None else FORMATS.get(k, "{}").format(r[k]) for k in head]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(head, [["n/a" if r.get(k) is None else FORMATS.get(k, "{}").format(r[k]) for k in head]
+                                 for r in rows])
 
 
 def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per second against the baseline"):
@@ -281,3 +285,60 @@ class LiveRuns:
         ax.tick_params(axis="y", labelsize=8)
         self.fig.tight_layout()
         self.handle = _display(self.fig, self.handle)
+
+
+def tune_chart(result, title: str = "tune: every candidate against the start"):
+    """The tune path: each step's speed against the start (kept: green; not kept: grey; rejected before measuring:
+    a red mark on the axis) and the incumbent's speed-up as a line, stepping up at each change kept."""
+    fig, ax = _figure(figsize=(9, 3.6))
+    xs = list(range(1, len(result.path) + 1))
+    best, incumbent = 1.0, []
+    for x, step in zip(xs, result.path):
+        if step.ratio_to_start is None:
+            ax.scatter(x, 1.0, marker="x", color="tab:red", zorder=3)
+        else:
+            kept = step.accepted and not step.backed_off
+            ax.scatter(x, step.ratio_to_start, color="tab:green" if kept else "tab:grey", zorder=3,
+                       marker="o" if kept else ("s" if step.backed_off else "."), s=40 if kept else 30)
+            best = step.ratio_to_start if kept else best
+        incumbent.append(best)
+        ax.annotate(" " + ", ".join(f"{k}={v}" for k, v in list(step.change.items())[:2]), (x, incumbent[-1]),
+                    fontsize=7, rotation=35, xytext=(0, 6), textcoords="offset points")
+    ax.step([0] + xs, [1.0] + incumbent, where="post", color="tab:green", lw=1.5, label="the incumbent (kept so far)")
+    ax.axhline(1.0, color="grey", ls="--", lw=1, label="the start")
+    ax.set_xlabel("step")
+    ax.set_ylabel("images/s against the start")
+    ax.set_xlim(0, max(xs, default=0) + 1.5)
+    ax.set_ylim(min([0.8] + [s.ratio_to_start for s in result.path if s.ratio_to_start]) * 0.95,
+                max([1.2] + incumbent + [s.ratio_to_start for s in result.path if s.ratio_to_start]) * 1.25)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+class LiveTune:
+    """`tune(..., on_update=LiveTune())`: the path table, what tune is doing and the chart, shown once and updated
+    in place (display handles) as tune goes; in a widget panel, pass its Output and Image widgets instead."""
+
+    def __init__(self, table=None, image=None):
+        self.table, self.image, self.handles = table, image, None
+
+    def __call__(self, result):
+        from IPython.display import Markdown
+
+        text = Markdown(result.markdown() + (f"\n\n*{result.now}*" if result.now and result.now != "done" else
+                                             "\n\n" + result.summary().split("final config:")[0]))
+        fig = tune_chart(result) if result.path else None
+        if self.table is not None:  # widgets (the panel): replace their content
+            self.table.outputs = ()
+            self.table.append_display_data(text)
+            if fig is not None:
+                self.image.value = figure_png(fig)
+            return
+        if self.handles is None:
+            self.handles = [_display(text), _display(fig) if fig is not None else None]
+            return
+        self.handles[0].update(text)
+        if fig is not None:
+            self.handles[1] = _display(fig, self.handles[1])

@@ -253,7 +253,7 @@ class QualityCallback:
         from .workbook import QUICK
 
         self.meter, self.n = meter, n or (256 if QUICK else MIN_SAMPLES)  # quick mode (tests): fewer samples
-        self.skip_reason = None
+        self.skip_reason, self.seconds = None, 0.0
 
     def on_fit_start(self, trainer) -> None:  # before any training: the meter is built (or found) now
         cfg = trainer.cfg
@@ -269,10 +269,14 @@ class QualityCallback:
     def on_fit_end(self, trainer) -> None:
         if self.meter is None:
             return
+        import time
+
+        t = time.perf_counter()
         n = self.meter.n  # a conditional generator is asked for every class in turn, and scored against them
         labels = torch.arange(n) % trainer.classes if trainer.cfg.conditional else None
         with torch.random.fork_rng(devices=_rng_devices(trainer.device)):  # KID subsets draw random numbers
             score = self.meter.score(trainer.generate(n, labels=labels), labels)
+        self.seconds = time.perf_counter() - t  # what scoring cost (the tuner budgets with it)
         trainer.history.quality = {**{k: v for k, v in score.items() if k != "class_shares"},
                                    "images_trained": trainer.batches_seen * trainer.cfg.batch_size}  # real images
 

@@ -1,14 +1,15 @@
-"""A widget panel that toggles every technique, runs the trainer in a background thread (so Stop stays
-clickable), and keeps a comparison of every run made since the kernel started."""
+"""A widget panel that toggles every technique, runs the trainer (or the auto-tuner, `gantools.tuning`) in a
+background thread (so Stop stays clickable), and keeps a comparison of every run made since the kernel started."""
 from __future__ import annotations
 
 import threading
 
-from .config import Knob, TrainConfig, knobs
-from .display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, figure_png
+from .config import Knob, TrainConfig, knobs, speed_knobs
+from .display import LivePlot, LiveTune, comparison_chart, comparison_markdown, comparison_rows, figure_png
 from .errors import GantoolsError
 from .metrics import QualityCallback
 from .train import Trainer
+from .tuning import StopWhen
 
 TECHNIQUES = ("precision", "loader", "num_workers", "pin_memory", "persistent_workers", "optimizer",
               "optimizer_impl", "grad_accum_steps", "channels_last", "compile", "batch_size", "steps")
@@ -26,24 +27,21 @@ def stop_active_run(wait: bool = True, timeout: float = 120.0) -> None:
         thread.join(timeout)
 
 
-class _StopWhenAsked:
-    def __init__(self, event: threading.Event):
-        self.event = event
-
-    def on_step_end(self, trainer):
-        if self.event.is_set():
-            trainer.stop()
-
-
 class ControlPanel:
-    """ipywidgets bound to TrainConfig fields, Run and Stop buttons, a progress bar, a live plot and the table of
-    runs against the baseline. `run()` is what the Run button does, blocking: notebooks and tests call it."""
+    """ipywidgets bound to TrainConfig fields, Run, Tune and Stop buttons, a progress bar, a live plot and the table
+    of runs against the baseline. `run()` is what the Run button does, `tune()` the Tune button (the auto-tuner on
+    the controls' config, its path drawn live) and `load()` the Load button (the tuned config into the controls),
+    all blocking: notebooks and tests call them."""
 
-    def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES, quality: bool = True):
+    def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES, quality: bool = True,
+                 tune_minutes: float | None = None):
         import ipywidgets as W
 
+        from .workbook import QUICK
+
         stop_active_run()
-        self.base, self.baseline, self.quality = base, baseline, quality
+        tune_minutes = tune_minutes or (0.25 if QUICK else 15.0)  # quick mode (tests): seconds
+        self.base, self.baseline, self.quality, self.tuned = base, baseline, quality, None
         self.controls = {}
         for name in techniques:
             w = _widget(name, knobs()[name], getattr(base, name))
@@ -51,7 +49,14 @@ class ControlPanel:
             self.controls[name] = w
         self.run_button = W.Button(description="Run", button_style="success", icon="play")
         self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.tune_button = W.Button(description="Tune", button_style="info", icon="magic",
+                                    tooltip="find a faster config for these settings on this machine (gantools tune)")
+        self.load_button = W.Button(description="Load tuned", icon="download", disabled=True,
+                                    tooltip="put the last tune's final config into the controls")
+        self.minutes = W.BoundedFloatText(value=tune_minutes, min=0.1, max=10**4, step=1, description="tune minutes")
         self.run_button.on_click(lambda _: self.run(block=False))
+        self.tune_button.on_click(lambda _: self.tune(block=False))
+        self.load_button.on_click(lambda _: self.load())
         self.stop_button.on_click(lambda _: stop_active_run(wait=False))
         self.status = W.HTML("Set the knobs, then press Run.")
         self.progress = W.IntProgress(value=0, min=0, max=1, description="steps")
@@ -59,7 +64,10 @@ class ControlPanel:
         self.table = W.Output()
         grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 330px)"))
         buttons = W.HBox([self.run_button, self.stop_button, self.progress])
-        self.widget = W.VBox([grid, buttons, self.status, self.plot, self.table])
+        tune = W.HBox([self.tune_button, self.minutes, self.load_button])
+        self.tune_table, self.tune_plot = W.Output(), W.Image(format="png")
+        self.tune_view = W.VBox([self.tune_table, self.tune_plot])  # shown once Tune is pressed
+        self.widget = W.VBox([grid, buttons, tune, self.status, self.plot, self.table])
         self._show_table()
 
     def _ipython_display_(self):
@@ -108,10 +116,10 @@ class ControlPanel:
             def on_step_end(self, t):
                 panel.progress.value = t.step
 
-        self.run_button.disabled, self.stop_button.disabled = True, False
+        self._busy(True)
         self.status.value = f"Running <b>{name}</b> ..."
         try:
-            callbacks = [Progress(), LivePlot(name, widget=self.plot), _StopWhenAsked(stop)]
+            callbacks = [Progress(), LivePlot(name, widget=self.plot), StopWhen(stop)]
             trainer = Trainer(cfg, callbacks=callbacks + ([QualityCallback()] if self.quality else []))
             _ACTIVE["trainer"] = trainer
             history = trainer.fit(0 if stop.is_set() else None)
@@ -119,7 +127,7 @@ class ControlPanel:
             self.status.value = f"<b style='color:#b00'>Run failed:</b><pre>{e}</pre>"
             return None
         finally:
-            self.run_button.disabled, self.stop_button.disabled = False, True
+            self._busy(False)
         summary = history.summary()
         if not summary:
             self.status.value = f"Stopped <b>{name}</b> before its first step."
@@ -132,6 +140,76 @@ class ControlPanel:
                              f"{quality}.")
         self._show_table()
         return history
+
+    def _busy(self, busy: bool) -> None:
+        self.run_button.disabled = self.tune_button.disabled = busy
+        self.stop_button.disabled = not busy
+
+    def tune(self, block: bool = True, minutes: float | None = None):
+        """Tune the controls' config (`gantools.tuning.tune`) for `minutes` (default: the panel's box), its path
+        shown live in the panel; Stop ends it between measurements. The quality check trains on as many images as
+        a Run (steps x batch), so its FIDs compare with the table's. Returns the TuneResult (blocking)."""
+        stop_active_run()
+        try:
+            cfg = self.config().replace(out_dir=f"{self.base.out_dir}/tune").validate()
+        except GantoolsError as e:
+            self.status.value = f"<b style='color:#b00'>Cannot tune:</b><pre>{e}</pre>"
+            return None
+        stop = threading.Event()
+        args = (cfg, minutes or self.minutes.value, stop)
+        thread = threading.Thread(target=self._tune, args=args, daemon=True)
+        _ACTIVE.update(thread=None if block else thread, stop=stop, trainer=None)
+        if block:
+            return self._tune(*args)
+        thread.start()
+        return None
+
+    def _tune(self, cfg: TrainConfig, minutes: float, stop: threading.Event):
+        from .tuning import tune
+
+        view = LiveTune(self.tune_table, self.tune_plot)
+
+        def update(result):
+            view(result)
+            if result.now != "done":
+                self.status.value = f"Tuning ({result.elapsed_s / 60:.1f} of {minutes:g} min): {result.now} ..."
+
+        self._busy(True)
+        if self.tune_view not in self.widget.children:
+            self.widget.children = (*self.widget.children[:-1], self.tune_view, self.widget.children[-1])
+        self.status.value = f"Tuning for up to {minutes:g} min ..."
+        try:
+            result = tune(cfg, minutes, quality=self.quality, quality_images=cfg.steps * cfg.batch_size, stop=stop,
+                          progress=None, on_update=update)
+        except GantoolsError as e:
+            self.status.value = f"<b style='color:#b00'>Tune failed:</b><pre>{e}</pre>"
+            return None
+        finally:
+            self._busy(False)
+        self.tuned, self.load_button.disabled = result, False
+        speed = f"{result.speedup:.2f}x the start's images/s" if result.speedup else "speed-up not measured"
+        self.status.value = (f"{'Tune stopped' if result.stopped else 'Tuned'}: {speed}; "
+                             f"{result.quality.get('note', '')}. Press <b>Load tuned</b> to put "
+                             f"{describe_changes(result) or 'it'} into the controls.")
+        return result
+
+    def load(self, result=None) -> "ControlPanel":
+        """Put a tune result's final config (default: the last tune's) into the controls, and its other speed
+        settings into the panel's base config, so Run trains it (on the panel's own model, data and schedule)."""
+        result = result or self.tuned
+        if result is None:
+            self.status.value = "Nothing to load yet: press Tune first."
+            return self
+        final = result.final_config
+        for name, w in self.controls.items():
+            value = getattr(final, name)
+            if value in BACKGROUND_THREAD_UNSAFE.get(name, ()):
+                value = "default"  # the panel trains in a background thread (see BACKGROUND_THREAD_UNSAFE)
+            w.value = AUTO if value is None else value
+        moved = set(speed_knobs()) | set(result.changes())
+        self.base = self.base.replace(**{k: getattr(final, k) for k in moved if k not in self.controls})
+        self.status.value = f"Loaded the tuned config: {describe_changes(result) or 'no changes'}. Press Run."
+        return self
 
     def _show_table(self):
         from IPython.display import Image, Markdown
@@ -172,3 +250,8 @@ def _widget(name: str, knob: Knob, value):
         raise ValueError(f"the panel has no control for {name} ({knob.kind.__name__}{' pair' if knob.pair else ''})")
     w.tooltip = knob.help
     return w
+
+
+def describe_changes(result) -> str:
+    """`precision: fp32 -> bf16, ...`: what a tune changed."""
+    return ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in result.changes().items())

@@ -2,8 +2,10 @@
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 from gantools import ImageTensorDataset, TrainConfig, render_glyphs
@@ -24,6 +26,16 @@ def _quiet_threads():
 def glyphs64():
     """64 rendered digits at 32 px: four batches of 16, so short runs wrap around an epoch."""
     return ImageTensorDataset(*render_glyphs(64, 32, 1, seed=0))
+
+
+@pytest.fixture(scope="session")
+def big_images(tmp_path_factory):
+    """Large PNGs: decoding and resizing them per image, in the training process, starves a tiny model."""
+    root = tmp_path_factory.mktemp("big")
+    rng = np.random.default_rng(0)
+    for i in range(48):
+        Image.fromarray(rng.integers(0, 255, (640, 640, 3), dtype=np.uint8)).save(root / f"{i}.png")
+    return root
 
 
 # A DCGAN small enough that a step takes milliseconds (also used by ddp_worker.py, which has no fixtures)

@@ -3,7 +3,8 @@
 nbval proves that the cells execute; this proves what a reader sees. Every notebook (quick mode, copied to a temporary
 folder so the stored outputs are never touched) is opened in JupyterLab and run with Run > Run All Cells; no cell may
 show an error and every widget must render. In 05_all_together a control is changed with the mouse and Run pressed:
-the run's loss plot and sample grid must update in place and its result must reach the comparison table.
+the run's loss plot and sample grid must update in place and its result must reach the comparison table; then Tune is
+pressed with a budget of seconds, its path must appear in the panel, and Load tuned must take its result.
 Screenshots land in artifacts/browser/ for a person to look at.
 
 Needs Chromium (Debian's `chromium`; `make test` installs it where it can) or $GANTOOLS_CHROMIUM. Playwright's own
@@ -15,6 +16,7 @@ import base64
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -246,6 +248,27 @@ def check_panel(nb: Notebook) -> None:
     run_name = after_status.split(":")[1].strip()
     assert any(run_name in row for row in rows.all_inner_texts()), f"no row for '{run_name}' in the comparison"
     panel.screenshot(path=str(ARTIFACTS / f"{Path(nb.name).stem}-panel-after.png"))
+    check_tune(page, panel, status)
+
+
+def check_tune(page, panel, status) -> None:
+    """05: a short budget typed in, Tune pressed: the path table and chart appear in the panel as it runs, then Load
+    tuned puts the result into the controls."""
+    minutes = panel.locator(".widget-text:has(label:text-is('tune minutes')) input")
+    minutes.fill("0.1")
+    minutes.press("Enter")
+    before = status.inner_text()
+    panel.locator("button:has-text('Tune')").click()
+    page.wait_for_function("([s, before]) => s.innerText !== before && /^(Tuned|Tune stopped|Tune failed|Cannot)/"
+                           ".test(s.innerText)", arg=[status.element_handle(), before],
+                           timeout=RUN_TIMEOUT_S * 1000, polling=200)
+    assert status.inner_text().startswith("Tuned"), f"pressing Tune did not finish a tune: {status.inner_text()}"
+    path = panel.locator(".widget-output table:has(th:text-is('vs start')) tbody tr")
+    assert path.count() >= 1, "the tune's path table did not appear in the panel"
+    assert panel.locator("img.widget-image").count() == 2, "no tune chart beside the live plot"
+    panel.locator("button:has-text('Load tuned')").click()
+    expect(status).to_have_text(re.compile("^Loaded the tuned config"), timeout=10_000)
+    panel.screenshot(path=str(ARTIFACTS / "05_all_together-panel-tuned.png"))
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -78,3 +78,39 @@ def test_each_control_is_chosen_by_its_fields_description(tiny):
     assert type(_widget("lr_g", knobs()["lr_g"], 2e-4)).__name__ == "FloatText"
     with pytest.raises(ValueError, match="no control for betas"):
         _widget("betas", knobs()["betas"], (0.5, 0.999))
+
+
+def _wait(condition, seconds=60):
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+def test_tune_button_tunes_in_the_background_draws_the_path_and_loads_the_result(panel):
+    panel.set(loader="device").minutes.value = 0.2
+    panel.tune_button.click()
+    _wait(lambda: gp._ACTIVE["thread"] is not None)
+    assert panel.run_button.disabled and panel.tune_button.disabled and not panel.stop_button.disabled
+    gp._ACTIVE["thread"].join(120)
+    result = panel.tuned
+    assert panel.status.value.startswith("Tuned") and result.path and not result.stopped, panel.status.value
+    assert result.start_config.loader == "device" and result.quality["images"] == 4 * 16  # a Run's images
+    assert panel.tune_view in panel.widget.children and panel.tune_plot.value[:4] == b"\x89PNG"
+    assert "| step | change |" in panel.tune_table.outputs[0]["data"]["text/markdown"]
+    assert not panel.load_button.disabled and not panel.run_button.disabled
+    panel.load_button.click()
+    final, loaded = result.final_config, panel.config()
+    assert all(getattr(loaded, k) == getattr(final, k) for k in result.changes()), "Run now trains the tuned config"
+    assert "Loaded the tuned config" in panel.status.value
+
+
+def test_stop_ends_a_tune_between_measurements(panel):
+    panel.set(loader="device").minutes.value = 10
+    panel.tune_button.click()
+    _wait(lambda: "measuring" in panel.status.value)
+    panel.stop_button.click()
+    gp._ACTIVE["thread"].join(60)
+    assert not gp._ACTIVE["thread"].is_alive()
+    assert panel.status.value.startswith("Tune stopped") and panel.tuned.stopped
+    assert not panel.load_button.disabled, "what was found before the stop can be loaded"

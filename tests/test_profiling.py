@@ -1,9 +1,7 @@
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from gantools import Trainer, TrainConfig, preset
 from gantools.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, OPTIONAL_PHASES, PHASES, ProfileReport,
@@ -34,17 +32,8 @@ def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
     assert not any(type(c).__name__ == "StepProfiler" for c in trainer.callbacks)
 
 
-@pytest.fixture(scope="module")
-def big_images(tmp_path_factory):
-    """Large PNGs: decoding and resizing them per image, in the training process, starves a tiny model."""
-    root = tmp_path_factory.mktemp("big")
-    rng = np.random.default_rng(0)
-    for i in range(48):
-        Image.fromarray(rng.integers(0, 255, (640, 640, 3), dtype=np.uint8)).save(root / f"{i}.png")
-    return root
-
-
-def test_slow_loader_is_data_bound_and_the_recommended_fix_speeds_it_up(tiny, big_images):
+def test_slow_loader_is_data_bound_and_the_recommended_fix_speeds_it_up(tiny, big_images, request):
+    request.addfinalizer(lambda n=torch.get_num_threads(): torch.set_num_threads(n))  # the next tests get theirs
     torch.set_num_threads(1)  # a tiny model's two OpenMP threads spin 100x slower on a busy 2-core machine
     cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0)
     before = profile(cfg, steps=6, warmup=1)

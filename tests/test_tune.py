@@ -1,0 +1,179 @@
+"""gantools.tuning: the profile, fix, measure loop run by gantools itself. Tiny models and short plans: each tune here
+takes seconds. Where a test needs a deterministic quality verdict it passes its own quality function."""
+import json
+import math
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from gantools import TrainConfig, tune
+from gantools.cli import main
+from gantools.config import speed_knobs
+from gantools.tuning import decide, describe, search_space
+
+from conftest import BatchFreeD, BatchFreeG, weights
+
+PLAN = dict(warmup_images=64, images_per_repeat=512, repeats=3)  # tiny models: chunks of a few tenths of a second
+DATA_KNOBS = {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "transform", "loader"}
+
+
+def test_the_rule_keeps_a_candidate_only_when_it_wins_every_paired_repeat():
+    kept, ratio, spread, why = decide([100, 90, 110], [120, 99, 130])
+    assert kept and ratio == pytest.approx(1.18, abs=0.01) and spread[0] > 1 and "all 3 repeats" in why
+    kept, ratio, spread, why = decide([100, 90, 110], [130, 85, 140])  # faster on median, lost one repeat
+    assert not kept and ratio > 1 and spread[0] < 1 and "within the spread" in why
+    kept, _, _, why = decide([100, 100, 100], [90, 95, 99])
+    assert not kept and "not faster" in why
+
+
+def test_the_search_space_holds_what_applies_here_likeliest_first(tmp_path):
+    cpu = torch.device("cpu")
+    cfg = TrainConfig(loss="bce-sigmoid", transform="per-sample", num_workers=2, sync_every_step=True,
+                      freeze_d=False, out_dir=str(tmp_path))
+    candidates, skipped = search_space(cfg, cpu)
+    changes = [c.change for c in candidates]
+    assert changes[0] == {"precision": "bf16", "loss": "bce"}  # the same loss from logits: what bf16 needs
+    assert {"loader": "device", "transform": "on-device", "num_workers": 0} in changes  # completed to be valid
+    assert [c.prior for c in candidates] == sorted((c.prior for c in candidates), reverse=True)
+    every = {k for change in changes for k in change}
+    assert every <= set(speed_knobs()) | {"loss"}, "only speed knobs (and bce-sigmoid -> bce) ever change"
+    assert not any("fp16" in str(c) or "pin_memory" in c or "tf32" in c or "cudnn_benchmark" in c for c in changes)
+    assert {c for c, _ in skipped} >= {"precision=fp16", "pin_memory=True", "tf32=True", "cudnn_benchmark=True"}
+    assert not any(c.get("compile") == "reduce-overhead" for c in changes)  # CUDA graphs: never on a CPU
+    for change in changes:
+        cfg.replace(**change).validate()
+    bigger = search_space(cfg, cpu, space=("batch_size",))[0][0].change
+    assert bigger["batch_size"] == 256 and bigger["lr_g"] == pytest.approx(2e-4 * math.sqrt(2))
+    assert search_space(cfg.replace(grad_accum_steps=4), cpu, space=("grad_accum_steps",))[0][0].change == \
+        {"grad_accum_steps": 2}, "fewer, larger micro-batches only: more never makes a step faster"
+
+
+def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
+    """The tutorial's per-image PIL transforms in the training process feeding a tiny model: the step waits for its
+    data, the verdict says so, and tune's first kept change is the verdict's data-loading fix."""
+    cfg = tiny.replace(transform="per-sample", batch_size=64)
+
+    def stop_once_kept(result):
+        if any(s.accepted for s in result.path):
+            stop.set()
+
+    stop = threading.Event()
+    result = tune(cfg, minutes=5, quality=lambda c: {"fid": 1.0}, plan=PLAN, progress=None, stop=stop,
+                  on_update=stop_once_kept)
+    first = next((s for s in result.path if s.accepted), None)
+    assert first is not None, result.markdown()
+    assert result.path[0] is first and first.source == "verdict: data-bound", result.markdown()
+    assert first.change == {"transform": "on-device"} and set(first.change) <= DATA_KNOBS
+    assert first.spread[0] > 1 and first.images_per_sec > first.incumbent_images_per_sec
+    assert result.final_config == cfg.replace(transform="on-device") and result.stopped
+    path = result.save_json(tmp_path / "tune.json")
+    saved = json.loads(path.read_text())
+    for point in ("start", "final"):
+        assert {"config", "images_per_sec", "fid"} <= set(saved[point])
+    assert saved["final"]["config"]["transform"] == "on-device" and saved["start"]["config"]["transform"] == "per-sample"
+    step = saved["path"][0]
+    assert {"change", "images_per_sec", "ratio_to_start", "accepted", "why"} <= set(step)
+    assert step["change"] == first.change and step["accepted"] is True and step["why"].startswith("kept")
+
+
+def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64, monkeypatch):
+    """Every measured candidate is kept (the rule replaced, so the path is known); the quality function makes the
+    last one (for-loop Adam) "hurt" FID: the check backs off that change alone, re-scoring each config."""
+    from gantools import tuning
+
+    monkeypatch.setattr(tuning, "decide", lambda inc, cand: (True, 1.1, (1.05, 1.2), "kept (test)"))
+    scored = []
+
+    def quality(c):
+        scored.append(c)
+        return {"fid": 20.0 if c.optimizer_impl == "for-loop" else 10.0, "kid": 0.01}
+
+    cfg = tiny.replace(loader="device", sync_every_step=True)
+    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=PLAN, progress=None,
+                  space=("sync_every_step", "optimizer_impl"))
+    assert [describe(s.change) for s in result.path] == ["sync_every_step=False", "optimizer_impl=fused",
+                                                         "optimizer_impl=foreach", "optimizer_impl=for-loop"]
+    assert [s.backed_off for s in result.path] == [False, False, False, True]
+    final = result.final_config
+    assert final == cfg.replace(sync_every_step=False, optimizer_impl="foreach")
+    assert scored == [cfg, cfg.replace(sync_every_step=False, optimizer_impl="for-loop"), final]
+    assert [t["held"] for t in result.quality["tries"]] == [False, True] and result.quality["held"]
+    assert result.final["fid"] == 10.0 and result.start["fid"] == 10.0 and "1 kept change(s) backed off" in \
+        result.quality["note"]
+    assert "(backed off: quality)" in result.markdown() and result.speedup is not None
+
+
+class OutOfMemoryAbove(BatchFreeG):
+    """Your own generator, which runs out of memory above a batch of 16 (what a GPU does at some batch size)."""
+
+    calls = 0
+
+    def forward(self, z):
+        self.calls += 1
+        if z.shape[0] > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(z)
+
+
+def test_your_own_networks_and_candidates_that_raise(tiny, big_images):
+    """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory, the device
+    loader on a folder of files (an invalid combination): both rejected with their reasons, and the loop goes on."""
+    g, d = OutOfMemoryAbove(), BatchFreeD()
+    before = weights(g), weights(d)
+    cfg = tiny.replace(dataset="folder", data_path=str(big_images), sync_every_step=True)
+    result = tune(cfg, minutes=5, generator=g, discriminator=d, plan=dict(PLAN, images_per_repeat=64),
+                  progress=None, quality=lambda c: {"fid": 1.0}, space=("batch_size", "loader", "sync_every_step"))
+    batch, device, sync = result.path  # the verdict's fix (workers) is outside this space: the space's own order
+    assert batch.change == {"batch_size": 32, "lr_g": pytest.approx(2e-4 * math.sqrt(2)),
+                            "lr_d": pytest.approx(2e-4 * math.sqrt(2))}
+    assert not batch.accepted and batch.why.startswith("rejected: OutOfMemory: out of cpu memory at step 1")
+    assert not device.accepted and device.why.startswith("rejected: ConfigError") and "whole dataset" in device.why
+    assert sync.change == {"sync_every_step": False} and sync.images_per_sec > 0, "the loop went on"
+    assert result.final_config.batch_size == 16 and result.ended == "no untried candidate left"
+    assert g.calls == 0, "your networks are copied for every run, never trained themselves"
+    assert all(torch.equal(a, b) for a, b in zip(weights(g).values(), before[0].values()))
+    assert all(torch.equal(a, b) for a, b in zip(weights(d).values(), before[1].values()))
+
+
+def test_ctrl_c_ends_tune_between_measurements_with_the_path_so_far(tiny, glyphs64, tmp_path):
+    sent = []
+
+    def interrupt(result):
+        if result.path and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))  # what Ctrl-C sends, once
+
+    result = tune(tiny.replace(loader="device"), minutes=5, dataset=glyphs64, plan=PLAN, progress=None,
+                  quality=False, on_update=interrupt)
+    assert result.stopped and len(result.path) == 1 and result.ended == "stopped"
+    assert "not checked" in result.quality["note"]
+    assert result.final_config == (result.start_config.replace(**result.path[0].change) if result.path[0].accepted
+                                   else result.start_config)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C is the process's again"
+    assert not (tmp_path / "run" / "tune" / "trials").exists(), "measurement runs are removed"
+
+
+def test_bad_input_is_refused_before_any_work(tiny, glyphs64):
+    with pytest.raises(ValueError, match="only speed knobs.*not lr_g"):
+        tune(tiny, space=("lr_g",))
+    with pytest.raises(ValueError, match="your own dataset: pass quality=False"):
+        tune(tiny, dataset=glyphs64)
+    with pytest.raises(ValueError, match="minutes=0"):
+        tune(tiny, minutes=0)
+
+
+def test_tune_from_the_command_line(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    args = ["tune", "--minutes", "0.1", "--no-quality", "--json", str(path), "--loader", "device", "--nz", "8",
+            "--ngf", "8", "--ndf", "8", "--batch-size", "16", "--out-dir", str(tmp_path / "run")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "| step | change | from |" in out and "| 1 |" in out and "search ended:" in out
+    assert "final config:" in out and "TrainConfig(" in out and "python -m gantools train --loader device --nz 8" in out
+    saved = json.loads(path.read_text())
+    assert saved["path"] and saved["start"]["config"]["loader"] == "device"
+    with pytest.raises(SystemExit):
+        main(["tune", "--minutes", "0"])
+    assert "argument --minutes: 0 must be > 0" in capsys.readouterr().err
