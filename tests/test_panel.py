@@ -88,7 +88,7 @@ def _wait(condition, seconds=60):
 
 
 def test_tune_button_tunes_in_the_background_draws_the_path_and_loads_the_result(panel):
-    panel.set(loader="device").minutes.value = 0.2
+    panel.set(loader="device").minutes.value = 0.4  # the quality reserve (two FIDs) is ~13 s here
     panel.tune_button.click()
     _wait(lambda: gp._ACTIVE["thread"] is not None)
     assert panel.run_button.disabled and panel.tune_button.disabled and not panel.stop_button.disabled
