@@ -141,7 +141,7 @@ def measurement_trainer(cfg: TrainConfig, plan: dict, **trainer_args):
     32 px DCGAN here). `trainer_args` go to Trainer (your own networks, dataset, callbacks)."""
     from .train import Trainer
 
-    return Trainer(cfg.replace(log_interval=max(1, plan["images_per_repeat"] // cfg.batch_size), steps=10**9,
+    return Trainer(cfg.replace(log_interval=max(1, plan["images_per_repeat"] // cfg.images_per_step), steps=10**9,
                                sample_interval=0, checkpoint_interval=0), **trainer_args)
 
 
@@ -214,7 +214,7 @@ def interleave(contenders: dict, warmup_images: int, images_per_repeat: int, rep
     for name, contender in contenders.items():
         t0 = time.perf_counter()
         trainer = contender() if callable(contender) else contender
-        batch = trainer.cfg.batch_size
+        batch = trainer.cfg.images_per_step  # real images per step (d_steps batches)
         _chunk(trainer, max(1, warmup_images // batch), stop)
         measured[name] = Measured(trainer, max(1, images_per_repeat // batch), time.perf_counter() - t0)
         progress(f"warmed up {name} in {measured[name].warmup_s:.1f} s")
@@ -251,7 +251,7 @@ def _chunk(trainer, steps: int, stop) -> float:
     previous = start
     for record in trainer.history.records[first:]:
         n = record["step"] - previous
-        images, seconds = images + n * trainer.cfg.batch_size, seconds + n * record["step_time_ms"] / 1e3
+        images, seconds = images + n * trainer.cfg.images_per_step, seconds + n * record["step_time_ms"] / 1e3
         previous = record["step"]
     return images / seconds
 
@@ -327,9 +327,9 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
         meter = QualityMeter(base.dataset, base.image_size, base.channels, n=quality_samples, device=dev)
         progress(f"training every variant to {plan['quality_images']} images for FID ...")
         for name, trainer in trainers.items():
-            seen = trainer.step * trainer.cfg.batch_size
+            seen = trainer.batches_seen * trainer.cfg.batch_size  # real images
             trainer.callbacks.append(QualityCallback(meter))
-            trainer.fit(max(0, plan["quality_images"] - seen) // trainer.cfg.batch_size)
+            trainer.fit(max(0, plan["quality_images"] - seen) // trainer.cfg.images_per_step)
             rows[name].update(trainer.history.quality)
             progress(f"quality of {name}: FID {rows[name]['fid']:.2f}")
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "plan": plan,

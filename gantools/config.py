@@ -217,6 +217,12 @@ class TrainConfig:
     def micro_batch_size(self) -> int:
         return self.batch_size // self.grad_accum_steps
 
+    @property
+    def images_per_step(self) -> int:
+        """Real images one training step reads: a batch per D step (`d_steps`). Images/s and "images trained"
+        count these, so runs with different d_steps compare at equal data."""
+        return self.batch_size * self.d_steps
+
     # -- validation -------------------------------------------------------------------------
     def validate(self) -> "TrainConfig":
         """Raise one ConfigError listing every impossible value or combination, before any work starts."""

@@ -267,7 +267,7 @@ class LiveRuns:
         for i, (name, t) in enumerate(trainers.items()):
             h = t.history
             if len(h):
-                per_step = t.cfg.batch_size * t.cfg.d_steps
+                per_step = t.cfg.images_per_step
                 ax.plot([s * per_step for s in h.column("step")], h.column("loss_d"), color=f"C{i % 10}", label=name)
         ax.set_xlabel("real images trained")
         ax.set_yscale("symlog")  # a critic's loss (wgan-gp) lives on another scale than BCE's

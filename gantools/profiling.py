@@ -75,7 +75,7 @@ class ProfileReport:
 
     device: str
     steps: int
-    batch_size: int
+    batch_size: int                # real images per step (batch_size x d_steps)
     step_time_ms: float            # profiled, host wall time per step
     unprofiled_step_time_ms: float  # the same config without the profiler, synchronised
     phases_ms: dict = field(default_factory=dict)
@@ -167,7 +167,7 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit)
     # On a CPU nothing waits for a device, so there are no host syncs to count.
     syncs = sum(by_name[n].count for n in SYNC_EVENTS if n in by_name) / steps if cuda else 0.0
-    report = ProfileReport(str(device), steps, cfg.batch_size, step_ms, unprofiled_ms, phases, busy, h2d, syncs,
+    report = ProfileReport(str(device), steps, cfg.images_per_step, step_ms, unprofiled_ms, phases, busy, h2d, syncs,
                            top[:10], trainer.history[-1]["peak_mem_mb"], table or cpu_table, cpu_table,
                            str(trace_path))
     report.verdict = diagnose(report, cfg)

@@ -404,6 +404,26 @@ def _compile_errors() -> tuple:
     return tuple(found)
 
 
+@contextlib.contextmanager
+def _room_to_recompile():
+    """Dynamo keeps at most `recompile_limit` (8) compiled versions per code object, then runs that code eagerly
+    for good; every G (and every D) built during a tune shares one forward code object, and each precision,
+    memory format, frozen D or batch size is a version. So a tune raises the limit for its duration, or a compile
+    candidate late in the path would be measured eager. `recompile_limit` since torch 2.6 (pytorch/pytorch#143709,
+    the old name `cache_size_limit` kept as an alias)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch(**{name: max(64, getattr(config, name))}):
+        yield
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Out of memory without torch.OutOfMemoryError: cuBLAS/cuDNN report a failed workspace allocation as a
+    RuntimeError ("CUBLAS_STATUS_ALLOC_FAILED", cuDNN's "CUDNN_STATUS_ALLOC_FAILED" / "ALLOC_FAILED")."""
+    text = str(e)
+    return "out of memory" in text.lower() or "ALLOC_FAILED" in text
+
+
 def _reason(e: BaseException) -> str:
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
     return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
@@ -452,7 +472,13 @@ class _Tuner:
         self.own = (generator, discriminator) if generator is not None else None
         self.dataset = dataset
         self.plan = {**bench.plan_for(self.device), **(plan or {})}
-        self.quality_images = quality_images or self.plan["quality_images"]
+        self.quality_images = self.plan["quality_images"] if quality_images is None else quality_images
+        bad = [f"{k}={v!r}" for k, v in (*((k, self.plan[k]) for k in ("warmup_images", "images_per_repeat",
+                                                                         "repeats")), ("quality_images",
+                                                                                       self.quality_images))
+               if not (isinstance(v, int) and not isinstance(v, bool) and v > 0)]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)}: each must be a whole number > 0 (images, or rounds for repeats)")
         self.quality, self.meter = quality, None
         if quality is True and dataset is not None:
             raise ConfigError("quality=True scores against the real images of cfg.dataset, but you gave your own "
@@ -486,7 +512,7 @@ class _Tuner:
         g, d = (copy.deepcopy(self.own[0]), copy.deepcopy(self.own[1])) if self.own else (None, None)
         args = dict(generator=g, discriminator=d, dataset=self.dataset, callbacks=[StopWhen(self.stop)])
         if for_quality:
-            return Trainer(cfg.replace(steps=max(1, self.quality_images // cfg.batch_size), sample_interval=0,
+            return Trainer(cfg.replace(steps=max(1, self.quality_images // cfg.images_per_step), sample_interval=0,
                                        checkpoint_interval=0, out_dir=str(self.dir / name)), **args)
         self.trials += 1
         return bench.measurement_trainer(cfg.replace(out_dir=str(self.dir / "trials" / f"{self.trials:03d}")),
@@ -551,20 +577,21 @@ class _Tuner:
         if seconds is None:
             p = self.plan
             images = p["warmup_images"] + p["repeats"] * p["images_per_repeat"]
-            images = max(images, (1 + p["repeats"]) * self.start_cfg.batch_size)  # at least a step per chunk
+            images = max(images, (1 + p["repeats"]) * self.start_cfg.images_per_step)  # at least a step per chunk
             seconds = 2 * images / (self.speed.get(_key(self.chain[-1])) or 1.0) + 2 * self.build_s
-        return seconds + (COMPILE_S if cand.change.get("compile", "off") != "off" and not self.compiled else 0.0)
+        # A first compile costs COMPILE_S here, and once more in the final config's quality run if it is kept.
+        return seconds + (2 * COMPILE_S if cand.change.get("compile", "off") != "off" and not self.compiled else 0.0)
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
         r = self.result
-        with _ctrl_c_sets(self.stop):
+        with _ctrl_c_sets(self.stop), _room_to_recompile():
             try:
                 self._search()
                 if not self.stop.is_set():
-                    self._hold_quality()
+                    self._after_search(self._hold_quality, "quality")
                 if not self.stop.is_set():
-                    self._speed_check()
+                    self._after_search(self._speed_check, "final speed check")
             except bench.Stopped:
                 r.stopped = True
             finally:
@@ -577,6 +604,14 @@ class _Tuner:
                                          "final config (the fastest so far) has no quality verdict")
         self._say(f"done in {(time.perf_counter() - self.t0) / 60:.1f} min", now="done")
         return r
+
+    def _after_search(self, phase, name: str) -> None:
+        """Run a phase after the search; its failure (an out-of-memory quality run, say) is noted in the result
+        instead of losing the path found."""
+        try:
+            phase()
+        except (GantoolsError, torch.OutOfMemoryError) as e:
+            self.result.quality.setdefault("note", f"not checked: the {name} failed: {_reason(e)}")
 
     def _search(self) -> None:
         r, cfg = self.result, self.start_cfg
@@ -669,6 +704,10 @@ class _Tuner:
             raise
         except (GantoolsError, torch.OutOfMemoryError, *_compile_errors()) as e:
             failure = _reason(e)
+        except RuntimeError as e:  # allocation failures torch raises as plain errors (cuBLAS, cuDNN workspaces)
+            if not _out_of_memory(e) and self.own is None:
+                raise
+            failure = _reason(e) if _out_of_memory(e) else f"your networks failed with this change: {_reason(e)}"
         except Exception as e:  # noqa: BLE001 - with your own networks, their errors under a setting reject it
             if self.own is None:
                 raise
@@ -714,7 +753,8 @@ class _Tuner:
             raise bench.Stopped("stopped during the quality check")
         self.score_s = scorer.seconds
         self.speed.setdefault(_key(cfg), trainer.history.summary()["images_per_sec"])
-        self.progress(f"  {name}: {trainer.step * trainer.cfg.batch_size:,} images in {time.perf_counter() - t:.0f} s")
+        images = trainer.batches_seen * trainer.cfg.batch_size
+        self.progress(f"  {name}: {images:,} images in {time.perf_counter() - t:.0f} s")
         return {k: v for k, v in trainer.history.quality.items() if k in ("fid", "kid", "classes_covered",
                                                                        "images_trained", "n_samples")}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .checkpoint import atomic_write
 from .config import TrainConfig, preset
+from .errors import ConfigError
 from .hardware import machine_info, resolve_device
 
 QUICK = os.environ.get("GANTOOLS_QUICK", "") not in ("", "0")
@@ -73,9 +74,9 @@ def train_side_by_side(configs: dict, images: int, chunk_images: int, quality: b
 
     steps = {}
     for name, cfg in configs.items():
-        per_step = cfg.batch_size * cfg.d_steps  # real images per G step
+        per_step = cfg.images_per_step  # real images per G step
         if chunk_images % per_step or images % chunk_images:
-            raise ValueError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
+            raise ConfigError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
                              f"({per_step}), and images={images} a multiple of chunk_images")
         steps[name] = chunk_images // per_step
     trainers = {name: Trainer(cfg.replace(steps=10**9, log_interval=steps[name], sample_interval=0,

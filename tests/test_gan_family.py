@@ -33,6 +33,11 @@ def test_d_steps_makes_that_many_d_steps_per_g_step_each_on_its_own_batch(tiny, 
     # real images: 5 batches of 16 per step, so images/s is 5 x the steps per second times the batch
     record = history[-1]
     assert record["images_per_sec"] == pytest.approx(5 * 16 * 1e3 / record["step_time_ms"], rel=1e-6)
+    # the benchmark's chunks (tune's and the ladder's measurements) count real images the same way
+    from gantools.bench import _chunk
+
+    speed = _chunk(trainer, 2, lambda: False)
+    assert speed == pytest.approx(5 * 16 * 1e3 / trainer.history[-1]["step_time_ms"], rel=1e-6)
 
 
 def test_the_ema_generator_is_the_exponential_average_of_g_computed_by_hand(tiny, glyphs64):

@@ -163,6 +163,8 @@ def test_bad_input_is_refused_before_any_work(tiny, glyphs64):
         tune(tiny, dataset=glyphs64)
     with pytest.raises(ValueError, match="minutes=0"):
         tune(tiny, minutes=0)
+    with pytest.raises(ValueError, match=r"repeats=0, quality_images=-5: each must be a whole number > 0"):
+        tune(tiny, plan={"repeats": 0}, quality_images=-5)
 
 
 def test_tune_from_the_command_line(tmp_path, capsys):
