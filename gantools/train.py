@@ -36,6 +36,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import logging
 import math
 import signal
 import statistics
@@ -111,6 +112,20 @@ def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer
     return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[cfg.optimizer_impl])
 
 
+
+def _import_cpp_extension_quietly() -> None:
+    """Inductor on a CPU imports torch.utils.cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..."
+    on a machine with a CUDA toolkit and no GPU (this one): true, and nothing to do with CPU code; it showed in the
+    stored notebooks. The import happens once per process, so doing it here with that logger quiet silences only
+    that line, and the logger's level is given back."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        logger.setLevel(level)
+
 class Trainer:
     """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
     (D must return one logit per image; G must take (B, nz) noise; with `conditional`, G's forward is (z, y) and
@@ -172,6 +187,8 @@ class Trainer:
             dtype = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
             self.autocast = lambda: torch.autocast(dev.type, dtype=dtype)
         mode = None if cfg.compile == "default" else cfg.compile
+        if cfg.compile != "off" and dev.type == "cpu":
+            _import_cpp_extension_quietly()
         compiled = (lambda m: torch.compile(m, mode=mode)) if cfg.compile != "off" else (lambda m: m)
         # the networks as the step calls them: DDP-wrapped under torchrun (for no_sync), then compiled
         self.ddp_g = distributed.wrap(self.generator, dev, self.world)
