@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import json
 import linecache
+import logging
 import math
 import os
 import re
@@ -394,6 +395,7 @@ class Watch:
         self.profiled = 0
         self._handles, self._grad_handles, self._patches = [], [], []
         self._light_handles = []
+        self.interrupted = False  # a Ctrl-C came (run_script's signal handler)
 
     def _mine(self) -> bool:
         """True in the process and thread the doctor watches (hooks are global: forked workers inherit them)."""
@@ -1354,8 +1356,8 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
                 outcome = "interrupted"
             except _Timeout:
                 outcome = "timeout"
-            except Exception as e:
-                outcome, error = "raised", e
+            except Exception as e:  # after a Ctrl-C, the same Ctrl-C ended the script's DataLoader workers
+                outcome, error = ("interrupted", None) if doc.interrupted else ("raised", e)
             finally:
                 if main_thread:
                     _restore_signals(previous)
@@ -1408,12 +1410,19 @@ def _install_signals(doc: Watch, timeout: float | None) -> dict:
     owner = os.getpid()
 
     def interrupt(signum, frame):
-        if os.getpid() != owner:  # a forked DataLoader worker inherited this handler: torch's worker loop ends
-            raise KeyboardInterrupt  # quietly on KeyboardInterrupt, and the terminal's Ctrl-C reaches it too
+        if os.getpid() != owner:  # a forked DataLoader worker inherited this handler (a terminal's Ctrl-C reaches
+            return  # the whole process group): it carries on, and ends when the interrupted script's loader shuts
+            # its workers down (or, at worst, when torch's watchdog sees the parent gone). Ending it here instead
+            # raced with the parent still reading from it ("worker exited unexpectedly") and with multiprocessing's
+            # fd-sharing thread, which prints a traceback when its listener closes under it.
         signal.signal(signal.SIGINT, previous[signal.SIGINT])  # a second Ctrl-C acts as usual
+        doc.interrupted = True  # remembered: the raise below can land where Python ignores it (see run_script)
+        if frame is not None and frame.f_code.co_name in _AT_FORK and frame.f_code.co_filename == logging.__file__:
+            return  # raising here would be printed and ignored; the next optimizer step raises it instead
         raise _Interrupted()
 
     signal.signal(signal.SIGINT, interrupt)
+    doc._light_handles.append(_optim.register_optimizer_step_post_hook(_interrupt_if_asked(doc)))
     if timeout and hasattr(signal, "setitimer"):
         def alarm(signum, frame):
             if not doc.optimizers:
@@ -1423,6 +1432,21 @@ def _install_signals(doc: Watch, timeout: float | None) -> dict:
         doc._light_handles.append(_optim.register_optimizer_step_post_hook(
             lambda *a: signal.setitimer(signal.ITIMER_REAL, 0)))  # a step came: the watchdog's job is done
     return previous
+
+
+# logging's at-fork callbacks, run in the parent around every fork (a DataLoader starting its workers): an exception
+# raised in one is printed as "Exception ignored in" with a traceback, and lost (os.register_at_fork)
+_AT_FORK = ("_acquireLock", "_releaseLock")
+
+
+def _interrupt_if_asked(doc: Watch):
+    """An optimizer step hook that raises the interrupt a Ctrl-C asked for, when its own raise was lost: a signal
+    landing in an at-fork callback (a DataLoader starting its workers) is printed as "Exception ignored" and the
+    script goes on."""
+    def hook(*args):
+        if doc.interrupted:
+            raise _Interrupted()
+    return hook
 
 
 def _restore_signals(previous: dict) -> None:
