@@ -42,7 +42,8 @@ CHROMIUM_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable
 # JupyterLab settings: every cell in the DOM (no virtual scrolling), no news or update checks (offline).
 LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
                 "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}}
-APP = "window.jupyterapp.shell.currentWidget"  # the open notebook panel (the app is exposed for tests)
+APP = "window.jupyterapp?.shell?.currentWidget"  # the open notebook panel (the app is exposed for tests; undefined
+# while the page is still loading, so every step is optional: a predicate that throws ends wait_for_function)
 RUN_TIMEOUT_S = 240
 BASE = workbook_config("default")  # what 05's panel starts from; its run names list what differs from this
 
@@ -126,8 +127,8 @@ class Notebook:
         self.name = name
         self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
         self.page.goto(f"{lab['url']}/lab/tree/{name}?token={lab['token']}&reset")
-        self.page.wait_for_function(f"{APP} && {APP}.context && {APP}.context.path === '{name}' && "
-                                    f"{APP}.sessionContext.session?.kernel?.status === 'idle'", timeout=90_000)
+        self.page.wait_for_function(f"{APP}?.context?.path === '{name}' && "
+                                    f"{APP}.sessionContext?.session?.kernel?.status === 'idle'", timeout=90_000)
 
     def run_all(self) -> dict:
         """Clear the stored outputs, then Run > Run All Cells through the menus; wait until a cell has run and
