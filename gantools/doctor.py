@@ -1005,7 +1005,7 @@ class Watch:
         s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / max(self.profiled, 1)) if g_opt and d else 0
         if device.type == "cuda":
             s["cudnn_benchmark"] = torch.backends.cudnn.benchmark
-            s["tf32"] = _tf32_enabled()
+            s["tf32"] = hardware.tf32_matmuls()
             s["gpu"] = torch.cuda.get_device_name(device)
         return s
 
@@ -1016,13 +1016,6 @@ def _final_sigmoid(module: nn.Module) -> str | None:
     if leaves and isinstance(leaves[-1][1], nn.Sigmoid):
         return leaves[-1][0]
     return None
-
-
-def _tf32_enabled() -> bool:
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if hasattr(matmul, "fp32_precision") and hasattr(conv, "fp32_precision"):  # torch >= 2.9 (hardware.set_tf32)
-        return "tf32" in (matmul.fp32_precision, conv.fp32_precision)
-    return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
 
 
 def _dataset_chain(dataset) -> list:

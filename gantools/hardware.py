@@ -99,6 +99,16 @@ def _matmul_precision():
         return None
 
 
+def tf32_matmuls() -> bool:
+    """Whether fp32 matmuls may run in TF32 now (cuDNN's convolutions do by PyTorch's default; matmuls do not).
+    Read through the documented switch that `backend_flags` sets, `torch.get_float32_matmul_precision()`; when
+    that raises (legacy and new APIs mixed), through the per-backend string."""
+    precision = _matmul_precision()
+    if precision is not None:
+        return precision != "highest"
+    return getattr(torch.backends.cuda.matmul, "fp32_precision", "") == "tf32"
+
+
 def _set_conv_tf32(enabled: bool, legacy: bool) -> None:
     if legacy:
         with warnings.catch_warnings():

@@ -278,14 +278,14 @@ def test_building_fitting_and_sampling_leave_the_global_rng_alone(tiny, glyphs64
 
 
 def test_two_trainers_interleaved_each_run_with_their_own_backend_flags(tiny, glyphs64):
-    from gantools.hardware import backend_flags_now
+    from gantools.hardware import backend_flags_now, tf32_matmuls
 
     class Watch:
         def __init__(self):
             self.seen = []
 
         def on_step_end(self, trainer):
-            self.seen.append(backend_flags_now())
+            self.seen.append({**backend_flags_now(), "tf32_read": tf32_matmuls()})  # what the doctor reads
 
     process = backend_flags_now()
     fast, exact = Watch(), Watch()
@@ -300,8 +300,8 @@ def test_two_trainers_interleaved_each_run_with_their_own_backend_flags(tiny, gl
         b.fit(2)
         assert backend_flags_now() == process
     assert len(fast.seen) == len(exact.seen) == 4
-    assert all(f["tf32_matmul"] == "tf32" and f["cudnn_benchmark"] for f in fast.seen)
-    assert all(f["tf32_matmul"] == "ieee" and not f["cudnn_benchmark"] for f in exact.seen)
+    assert all(f["tf32_matmul"] == "tf32" and f["cudnn_benchmark"] and f["tf32_read"] for f in fast.seen)
+    assert all(f["tf32_matmul"] == "ieee" and not f["cudnn_benchmark"] and not f["tf32_read"] for f in exact.seen)
 
 
 def test_a_checkpoint_holds_the_trainers_own_generator_and_old_ones_still_resume_exactly(tiny, glyphs64, tmp_path):
