@@ -108,9 +108,9 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
 
     `d(x)` returns D's outputs on `x` (with the labels, for a conditional D). It must be D's plain module: not
     compiled, since torch.compile (AOTAutograd) does not support double backward (it raises "torch.compile with
-    aot_autograd does not currently support double backward", pytorch/pytorch#91469 and #92348; before #181606,
-    merged 2026-06 and so not in torch 2.11, compiled gradients from `create_graph=True` silently lost their graph,
-    #181581, so a compiled penalty would not train D at all); and not DistributedDataParallel's wrapper, whose
+    aot_autograd does not currently support double backward", pytorch/pytorch#91469 and #92348; without #181606,
+    which torch 2.11 lacks, compiled gradients from `create_graph=True` silently lose their graph, #181581, so a
+    compiled penalty would not train D at all); and not DistributedDataParallel's wrapper, whose
     documentation says it does not work with `torch.autograd.grad()`: the gradient here is taken with respect to
     the input only, which fires none of DDP's parameter hooks, and the penalty then joins D's loss in the one
     backward that DDP all-reduces (see `Trainer._train_step`).

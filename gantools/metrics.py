@@ -22,6 +22,7 @@ from .checkpoint import atomic_save
 from .data import data_root, make_dataset, prepare_batch
 from .errors import QualityError
 from .hardware import resolve_device, seeded
+from .quick import QUICK
 
 CLASSIFIER_VERSION = 1
 MIN_SAMPLES = 2048
@@ -250,7 +251,6 @@ class QualityCallback:
     from the run's generators: a scored run trains exactly as an unscored one."""
 
     def __init__(self, meter: QualityMeter | None = None, n: int | None = None):
-        from .workbook import QUICK
 
         self.meter, self.n = meter, n or (256 if QUICK else MIN_SAMPLES)  # quick mode (tests): fewer samples
         self.skip_reason, self.seconds = None, 0.0

@@ -3,16 +3,18 @@ later notebook compare with the baseline measured in 00_baseline on this machine
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from .checkpoint import atomic_write
 from .config import TrainConfig, preset
+from .display import LiveRuns
 from .errors import ConfigError
 from .hardware import machine_info, resolve_device
+from .metrics import QualityCallback
+from .quick import QUICK  # noqa: F401  (the notebooks import it from here)
+from .train import Trainer
 
-QUICK = os.environ.get("GANTOOLS_QUICK", "") not in ("", "0")
 # Quick mode: a tiny DCGAN and a handful of steps, so every notebook runs in seconds on a 2-core CPU.
 QUICK_SIZE = dict(nz=16, ngf=8, ndf=8, batch_size=32, steps=12, log_interval=3, sample_interval=6)
 
@@ -68,10 +70,6 @@ def train_side_by_side(configs: dict, images: int, chunk_images: int, quality: b
     alike and their images/s compare fairly (each run's figure: the median over its chunks after the first, which
     holds warm-up). One live figure, updated in place, shows them all. With `quality`, every run is scored (FID,
     KID, coverage; a conditional run also `label_match`) at the end. Returns name -> Trainer."""
-    from .display import LiveRuns
-    from .metrics import QualityCallback
-    from .train import Trainer
-
     steps = {}
     for name, cfg in configs.items():
         per_step = cfg.images_per_step  # real images per G step

@@ -1,0 +1,135 @@
+"""The package's shape: no import cycles (not even hidden inside functions), every module importable on its own in a
+fresh interpreter, and importing gantools changes nothing global (several trainers share one process)."""
+import ast
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import gantools
+
+PACKAGE = Path(gantools.__file__).resolve().parent
+ROOT = PACKAGE.parent
+
+
+def _modules() -> dict:
+    """Module name -> file, for every module of the package (subpackages included)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    del found["gantools.__main__"]  # `python -m gantools`: importing it runs the CLI, as it should
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict) -> set:
+    """The package modules that `name` imports anywhere in its source (function bodies included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            bases = [alias.name for alias in node.names]
+            names = []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            bases, names = [base], [alias.name for alias in node.names]
+        else:
+            continue
+        for base in bases:
+            submodules = {f"{base}.{n}" for n in names} & modules.keys()  # `from . import losses`: a module
+            targets |= submodules
+            if base in modules and (not names or len(submodules) < len(names)):  # names defined in `base` itself
+                targets.add(base)
+    targets.discard(name)
+    return targets
+
+
+def _cycle(graph: dict) -> list | None:
+    """One import cycle of the graph, as the list of modules around it, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_even_inside_functions():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    # the package's own __init__ imports its public names from everywhere; a module importing it back closes a cycle
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_a_hidden_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def _import_alone(name: str) -> tuple:
+    done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    return name, done.returncode, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(_import_alone, sorted(_modules())))
+    failed = [f"{name}:\n{err}" for name, code, err in results if code]
+    assert not failed, "\n".join(failed)
+
+
+GLOBAL_STATE = """
+import gc, json, logging, os, signal, sys, warnings
+import torch
+def state():
+    return dict(
+        environ=dict(os.environ), gc_callbacks=len(gc.callbacks), signals=[str(signal.getsignal(s)) for s in
+        (signal.SIGINT, signal.SIGTERM)], cudnn_benchmark=torch.backends.cudnn.benchmark,
+        deterministic=torch.are_deterministic_algorithms_enabled(), matmul=torch.get_float32_matmul_precision(),
+        threads=torch.get_num_threads(), rng=torch.get_rng_state().sum().item(), argv=sys.argv,
+        default_dtype=str(torch.get_default_dtype()), grad=torch.is_grad_enabled(), cwd=os.getcwd(),
+        warning_filters=len(warnings.filters))
+before = state()
+import importlib
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+after = state()
+changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
+if "environ" in changed:  # only the variables that changed
+    changed["environ"] = {k: [before["environ"].get(k), after["environ"].get(k)]
+                          for k in before["environ"].keys() | after["environ"].keys()
+                          if before["environ"].get(k) != after["environ"].get(k)}
+print(json.dumps(changed, default=str))
+"""
+
+
+@pytest.mark.slow
+def test_importing_gantools_changes_nothing_global():
+    names = sorted(_modules())
+    done = subprocess.run([sys.executable, "-c", GLOBAL_STATE, *names], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "{}", f"changed by importing gantools: {done.stdout}"
