@@ -1,10 +1,11 @@
 """One measuring protocol for `profiling.profile` and `gantools.doctor`, so their numbers mean the same thing.
 
 1. Warm-up iterations, not measured.
-2. `steps` iterations timed without the profiler (`IterationClock`), the device synchronised at each iteration's
+2. One profiler warm-up iteration, then `steps` iterations under torch.profiler (`ProfilerSession`): the phase table.
+3. `steps` iterations timed without the profiler (`IterationClock`), the device synchronised at each iteration's
    end so its GPU work is inside the iteration it belongs to; their median is the step time and images/s (an epoch's
-   start or a busy neighbour in one iteration does not move it).
-3. One profiler warm-up iteration, then `steps` iterations under torch.profiler (`ProfilerSession`): the phase table.
+   start or a busy neighbour in one iteration does not move it). Timed last, when everything is warm: right after a
+   short warm-up they would still consume the batches DataLoader workers prefetched during it, and overstate images/s.
 
 The profiler's overhead is the profiled step time over the unprofiled one (`PhaseTable.overhead`); a gain is
 estimated by Amdahl's law on measured shares (`amdahl`).

@@ -108,14 +108,13 @@ def _self_device_ms(event) -> float:
 def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_path=None,
             row_limit: int = 15) -> ProfileReport:
     """Profile `steps` steps of a config (or of a Trainer you built with your own G and D), by the protocol of
-    `gantools.measuring`: `warmup` steps, `steps` timed without the profiler (to state its overhead), then one profiler
-    warm-up step and `steps` profiled. Phases are host time inside each labelled range; the op table is sorted by
-    self time on the device in use."""
+    `gantools.measuring`: `warmup` steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed
+    without the profiler (to state its overhead). Phases are host time inside each labelled range; the op table is
+    sorted by self time on the device in use."""
     trainer = cfg if isinstance(cfg, Trainer) else Trainer(cfg.replace(sample_interval=0, log_interval=steps))
     device, cfg = trainer.device, trainer.cfg
     cuda = device.type == "cuda"
     trainer.fit(warmup)
-    unprofiled_ms = _unprofiled_ms(trainer, steps)
     trace_path = Path(trace_path or trainer.out_dir / "trace.json")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     session = ProfilerSession(device, steps, on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))
@@ -134,6 +133,7 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
         trainer.callbacks.remove(stepper)
         trainer.label_phase = unlabelled
         trainer.sync_data_wait = False
+    unprofiled_ms = _unprofiled_ms(trainer, steps)
 
     averages = session.averages
     by_name = {e.key: e for e in averages}

@@ -96,7 +96,7 @@ def _incomplete_note(sched: Schedule) -> str:
         return ("the loop ended before the doctor could tell its rhythm (it needs every optimizer to step, "
                 "and one to step twice)")
     return (f"the doctor had seen {max(sched.marks, 0)} of the {sched.needed} iterations it measures "
-            f"({sched.warmup} warm-up, {sched.timed} timed, 1 + {sched.steps} profiled): run it longer, or lower "
+            f"({sched.warmup} warm-up, 1 + {sched.steps} profiled, {sched.timed} timed): run it longer, or lower "
             "--warmup/--steps")
 
 

@@ -227,7 +227,7 @@ class Hooks:
             self.open_opt_range = None
         o = self._optimizer(opt)
         o.steps += 1
-        o.window_steps += 1
+        o.window_steps += self.obs.counting
         for call in self.pending_calls:
             call.next_opt = o
         self.pending_calls = []
@@ -282,7 +282,7 @@ class Hooks:
         finally:
             self.in_data = False
         x = first_tensor(batch)
-        if x is not None and x.dim() > 0:
+        if x is not None and x.dim() > 0 and self.obs.counting:
             window = self.obs.window
             window.images_loader += x.shape[0]
             window.batches += 1

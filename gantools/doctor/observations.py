@@ -92,6 +92,7 @@ class Observations:
     window: Window = field(default_factory=Window)
     peak_mem_mb: float = 0.0
     device: torch.device | None = None
+    counting: bool = True  # False once the profiled window has closed: the timed iterations after it are not counted
 
     def device_in_use(self) -> torch.device:
         """The device of the first model's (else optimizer's) parameters; the CPU until one is seen."""
@@ -111,9 +112,12 @@ class Observations:
 
     def open_window(self) -> None:
         """Start counting afresh: the profiled window begins."""
-        self.window = Window()
+        self.window, self.counting = Window(), True
         for o in self.optimizers.values():
             o.window_steps, o.grads_from = 0, Counter()
+
+    def close_window(self) -> None:
+        self.counting = False
 
     def role(self, role: str):
         """The Model (or Optimizer) classified as G or D, if any."""

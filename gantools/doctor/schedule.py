@@ -1,6 +1,6 @@
 """The doctor's iteration schedule (`mark`'s state machine), by `gantools.measuring`'s protocol: `warmup`
-iterations with every hook on, `steps` timed with nothing installed but the iteration marks, one profiler warm-up
-iteration, then `steps` profiled. In a script the iterations are paced by an optimizer's steps, once the loop's
+iterations with every hook on, one profiler warm-up iteration and `steps` profiled, then `steps` timed with nothing
+installed but the iteration marks. In a script the iterations are paced by an optimizer's steps, once the loop's
 rhythm is known."""
 from __future__ import annotations
 
@@ -53,38 +53,38 @@ class Schedule:
         if self.done:
             return
         self.marks += 1
-        b, w, t, n = self.marks, self.warmup, self.timed, self.steps
+        b, w, n, t = self.marks, self.warmup, self.steps, self.timed
         self.hooks.new_iteration()
         device = self.obs.device_in_use()
-        if w < b <= w + t:  # one timed iteration ends: synchronised, so GPU work is inside the iteration it belongs to
-            self.clock.lap()
-        if b == w:  # warm-up over: time `timed` iterations with nothing installed but the marks
-            self.hooks.set_full(False)
-            self.stage = "timed"
-            self.clock = IterationClock(device)
-            self.clock.start()
-        elif b == w + t:
-            self.hooks.set_full(True)
+        if b == w:  # warm-up over: the profiler's warm-up iteration starts
             self.stage = "profiling"
             self.session = ProfilerSession(device, self.steps)
             self.session.start()
             self.hooks.profiling = True
-        elif b == w + t + 1:  # the profiler's warm-up iteration is over: the counted window starts
+        elif b == w + 1:  # the profiler's warm-up iteration is over: the counted window starts
             self.session.step()
             self.obs.open_window()
             self.profiled = 0
             hardware.reset_peak_memory(device)
-        elif b > w + t + 1:
+        elif w + 1 < b <= w + 1 + n:
             self.profiled += 1
-            if b == w + t + 1 + n:
-                hardware.synchronize(device)
-                self.obs.peak_mem_mb = hardware.peak_memory_mb(device)
-                self.session.step()  # the last active step: the trace is complete
-                self.stop_profiler()
-                self.stage = "done"
-                self.hooks.set_full(False)
-            else:
+            if b < w + 1 + n:
                 self.session.step()
+                return
+            hardware.synchronize(device)
+            self.obs.peak_mem_mb = hardware.peak_memory_mb(device)
+            self.session.step()  # the last active step: the trace is complete
+            self.stop_profiler()
+            self.obs.close_window()
+            # time `timed` iterations with nothing installed but the marks
+            self.hooks.set_full(False)
+            self.stage = "timed"
+            self.clock = IterationClock(device)
+            self.clock.start()
+        elif b > w + 1 + n:  # one timed iteration ends: synchronised, so its GPU work is inside it
+            self.clock.lap()
+            if b == w + 1 + n + t:
+                self.stage = "done"
 
     def stop_profiler(self) -> None:
         self.hooks.profiling = False
@@ -109,7 +109,7 @@ class Schedule:
                 self.pacer = min(counts, key=lambda k: (counts[k], -last[k]))
                 self.stage = "warmup"
                 say(f"found the training loop: one iteration = one step of {self.pacer.name}; now {self.warmup} "
-                    f"warm-up, {self.timed} timed, then 1 + {self.steps} profiled iterations")
+                    f"warm-up, 1 + {self.steps} profiled, then {self.timed} timed iterations")
             return
         if o is self.pacer:
             self.mark()

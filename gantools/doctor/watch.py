@@ -104,7 +104,7 @@ class Watch:
 @contextlib.contextmanager
 def watch(steps: int = STEPS, warmup: int = WARMUP, trace=None, source: str = "your loop", **kw):
     """Wrap your own loop: `for batch in doc.data(loader): ...; doc.end_step()`; the loop ends once the doctor has
-    measured (`warmup` + `steps` timed + 1 + `steps` profiled iterations); then `doc.report`."""
+    measured (`warmup` + 1 + `steps` profiled + `steps` timed iterations); then `doc.report`."""
     doc = Watch(steps, warmup, trace, source, **kw)
     with doc:
         yield doc
