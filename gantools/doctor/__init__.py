@@ -34,9 +34,10 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
 Measurement (`gantools.measuring`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
 warm-up iteration and `steps` iterations under torch.profiler; then `steps` iterations are timed with nothing
 installed but the iteration marks (the device synchronised at each; their median is the step time and images/s
-reported), so the profiler's overhead (profiled over unprofiled step time) is stated. The verdict is `profiling.bottleneck`, the one place that decides it (`analysis`). Every finding rests on numbers
-from this run and is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of
-its gain exists (`rules`: one pure function per rule).
+reported), so the profiler's overhead (profiled over unprofiled step time) is stated. The verdict is
+`profiling.bottleneck`, the one place that decides it (`analysis`). Every finding rests on numbers from this run and
+is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of its gain exists
+(`rules`: one pure function per rule).
 
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
 `schedule`, `analysis`, `rules`, `pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the

@@ -1,16 +1,5 @@
-"""The doctor's hooks and patches on a loop it did not write (global: one doctor at a time), recording into
-`Observations`:
-
-- optimizer step hooks (`torch.optim.optimizer.register_optimizer_step_*_hook`), which also pace iterations in a
-  script;
-- module forward hooks (`torch.nn.modules.module.register_module_forward_*hook`) with a depth counter: each
-  top-level call of a module with parameters opens a profiler range. Global *full backward* hooks are not used: they
-  wrap every module's outputs and break in-place ops (`LeakyReLU(inplace=True)` then raises "a view ... is being
-  modified inplace");
-- post-accumulate-grad hooks on the models' parameters (whether D's receive gradients in G's step);
-- patches: DataLoader iteration (data wait, batches), `Optimizer.__init__` (optimizers built), and the value reads
-  of `Tensor` (`SYNC_METHODS`: host syncs, each with its FILE:LINE in your code).
-"""
+"""The doctor's hooks and patches on a loop it did not write, recording into `Observations` (what each one sees,
+and why full backward hooks are not among them: `gantools.doctor`). They are global: one doctor at a time."""
 from __future__ import annotations
 
 import contextlib

@@ -163,8 +163,9 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     gain16 = amdahl(step, compute / 2)
     if not (fp32 and not r.settings["autocast"] and gain16 >= MIN_GAIN):
         return None
-    d, opt_d = _names(r)[1], _names(r)[3]
-    first = f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n" if _bce_ops(r) else ""
+    _, d, _, opt_d = _names(r)
+    first = (f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n"
+             if _bce_ops(r) else "")
     bf16 = facts.bf16  # a GPU before Ampere: fp16, with a GradScaler
     return Finding(
         "fp32-convolutions", "convolutions and matmuls run in fp32",
