@@ -28,15 +28,11 @@ from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, record_function, schedule
+from torch.profiler import record_function
 
 from .config import TrainConfig
+from .measuring import IterationClock, PhaseTable, ProfilerSession, amdahl
 from .train import Trainer
-
-if not torch.cuda.is_available():
-    # A CUDA build on a CPU-only machine: kineto's "no GPU" error (level 4) and its USDT profiler_start/stop lines
-    # (level 5, the highest) are noise there; 6 silences both. With a GPU its errors stay visible.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
           "D backward (G step)", "G backward", "G optimizer step", "EMA update", "host sync")
@@ -70,7 +66,7 @@ class Verdict:
 
 
 @dataclass
-class ProfileReport:
+class ProfileReport(PhaseTable):
     """What one profile found. Times are milliseconds per step."""
 
     device: str
@@ -90,20 +86,14 @@ class ProfileReport:
     verdict: Verdict | None = None
 
     @property
-    def images_per_sec(self) -> float:
-        return self.batch_size / (self.unprofiled_step_time_ms / 1e3)
-
-    @property
-    def overhead(self) -> float:
-        """Profiled step time over unprofiled: what the profiler itself costs."""
-        return self.step_time_ms / self.unprofiled_step_time_ms
+    def images_per_step(self) -> float:
+        return self.batch_size
 
     def __str__(self):
         lines = [f"{self.steps} profiled steps on {self.device}: {self.step_time_ms:.1f} ms/step profiled, "
                  f"{self.unprofiled_step_time_ms:.1f} ms/step without the profiler "
                  f"(overhead {self.overhead:.2f}x), {self.images_per_sec:.0f} images/s"]
-        lines += [f"  {name:<20} {ms:8.2f} ms  {100 * ms / self.step_time_ms:5.1f}%"
-                  for name, ms in self.phases_ms.items()]
+        lines += self.phase_lines(20)
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, host-to-device copies {self.h2d_copy_ms:.2f} ms,"
                      f" host syncs {self.host_syncs_per_step:.1f} per step, peak memory {self.peak_mem_mb:.0f} MB")
         if self.verdict:
@@ -117,48 +107,37 @@ def _self_device_ms(event) -> float:
 
 def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_path=None,
             row_limit: int = 15) -> ProfileReport:
-    """Profile `steps` steps of a config (or of a Trainer you built with your own G and D). First `warmup`
-    steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed without the profiler (to
-    state its overhead). Phases are host
-    time inside each labelled range; the op table is sorted by self time on the device in use."""
+    """Profile `steps` steps of a config (or of a Trainer you built with your own G and D), by the protocol of
+    `gantools.measuring`: `warmup` steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed
+    without the profiler (to state its overhead). Phases are host time inside each labelled range; the op table is
+    sorted by self time on the device in use."""
     trainer = cfg if isinstance(cfg, Trainer) else Trainer(cfg.replace(sample_interval=0, log_interval=steps))
     device, cfg = trainer.device, trainer.cfg
     cuda = device.type == "cuda"
     trainer.fit(warmup)
     trace_path = Path(trace_path or trainer.out_dir / "trace.json")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    session = ProfilerSession(device, steps, on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))
 
     class StepProfiler:
         def on_step_end(self, t):
-            prof.step()
+            session.step()
 
     unlabelled, trainer.label_phase = trainer.label_phase, record_function
     trainer.callbacks.append(stepper := StepProfiler())
     trainer.sync_data_wait = True  # the data wait measures waiting for data, not GPU work queued before it
     try:
-        with torch.profiler.profile(activities=activities,
-                                    schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-                                    on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
+        with session:
             trainer.fit(1 + steps)
     finally:
         trainer.callbacks.remove(stepper)
         trainer.label_phase = unlabelled
         trainer.sync_data_wait = False
+    unprofiled_ms = _unprofiled_ms(trainer, steps)
 
-    # The same number of steps without the profiler, after it (everything is warm by now): its overhead.
-    start, first_record = trainer.step, len(trainer.history)
-    trainer.fit(steps)
-    total_ms, previous = 0.0, start
-    for record in trainer.history.records[first_record:]:  # synced step times, weighted by steps per record
-        total_ms += record["step_time_ms"] * (record["step"] - previous)
-        previous = record["step"]
-    unprofiled_ms = total_ms / steps
-
-    averages = prof.key_averages()
+    averages = session.averages
     by_name = {e.key: e for e in averages}
-    step = by_name.get("ProfilerStep*")  # the profiler folds ProfilerStep#N into one row
-    step_ms = step.cpu_time_total / 1e3 / step.count if step else float("nan")
+    step_ms = session.step_ms()
     phases = {name: by_name[name].cpu_time_total / 1e3 / steps for name in PHASES if name in by_name}
     busy, h2d, top = device_time(averages, steps, step_ms, phases.get("data wait", 0.0), cuda,
                                  skip=lambda key: key in PHASES)
@@ -166,12 +145,31 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     table = averages.table(sort_by=sort, row_limit=row_limit) if cuda else None
     cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit)
     # On a CPU nothing waits for a device, so there are no host syncs to count.
-    syncs = sum(by_name[n].count for n in SYNC_EVENTS if n in by_name) / steps if cuda else 0.0
+    syncs = session.per_step(SYNC_EVENTS) if cuda else 0.0
     report = ProfileReport(str(device), steps, cfg.images_per_step, step_ms, unprofiled_ms, phases, busy, h2d, syncs,
                            top[:10], trainer.history[-1]["peak_mem_mb"], table or cpu_table, cpu_table,
                            str(trace_path))
     report.verdict = diagnose(report, cfg)
     return report
+
+
+def _unprofiled_ms(trainer: Trainer, steps: int) -> float:
+    """The median of `steps` training steps timed without the profiler (`measuring.IterationClock`)."""
+    clock = IterationClock(trainer.device)
+
+    class Timed:
+        def on_fit_start(self, t):
+            clock.start()
+
+        def on_step_end(self, t):
+            clock.lap()
+
+    trainer.callbacks.append(timed := Timed())
+    try:
+        trainer.fit(steps)
+    finally:
+        trainer.callbacks.remove(timed)
+    return clock.median_ms
 
 
 def device_time(averages, steps: int, step_ms: float, wait_ms: float, cuda: bool, skip=lambda key: False):
@@ -238,7 +236,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             fix = {"num_workers": cfg.num_workers * 2, "persistent_workers": True}
             technique = "more DataLoader workers, or a dataset decoded once and held on the device"
         return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
-                       technique, "03_data_loading", fix, step / max(step - wait, 1e-9))
+                       technique, "03_data_loading", fix, amdahl(step, wait))
     if verdict == "host-overhead-bound":
         graphs = _compile_mode_for_overhead(report.device)
         fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": graphs}
@@ -250,7 +248,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
                         "GPU idle share": 1 - report.device_busy_ms / step,
                         "host syncs per step": report.host_syncs_per_step},
                        f"remove per-step host syncs (.item()), then {how}, or a larger batch", "05_all_together",
-                       fix, step / max(report.device_busy_ms, 1e-9))
+                       fix, amdahl(step, step - report.device_busy_ms))
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
     if verdict == "compute-bound":
@@ -259,12 +257,12 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too
             fix = {"precision": "bf16", **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
             return Verdict("compute-bound", evidence, "bf16 autocast (fp16 + GradScaler on older GPUs)",
-                           "02_mixed_precision", fix, step / max(step - compute / 2, 1e-9))
+                           "02_mixed_precision", fix, amdahl(step, compute / 2))
         return Verdict("compute-bound", evidence, "channels_last, then torch.compile", "05_all_together",
                        {"channels_last": True}, None)  # no model of its gain: measure it
     other = busy - compute
     return Verdict("memory-bound", evidence, "torch.compile to fuse elementwise ops, channels_last",
-                   "05_all_together", {"compile": "default"}, step / max(step - other / 2, 1e-9))
+                   "05_all_together", {"compile": "default"}, amdahl(step, other / 2))
 
 
 def _compile_mode_for_overhead(device: str) -> str:
@@ -279,8 +277,8 @@ def _compile_mode_for_overhead(device: str) -> str:
 class Comparison:
     """Before and after a fix: each phase and the (unprofiled) images per second."""
 
-    before: ProfileReport
-    after: ProfileReport
+    before: PhaseTable
+    after: PhaseTable
 
     @property
     def speedup(self) -> float:
@@ -298,7 +296,7 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(before, after) -> Comparison:
+def compare(before: PhaseTable, after: PhaseTable) -> Comparison:
     """The change in each phase and in images per second after a fix: profile, fix, measure in two lines. Works on
     `ProfileReport`s and on `gantools.doctor` reports of your own loop alike."""
     return Comparison(before, after)

@@ -1,0 +1,55 @@
+"""`gantools doctor`: your own GAN training loop, measured, and what to change in it.
+
+Three ways in, one `DoctorReport`:
+
+- a script, unmodified: `python -m gantools doctor [--steps N] [--warmup N] [--json PATH] [--trace PATH]
+  [--timeout S] SCRIPT.py [ARGS...]` (`run_script`). It runs as `__main__` with `sys.argv = [SCRIPT.py, ARGS...]`,
+  its folder first on `sys.path` and the working directory unchanged, and is stopped once the doctor has measured;
+- a step function and its data: `run(step, data)`;
+- your own loop with two marks: `with watch() as doc: for batch in doc.data(loader): ...; doc.end_step()`, then
+  `doc.report`.
+
+How it sees a loop it did not write (every hook and patch is removed, and sys.argv/sys.path restored, at the end;
+`hooks`):
+
+- **Iterations.** In a script, from optimizer step hooks (`torch.optim.optimizer.register_optimizer_step_*_hook`,
+  global): one iteration is the interval between two steps of the optimizer that steps least often, so a WGAN loop
+  with five critic steps per generator step is counted in generator iterations. In the other forms, your marks.
+- **Models.** Global module forward hooks (`torch.nn.modules.module.register_module_forward_*hook`) with a depth
+  counter: each top-level call of a module that has parameters opens a profiler range. G is the model whose output
+  is images and feeds another model, D the model fed by G (else the one returning one value per image). D's calls
+  are split into D's step and G's step by the optimizer that steps next. Backward time is attributed through the
+  autograd sequence number that ties each `evaluate_function: XBackward0` event to the forward op, inside a model's
+  range, that created it. Global *full backward* hooks are not used: they wrap every module's outputs and break
+  in-place ops (`LeakyReLU(inplace=True)` then raises "a view ... is being modified inplace").
+- **Data wait.** Time inside DataLoader iteration (`_BaseDataLoaderIter.__next__`, patched), or inside `doc.data`.
+  It is host time only: the batch's copy to the device happens in your code after it.
+- **Host syncs.** `Tensor.item`, `tolist`, `__bool__`, `__float__`, `__int__`, `__repr__`, `__format__` and
+  `.cpu()` of a device tensor, called from your code (not from torch's), each with its FILE:LINE; on CUDA also the
+  `cuda*Synchronize` calls the profiler records.
+- **Settings.** Conv/Linear output dtypes and autocast, conv input memory format, loss ops, D's last module,
+  DataLoader knobs and per-image transforms, optimizer implementations, whether D's parameters receive gradients in
+  G's step (post-accumulate-grad hooks), compiled modules, cudnn.benchmark, TF32, peak memory.
+
+Measurement (`gantools.measuring`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
+warm-up iteration and `steps` iterations under torch.profiler; then `steps` iterations are timed with nothing
+installed but the iteration marks (the device synchronised at each; their median is the step time and images/s
+reported), so the profiler's overhead (profiled over unprofiled step time) is stated. The verdict is
+`profiling.bottleneck`, the one place that decides it (`analysis`). Every finding rests on numbers from this run and
+is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of its gain exists
+(`rules`: one pure function per rule).
+
+The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
+`schedule`, `analysis`, `rules`, `pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the
+front object, `Watch`).
+"""
+from ..errors import DoctorError, ScriptError
+from .analysis import default_trace
+from .report import DoctorReport, Finding
+from .rules import RULES, MachineFacts, findings
+from .schedule import STEPS, WARMUP
+from .script import TIMEOUT_S, check_script, run_script
+from .watch import Watch, run, watch
+
+__all__ = ["DoctorError", "DoctorReport", "Finding", "MachineFacts", "RULES", "STEPS", "ScriptError", "TIMEOUT_S",
+           "WARMUP", "Watch", "check_script", "default_trace", "findings", "run", "run_script", "watch"]

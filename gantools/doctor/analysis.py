@@ -1,0 +1,234 @@
+"""From what the hooks saw and the profiler recorded to a `DoctorReport`: the phases (each profiler range named
+G forward, D forward (G step), ..., backward time attributed through autograd's sequence numbers), the device's
+busy time, the settings your loop ran with, the machine's facts, the verdict and the findings."""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import hardware
+from ..profiling import PHASES as ORDER  # the trainer's phase names, in the same order
+from ..profiling import SYNC_EVENTS, bottleneck, compute_ms, device_time, suggested_workers
+from .hooks import RANGE
+from .observations import Call, Observations, Optimizer
+from .pipeline import describe_loader
+from .report import DoctorReport
+from .rules import MachineFacts, findings
+from .schedule import Schedule
+
+OTHER = "other (your code)"
+
+
+@dataclass
+class Run:
+    """How the doctor was asked to watch: where the report says it came from, what one iteration is."""
+
+    source: str
+    iteration: str
+    by_optimizer: bool
+    trace_request: object = None
+
+
+def default_trace(source: str) -> Path:
+    stem = re.sub(r"\W+", "_", Path(source).stem)  # a script's name, or your step function's
+    return Path("runs") / "doctor" / f"{stem}-trace.json"
+
+
+def machine_facts(device: torch.device) -> MachineFacts:
+    """The machine as the rules see it, read once, here."""
+    if device.type != "cuda":
+        return MachineFacts(cuda=False, bf16=hardware.supports_bf16(device), workers=suggested_workers())
+    return MachineFacts(cuda=True, compute_capability=tuple(torch.cuda.get_device_capability(device)),
+                        bf16=hardware.supports_bf16(device), workers=suggested_workers(),
+                        cudnn_benchmark=torch.backends.cudnn.benchmark, tf32=hardware.tf32_matmuls(),
+                        gpu=torch.cuda.get_device_name(device))
+
+
+def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
+    obs.classify()
+    device = obs.device_in_use()
+    report = DoctorReport(run.source, str(device), iterations_seen=max(sched.marks, 0))
+    report.models = {m.role or m.name: m.describe() for m in obs.models.values()}
+    n = max(sched.profiled, 1)
+    report.optimizers = {
+        o.role or o.name: {"name": o.name, "class": o.cls, "implementation": o.implementation(device),
+                           "role": o.role, "model": o.model,
+                           "steps_per_iteration": round(o.window_steps / n, 2) if sched.profiled else None,
+                           "settings": {k: v for k, v in o.opt.defaults.items() if k in ("lr", "betas",
+                                                                                        "weight_decay")}}
+        for o in obs.optimizers.values()}
+    report.unprofiled_step_time_ms = sched.timed_ms
+    facts = machine_facts(device)
+    report.settings = _settings(obs, sched, device, facts)
+    report.settings["timed_iterations_ms"] = [round(ms, 2) for ms in (sched.clock.times_ms if sched.clock else [])]
+    if sched.pacer is not None:
+        report.settings["iteration"] = f"one step of {sched.pacer.name}" + (
+            f" ({sched.pacer.role}'s optimizer)" if sched.pacer.role else "")
+    elif not run.by_optimizer:
+        report.settings["iteration"] = run.iteration
+    w = obs.window
+    if w.images_loader:
+        report.images_per_step = w.images_loader / n
+        report.batch_size = w.batch_sizes.most_common(1)[0][0]
+        batches = w.batches / n
+        report.images_source = (f"{batches:g} batch{'es' if batches != 1 else ''} of {report.batch_size} per "
+                                "iteration from your data")
+    if not sched.done or not sched.profiled:
+        report.note = report.note or _incomplete_note(sched)
+        if w.images_loader == 0:
+            report.images_per_step = 0.0
+        return report
+    _profile_into(report, obs, sched, run)
+    report.complete = True
+    report.settings["data_site"] = obs.data_site
+    report.findings = findings(report, facts)
+    return report
+
+
+def _incomplete_note(sched: Schedule) -> str:
+    if sched.by_optimizer and sched.pacer is None:
+        return ("the loop ended before the doctor could tell its rhythm (it needs every optimizer to step, "
+                "and one to step twice)")
+    return (f"the doctor had seen {max(sched.marks, 0)} of the {sched.needed} iterations it measures "
+            f"({sched.warmup} warm-up, 1 + {sched.steps} profiled, {sched.timed} timed): run it longer, or lower "
+            "--warmup/--steps")
+
+
+def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run) -> None:
+    session, n = sched.session, sched.profiled
+    events = session.prof.events()
+    r.steps = n
+    r.step_time_ms = session.step_ms()
+    phases: dict = defaultdict(float)
+    seq: dict = {}
+    for e in events:
+        if e.name.startswith(RANGE):
+            label = _label(obs.ranges.get(int(e.name[len(RANGE):])))
+            phases[label] += e.cpu_time_total / 1e3
+            if "forward" in label:
+                stack = list(e.cpu_children)
+                while stack:
+                    c = stack.pop()
+                    if c.sequence_nr >= 0:
+                        seq[(c.thread, c.sequence_nr)] = label.replace("forward", "backward")
+                    stack.extend(c.cpu_children)
+        elif e.name in ("data wait", "host sync"):
+            phases[e.name] += e.cpu_time_total / 1e3
+    backward = sorted((e for e in events if e.name.startswith("autograd::engine::evaluate_function")),
+                      key=lambda e: e.time_range.start)
+    # A backward node's event carries the sequence number and the forward thread of the op that made it
+    # (ATen's record_function.h: forwardThreadId "used alongside with sequence number to correlate backward
+    # functions with the forward ones"; FunctionEvent.fwd_thread, .sequence_nr). On CUDA the backward runs on
+    # the autograd engine's device thread, so the match is on (fwd_thread, sequence_nr), not on the thread.
+    last = {}
+    for e in backward:  # AccumulateGrad has no sequence number: it belongs to the node run just before it
+        label = seq.get((e.fwd_thread, e.sequence_nr)) if e.sequence_nr >= 0 else None
+        label = label or (last.get(e.thread) if "AccumulateGrad" in e.name else None)
+        if label:
+            phases[label] += e.cpu_time_total / 1e3
+            last[e.thread] = label
+    per_step = {k: v / n for k, v in phases.items()}
+    ordered = {k: per_step[k] for k in ORDER if k in per_step}
+    ordered.update({k: v for k, v in per_step.items() if k not in ordered})
+    ordered[OTHER] = max(r.step_time_ms - sum(ordered.values()), 0.0)
+    r.phases_ms = ordered
+    cuda = obs.device_in_use().type == "cuda"
+    averages = session.averages
+    wait = ordered.get("data wait", 0.0)
+    busy, h2d, ops = device_time(averages, n, r.step_time_ms, wait, cuda,
+                                 skip=lambda k: k.startswith(RANGE) or k in ORDER)
+    r.device_busy_ms, r.top_ops = busy, ops[:10]
+    r.compute_share = compute_ms(ops) / max(busy, 1e-9)
+    r.settings["loss_ops_per_iteration"] = {e.key: e.count / n for e in averages
+                                            if "binary_cross_entropy" in e.key and "backward" not in e.key}
+    r.settings["h2d_copy_ms"] = h2d
+    if cuda:
+        r.settings["cuda_syncs_per_iteration"] = session.per_step(SYNC_EVENTS)
+    r.peak_mem_mb = obs.peak_mem_mb
+    w = obs.window
+    r.host_syncs_per_step = sum(w.syncs.values()) / n
+    r.sync_sites = [{"where": where, "code": w.sites[where][0], "method": w.sites[where][1],
+                     "per_step": round(count / n, 2)} for where, count in w.syncs.most_common()]
+    if not r.images_per_step:
+        _images_without_loader(r, obs, n)
+    v = bottleneck(r.step_time_ms, wait, busy, r.compute_share, cuda)
+    evidence = {"step ms": r.step_time_ms, "data wait share": wait / r.step_time_ms}
+    if cuda:
+        evidence["GPU idle share"] = 1 - busy / r.step_time_ms
+    evidence["conv/matmul share of busy"] = r.compute_share
+    evidence["heaviest ops"] = ", ".join(name for name, _ in ops[:3])
+    r.verdict = {"bottleneck": v, "evidence": evidence}
+    try:
+        r.trace_path = _export_trace(session.prof, obs, run)
+    except OSError as e:  # the measurements stand without the trace: say why there is none
+        r.note = (r.note + " " if r.note else "") + f"no trace written ({e})"
+
+
+def _images_without_loader(r: DoctorReport, obs: Observations, n: int) -> None:
+    """No DataLoader and no doc.data(): the real images are what D was fed that no model made; failing that
+    (real and fake concatenated, say), G's batch, one per iteration."""
+    d, g = obs.role("D"), obs.role("G")
+    real = obs.window.inputs.get((d, False), 0) if d is not None else 0
+    if real:
+        r.images_per_step = real / n
+        r.batch_size = d.out_shape[0] if d.out_shape else 0
+        r.images_source = "no DataLoader seen: the images D was fed that G did not make"
+    elif g is not None and g.out_shape:
+        r.batch_size = r.images_per_step = g.out_shape[0]
+        r.images_source = "no DataLoader seen: G's batch, one per iteration assumed"
+
+
+def _label(obj) -> str:
+    if isinstance(obj, Optimizer):
+        return f"{obj.role} optimizer step" if obj.role in ("G", "D") else f"{obj.name} step"
+    if isinstance(obj, Call):
+        m = obj.model
+        if m.role == "G":
+            return "G forward"
+        if m.role == "D":
+            g_step = obj.next_opt is not None and obj.next_opt.role == "G"
+            return "D forward (G step)" if g_step else "D forward"
+        return f"{m.name} forward"
+    return OTHER
+
+
+def _export_trace(prof, obs: Observations, run: Run) -> str | None:
+    """The chrome trace for Perfetto, with the provisional range names replaced by phases."""
+    path = Path(run.trace_request) if run.trace_request else default_trace(run.source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        trace = json.loads(raw.read_text())
+    for event in trace.get("traceEvents", []):
+        name = event.get("name", "")
+        if isinstance(name, str) and name.startswith(RANGE):
+            event["name"] = _label(obs.ranges.get(int(name[len(RANGE):])))
+    path.write_text(json.dumps(trace))
+    return str(path)
+
+
+def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: MachineFacts) -> dict:
+    s: dict = {"device": str(device)}
+    n, w = max(sched.profiled, 1), obs.window  # per profiled iteration
+    s["conv_linear_outputs"] = {f"{dtype}{' (autocast)' if ac else ''}": c / n for (dtype, ac), c in w.dtypes.items()}
+    s["autocast"] = any(ac for _, ac in w.dtypes)
+    s["conv_input_formats"] = {k: c / n for k, c in w.formats.items()}
+    s["fixed_conv_shapes"] = all(len(v) == 1 for v in obs.conv_shapes.values())
+    s["loss_modules"] = dict(obs.losses)
+    d = obs.role("D")
+    s["d_last_module"] = d.last_module if d else None
+    s["d_final_sigmoid"] = d.sigmoid_path if d else None
+    s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
+    s["dataloaders"] = [describe_loader(loader) for loader in obs.loaders]
+    g_opt = obs.optimizer_of("G")
+    s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / n) if g_opt and d else 0
+    if facts.cuda:
+        s["cudnn_benchmark"], s["tf32"], s["gpu"] = facts.cudnn_benchmark, facts.tf32, facts.gpu
+    return s

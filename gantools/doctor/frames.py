@@ -1,0 +1,77 @@
+"""Which code is yours: the frames, FILE:LINE sites and names the doctor reports come from your code, never from
+torch's, gantools' or the standard library's."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+from torch import nn
+
+GANTOOLS_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # gantools' own frames: the package, not the checkout
+DOCTOR_DIR = str(Path(__file__).resolve().parent) + os.sep
+LIBRARIES = (str(Path(torch.__file__).resolve().parent) + os.sep, GANTOOLS_DIR)
+NOT_YOURS = LIBRARIES + tuple(str(Path(p).resolve()) + os.sep for p in {sysconfig.get_paths()[k] for k in
+                                                                        ("stdlib", "purelib", "platlib")})
+
+
+def yours(filename: str) -> bool:
+    return not filename.startswith(NOT_YOURS) and not filename.startswith("<frozen")
+
+
+def site(frame) -> tuple[str, str]:
+    """(FILE:LINE, source line) of the first frame in your code, walking out from `frame`."""
+    first = frame
+    while frame is not None and not yours(frame.f_code.co_filename):
+        frame = frame.f_back
+    frame = frame or first
+    filename = frame.f_code.co_filename
+    return f"{shown(filename)}:{frame.f_lineno}", linecache.getline(filename, frame.f_lineno).strip()
+
+
+def shown(filename: str) -> str:
+    """A notebook cell as IPython names it in tracebacks (In[5]), a file relative to here when it is below."""
+    ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    label = getattr(getattr(ipython, "compile", None), "format_code_name", lambda name: None)(filename)
+    if label:
+        return label[1]
+    relative = os.path.relpath(filename)
+    return filename if filename.startswith("<") or relative.startswith("..") else relative
+
+
+def name_in_frames(obj, frame) -> str | None:
+    """The name your code gives `obj`: a local or global bound to it in the first of your frames that has one."""
+    while frame is not None:
+        if yours(frame.f_code.co_filename):
+            for scope in (frame.f_locals, frame.f_globals):
+                for name, value in scope.items():
+                    if value is obj and not name.startswith("_") and name != "self":
+                        return name
+        frame = frame.f_back
+    return None
+
+
+def first_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            t = first_tensor(item)
+            if t is not None:
+                return t
+    if isinstance(x, dict):
+        return first_tensor(list(x.values()))
+    return None
+
+
+def compiling() -> bool:
+    """Inside a graph torch.compile is tracing the hooks do nothing: dynamo folds this to True there, so they add
+    neither graph breaks nor ops (a compiled model is still timed as a whole, from outside)."""
+    return torch.compiler.is_compiling()
+
+
+def is_leaf(module: nn.Module) -> bool:
+    return next(module.children(), None) is None

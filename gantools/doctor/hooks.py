@@ -1,0 +1,307 @@
+"""The doctor's hooks and patches on a loop it did not write, recording into `Observations` (what each one sees,
+and why full backward hooks are not among them: `gantools.doctor`). They are global: one doctor at a time."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections import Counter
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module
+from torch.optim import optimizer as _optim
+from torch.profiler import record_function
+from torch.utils.data import DataLoader
+from torch.utils.data import dataloader as _dataloader
+
+from .frames import LIBRARIES, compiling, first_tensor, is_leaf, name_in_frames, site
+from .observations import Call, Model, Observations, Optimizer
+
+SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
+RANGE = "gantools-doctor#"  # provisional profiler range names, renamed to phases once the loop is understood
+_ACTIVE: list = []  # the doctor running now (hooks are global: one at a time)
+
+
+class Hooks:
+    """Installs the hooks and patches, records what they see into `obs`, and removes them all. The light ones
+    (optimizer steps, DataLoader, optimizer construction) stay for the whole run; the full ones (module forward,
+    value reads, gradients) are switched off while iterations are timed. `on_step(optimizer)` is called after each
+    optimizer step."""
+
+    def __init__(self, obs: Observations, on_step=None):
+        self.obs, self.on_step = obs, on_step
+        self.owner = (os.getpid(), threading.get_ident())  # DataLoader workers are forked with the hooks: not theirs
+        self.full = False          # module hooks, value-read patches and grad hooks active
+        self.profiling = False     # ranges are being recorded
+        self.depth, self.top, self.in_data, self.in_sync = 0, None, False, False
+        self.paramless: set = set()
+        self.leaf: dict[int, bool] = {}
+        self.pending_calls: list = []
+        self.pending_grads: Counter = Counter()
+        self.next_range = 0
+        self.open_opt_range = None
+        self.recent_outputs: dict[int, Model] = {}
+        self._last_leaf_name = None  # the last leaf module run inside the current top-level call
+        self._handles, self._grad_handles, self._patches, self._light_handles = [], [], [], []
+
+    def mine(self) -> bool:
+        """True in the process and thread the doctor watches (hooks are global: forked workers inherit them)."""
+        return (os.getpid(), threading.get_ident()) == self.owner
+
+    # -- install / remove ---------------------------------------------------------------------------------------
+    def install(self) -> None:
+        self._light_handles = [_optim.register_optimizer_step_pre_hook(self._opt_pre),
+                               _optim.register_optimizer_step_post_hook(self._opt_post)]
+        self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
+        self._patch(DataLoader, "__iter__", self._wrap_iter)
+        self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        self.set_full(True)
+
+    def add_step_hook(self, hook) -> None:
+        """One more global optimizer post-step hook, removed with the others."""
+        self._light_handles.append(_optim.register_optimizer_step_post_hook(hook))
+
+    def _patch(self, owner, name, make):
+        own = name in owner.__dict__
+        original = getattr(owner, name)
+        setattr(owner, name, make(original))
+        self._patches.append((owner, name, original, own))
+
+    def _unpatch(self, keep_light: bool) -> None:
+        kept = []
+        for owner, name, original, own in reversed(self._patches):
+            if keep_light and owner is not torch.Tensor:
+                kept.append((owner, name, original, own))
+                continue
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        self._patches = kept[::-1]
+
+    def set_full(self, on: bool) -> None:
+        """Module hooks, value-read patches and grad hooks: on for warm-up and profiling, off while timing."""
+        if on == self.full:
+            return
+        self.full = on
+        if on:
+            self._handles = [_module.register_module_forward_pre_hook(self._pre),
+                             _module.register_module_forward_hook(self._post)]
+            for name in SYNC_METHODS:
+                self._patch(torch.Tensor, name, lambda original, n=name: self._wrap_read(n, original))
+            for m in self.obs.models.values():
+                self._hook_grads(m)
+        else:
+            for h in self._handles + self._grad_handles:
+                h.remove()
+            self._handles, self._grad_handles = [], []
+            self._unpatch(keep_light=True)
+            self.depth, self.top = 0, None
+
+    def remove(self) -> None:
+        for h in self._light_handles + self._handles + self._grad_handles:
+            h.remove()
+        self._light_handles, self._handles, self._grad_handles = [], [], []
+        self._unpatch(keep_light=False)
+        self.full = self.profiling = False
+
+    def new_iteration(self) -> None:
+        self.recent_outputs.clear()
+
+    def _range(self, obj):
+        self.next_range += 1
+        self.obs.ranges[self.next_range] = obj
+        rf = record_function(f"{RANGE}{self.next_range}")
+        rf.__enter__()
+        return rf
+
+    # -- models -------------------------------------------------------------------------------------------------
+    def _model(self, module: nn.Module, frame) -> Model | None:
+        key = id(module)
+        m = self.obs.models.get(key)
+        if m is None and key not in self.paramless:
+            if next(module.parameters(), None) is None:
+                self.paramless.add(key)
+                return None
+            m = self.obs.models[key] = Model(module, name_in_frames(module, frame) or type(module).__name__)
+            self._hook_grads(m)
+        return m
+
+    def _hook_grads(self, m: Model) -> None:
+        def seen(param, model=m):
+            if self.full:
+                self.pending_grads[model] += 1
+        for p in m.module.parameters():
+            if p.requires_grad:
+                self._grad_handles.append(p.register_post_accumulate_grad_hook(seen))
+
+    def _pre(self, module, args):
+        if compiling() or not self.mine():
+            return
+        self.depth += 1
+        if self.depth > 1:
+            return
+        frame = sys._getframe(1)
+        m = self._model(module, frame)
+        if m is None:
+            if "Loss" in type(module).__name__:
+                self.obs.losses[type(module).__name__] += 1
+            return
+        m.calls += 1
+        if m.calls <= 16:  # where your code calls it (the first calls are enough)
+            m.sites[site(frame)[0]] += 1
+        x = first_tensor(args)
+        if x is not None and x.dim() > 0:
+            producer = self.recent_outputs.get(x.data_ptr())
+            if producer is not None and producer is not m:
+                m.fed_by[producer] += 1
+            self.obs.window.inputs[(m, producer is not None)] += x.shape[0]  # images fed, made by a model or not
+        call = Call(m)
+        self.pending_calls.append(call)
+        self.top = (call, self._range(call) if self.profiling else None, x)
+
+    def _post(self, module, args, output):
+        if compiling() or not self.mine():
+            return
+        self.depth -= 1
+        key = id(module)
+        leaf = self.leaf.get(key)
+        if leaf is None:
+            leaf = self.leaf[key] = is_leaf(module)
+        if leaf and self.depth > 0:
+            self._leaf_seen(module, args, output)
+        if self.depth or self.top is None:
+            return
+        call, rf, x = self.top
+        self.top = None
+        if rf is not None:
+            rf.__exit__(None, None, None)
+        m = call.model
+        out = first_tensor(output)
+        if out is not None:
+            m.out_shape = tuple(out.shape)
+            self.recent_outputs[out.data_ptr()] = m
+        m.last_module = self._last_leaf_name
+        self._last_leaf_name = None
+
+    def _leaf_seen(self, module, args, output):
+        self._last_leaf_name = type(module).__name__
+        if isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)) and isinstance(output, torch.Tensor):
+            window = self.obs.window
+            device_type = output.device.type
+            autocast = torch.is_autocast_enabled(device_type) if device_type in ("cpu", "cuda") else False
+            window.dtypes[(str(output.dtype).replace("torch.", ""), autocast)] += 1
+            x = first_tensor(args)
+            if x is not None and x.dim() == 4 and isinstance(module, nn.modules.conv._ConvNd):
+                cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+                window.formats["channels_last" if cl else "contiguous (NCHW)"] += 1
+                self.obs.conv_shapes[id(module)].add(tuple(x.shape))
+
+    # -- optimizers ---------------------------------------------------------------------------------------------
+    def _opt_pre(self, opt, args, kwargs):
+        if not self.mine():
+            return
+        if self.depth:  # a forward that raised never closed its hooks: start clean
+            self.depth, self.top = 0, None
+        o = self._optimizer(opt)
+        self.open_opt_range = self._range(o) if self.profiling else None
+
+    def _opt_post(self, opt, args, kwargs):
+        if not self.mine():
+            return
+        if self.open_opt_range is not None:
+            self.open_opt_range.__exit__(None, None, None)
+            self.open_opt_range = None
+        o = self._optimizer(opt)
+        o.steps += 1
+        o.window_steps += self.obs.counting
+        for call in self.pending_calls:
+            call.next_opt = o
+        self.pending_calls = []
+        for m, n in self.pending_grads.items():
+            o.grads_from[m] += n
+        self.pending_grads = Counter()
+        if self.on_step is not None:
+            self.on_step(o)
+
+    def _optimizer(self, opt) -> Optimizer:
+        o = self.obs.optimizers.get(id(opt))
+        if o is None:
+            o = self.obs.optimizers[id(opt)] = Optimizer(opt, name_in_frames(opt, sys._getframe(1))
+                                                         or type(opt).__name__)
+        return o
+
+    def _wrap_optimizer_init(self, original):
+        obs = self.obs
+
+        def __init__(opt, *args, **kwargs):
+            original(opt, *args, **kwargs)
+            obs.constructed.append(opt)
+        return __init__
+
+    # -- data -----------------------------------------------------------------------------------------------------
+    def _wrap_iter(self, original):
+        obs = self.obs
+
+        def __iter__(loader):
+            if loader not in obs.loaders:
+                obs.loaders.append(loader)
+            return original(loader)
+        return __iter__
+
+    def _wrap_next(self, original):
+        hooks = self
+
+        def __next__(it):
+            if hooks.in_data or not hooks.mine():
+                return original(it)
+            hooks.obs.data_site = hooks.obs.data_site or site(sys._getframe(1))[0]
+            return hooks.fetch(lambda: original(it))
+        return __next__
+
+    def fetch(self, get):
+        """Fetch a batch as data wait (a labelled range while profiling) and count its images."""
+        self.in_data = True
+        rf = record_function("data wait") if self.profiling else contextlib.nullcontext()
+        try:
+            with rf:
+                batch = get()
+        finally:
+            self.in_data = False
+        x = first_tensor(batch)
+        if x is not None and x.dim() > 0 and self.obs.counting:
+            window = self.obs.window
+            window.images_loader += x.shape[0]
+            window.batches += 1
+            window.batch_sizes[x.shape[0]] += 1
+        return batch
+
+    # -- value reads ----------------------------------------------------------------------------------------------
+    def _wrap_read(self, name, original):
+        hooks = self
+
+        def read(tensor, *args, **kwargs):
+            if (compiling() or hooks.in_sync or hooks.in_data or not hooks.full
+                    or not hooks.mine()
+                    or (name == "cpu" and tensor.device.type == "cpu")):
+                return original(tensor, *args, **kwargs)
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename.startswith(LIBRARIES):  # torch reading its own tensors: not your sync
+                return original(tensor, *args, **kwargs)
+            if tensor.device.type == "cpu" and hooks.obs.device_in_use().type != "cpu":  # a host value: no wait
+                return original(tensor, *args, **kwargs)
+            hooks.in_sync = True
+            rf = record_function("host sync") if hooks.profiling and hooks.depth == 0 else contextlib.nullcontext()
+            try:
+                with rf:
+                    return original(tensor, *args, **kwargs)
+            finally:
+                hooks.in_sync = False
+                where, code = site(caller)
+                window = hooks.obs.window
+                window.syncs[where] += 1
+                window.sites.setdefault(where, (code, name.strip("_")))
+        read.__name__ = name
+        return read

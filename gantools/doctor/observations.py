@@ -1,0 +1,163 @@
+"""What the doctor's hooks record about a loop it did not write: its models and optimizers (and which is G, which
+is D), and the counts of the profiled window."""
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .frames import is_leaf
+
+
+class Model:
+    """A module with parameters called at the top level of your loop."""
+
+    def __init__(self, module: nn.Module, name: str):
+        inner = getattr(module, "_orig_mod", module)
+        self.module, self.name, self.cls = module, name, type(inner).__name__
+        self.compiled = type(module).__name__ == "OptimizedModule"
+        params = list(module.parameters())
+        self.parameters, self.param_ids = sum(p.numel() for p in params), {id(p) for p in params}
+        self.calls, self.out_shape, self.role, self.last_module = 0, None, None, None
+        self.fed_by, self.sites = Counter(), Counter()
+        self.sigmoid_path = None  # where a final nn.Sigmoid sits inside it
+
+    def describe(self) -> dict:
+        return {"name": self.name, "class": self.cls, "parameters": self.parameters, "compiled": self.compiled,
+                "output_shape": list(self.out_shape or ()), "last_module": self.last_module,
+                "called_at": [w for w, _ in self.sites.most_common(3)]}
+
+
+class Optimizer:
+    """An optimizer your loop stepped, and the gradients that reached it."""
+
+    def __init__(self, opt: torch.optim.Optimizer, name: str):
+        self.opt, self.name, self.cls = opt, name, type(opt).__name__
+        self.param_ids = {id(p) for group in opt.param_groups for p in group["params"]}
+        self.steps = 0
+        self.window_steps = 0
+        self.role = self.model = None
+        self.grads_from = Counter()  # model -> gradients accumulated into its parameters before this optimizer stepped
+
+    def implementation(self, device: torch.device) -> str:
+        d = self.opt.defaults
+        if d.get("fused"):
+            return "fused"
+        if d.get("foreach"):
+            return "foreach"
+        if d.get("foreach") is False or "foreach" not in d:
+            return "for-loop"
+        # foreach=None: torch picks foreach for params on CUDA (optimizer._default_to_fused_or_foreach), else a loop
+        return "foreach (default)" if device.type == "cuda" else "for-loop (default here)"
+
+
+class Call:
+    """One top-level call of a model; `next_opt` (the optimizer that steps next) tells D's step from G's."""
+
+    __slots__ = ("model", "next_opt")
+
+    def __init__(self, model: Model):
+        self.model, self.next_opt = model, None
+
+
+@dataclass
+class Window:
+    """What the hooks counted in the profiled window (from the profiler's warm-up iteration's end)."""
+
+    images_loader: int = 0    # images in the batches your data gave
+    batches: int = 0
+    batch_sizes: Counter = field(default_factory=Counter)
+    inputs: Counter = field(default_factory=Counter)   # (Model, made by a model) -> images fed to it
+    syncs: Counter = field(default_factory=Counter)    # FILE:LINE -> value reads from the device
+    sites: dict = field(default_factory=dict)          # FILE:LINE -> (source line, method)
+    dtypes: Counter = field(default_factory=Counter)   # (Conv/Linear output dtype, autocast) -> outputs
+    formats: Counter = field(default_factory=Counter)  # conv input memory format -> inputs
+
+
+@dataclass
+class Observations:
+    """Everything the hooks saw, for the analysis."""
+
+    models: dict = field(default_factory=dict)        # id(module) -> Model
+    optimizers: dict = field(default_factory=dict)    # id(optimizer) -> Optimizer
+    constructed: list = field(default_factory=list)   # optimizers built while the doctor watched (script mode)
+    ranges: dict = field(default_factory=dict)        # profiler range id -> Call or Optimizer
+    data_site: str | None = None                      # where your loop takes its batches
+    loaders: list = field(default_factory=list)
+    losses: Counter = field(default_factory=Counter)  # loss modules called at the top level
+    conv_shapes: defaultdict = field(default_factory=lambda: defaultdict(set))  # conv -> input shapes seen
+    window: Window = field(default_factory=Window)
+    peak_mem_mb: float = 0.0
+    device: torch.device | None = None
+    counting: bool = True  # False once the profiled window has closed: the timed iterations after it are not counted
+
+    def device_in_use(self) -> torch.device:
+        """The device of the first model's (else optimizer's) parameters; the CPU until one is seen."""
+        if self.device is None:
+            for m in self.models.values():
+                p = next(m.module.parameters(), None)
+                if p is not None:
+                    self.device = p.device
+                    break
+            else:
+                for o in self.optimizers.values():
+                    for group in o.opt.param_groups:
+                        if group["params"]:
+                            self.device = group["params"][0].device
+                            break
+        return self.device or torch.device("cpu")
+
+    def open_window(self) -> None:
+        """Start counting afresh: the profiled window begins."""
+        self.window, self.counting = Window(), True
+        for o in self.optimizers.values():
+            o.window_steps, o.grads_from = 0, Counter()
+
+    def close_window(self) -> None:
+        self.counting = False
+
+    def role(self, role: str):
+        """The Model (or Optimizer) classified as G or D, if any."""
+        return next((m for m in self.models.values() if m.role == role), None)
+
+    def optimizer_of(self, role: str):
+        return next((o for o in self.optimizers.values() if o.role == role), None)
+
+    def classify(self) -> None:
+        """G is the model whose output is images and feeds another model, D the model fed by G (else the one
+        returning one value per image); an optimizer over one model's parameters is that model's."""
+        models = list(self.models.values())
+        images = [m for m in models if m.out_shape and len(m.out_shape) == 4 and m.out_shape[-1] > 1
+                  and m.out_shape[-2] > 1]
+        fed = Counter()
+        for m in models:
+            for producer, n in m.fed_by.items():
+                if producer in images:
+                    fed[(producer, m)] += n
+        if fed:
+            g, d = max(fed, key=fed.get)
+        else:
+            scalar = [m for m in models if m.out_shape and math.prod(m.out_shape[1:]) == 1]
+            g = max(images, key=lambda m: m.calls) if images else None
+            d = max(scalar, key=lambda m: m.calls) if scalar else None
+        for m, role in ((g, "G"), (d, "D")):
+            if m is not None:
+                m.role = role
+        for o in self.optimizers.values():
+            shared = {m: len(o.param_ids & m.param_ids) for m in models}
+            owners = [m for m, k in shared.items() if k]
+            if len(owners) == 1:  # an optimizer over one model's parameters
+                o.role, o.model = owners[0].role or owners[0].name, owners[0].name
+        if d is not None:
+            d.sigmoid_path = final_sigmoid(d.module)
+
+
+def final_sigmoid(module: nn.Module) -> str | None:
+    """The dotted path of a Sigmoid that is the last module registered in `module`, if there is one."""
+    leaves = [(name, m) for name, m in module.named_modules() if is_leaf(m)]
+    if leaves and isinstance(leaves[-1][1], nn.Sigmoid):
+        return leaves[-1][0]
+    return None

@@ -1,0 +1,144 @@
+"""What the doctor tells you: the `DoctorReport` (a `measuring.PhaseTable`, so `profiling.compare` and
+`display.plot_phases` work on your own loop) and its `Finding`s, as text and as JSON."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import hardware
+from ..measuring import PhaseTable
+
+
+@dataclass
+class Finding:
+    """One change to make in your code, and the evidence from this run that it is worth making."""
+
+    kind: str                 # stable: host-sync, sigmoid-bce, fp32-convolutions, per-sample-transforms, ...
+    title: str
+    seen: str                 # numbers from this run, FILE:LINE where known
+    why: str
+    change: str               # a short snippet for your code
+    notebook: str
+    estimated_speedup: float | None  # Amdahl from measured shares; None: measure it
+
+    def __str__(self):
+        gain = f"estimated gain up to {self.estimated_speedup:.2f}x" if self.estimated_speedup else "measure it"
+        change = "\n".join("      " + line for line in self.change.splitlines())
+        return (f"[{self.kind}] {self.title} ({gain})\n   seen: {self.seen}\n   why: {self.why}\n"
+                f"   change, in your code:\n{change}\n   learn it: notebook {self.notebook}")
+
+
+@dataclass
+class DoctorReport(PhaseTable):
+    """What the doctor measured in your loop. Times are milliseconds per iteration. A `measuring.PhaseTable`, so
+    the fix-measure loop works on your own code: `compare(before, after)`."""
+
+    source: str
+    device: str
+    complete: bool = False
+    note: str = ""                       # why the report is partial, when it is
+    steps: int = 0                       # profiled iterations
+    iterations_seen: int = 0
+    step_time_ms: float = float("nan")   # profiled, host wall time per iteration
+    unprofiled_step_time_ms: float = float("nan")  # timed without the profiler, device synchronised
+    images_per_step: float = 0.0         # real images per iteration
+    images_source: str = ""
+    batch_size: int = 0
+    phases_ms: dict = field(default_factory=dict)
+    device_busy_ms: float = 0.0
+    compute_share: float = 0.0           # of busy time, in convolutions and matmuls
+    host_syncs_per_step: float = 0.0     # value reads in your code (a GPU wait each)
+    sync_sites: list = field(default_factory=list)  # {"where", "code", "method", "per_step"}
+    top_ops: list = field(default_factory=list)
+    peak_mem_mb: float = 0.0
+    models: dict = field(default_factory=dict)      # role or name -> what it is
+    optimizers: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    verdict: dict = field(default_factory=dict)     # bottleneck, evidence
+    findings: list = field(default_factory=list)
+    trace_path: str | None = None
+
+    def kinds(self) -> list:
+        return [f.kind for f in self.findings]
+
+    def to_dict(self) -> dict:
+        """Everything above as plain JSON values (what `--json` writes); numbers not measured are null."""
+        d = asdict(self)
+        d.update(images_per_sec=self.images_per_sec, overhead=self.overhead,
+                 machine=hardware.machine_info(self.device))
+        return _jsonable(d)
+
+    def save_json(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    def __str__(self):
+        lines = [f"gantools doctor: {self.source} on {self.device}"]
+        lines += ["  " + line for line in _describe_loop(self)]
+        if not self.complete:
+            lines.append(f"  incomplete: {self.note}")
+        timed = self.settings.get("timed_iterations_ms") or []
+        if self.unprofiled_step_time_ms == self.unprofiled_step_time_ms:  # not NaN: the timed window finished
+            lines.append(f"  {self.unprofiled_step_time_ms:.1f} ms per iteration (median of {len(timed)} timed "
+                         f"without the profiler, device synchronised; {min(timed):.0f}-{max(timed):.0f}), "
+                         f"{self.images_per_sec:.0f} images/s")
+        if not self.phases_ms:
+            return "\n".join(lines)
+        lines.append(f"  {self.steps} profiled iterations: {self.step_time_ms:.1f} ms each (profiler overhead "
+                     f"{self.overhead:.2f}x)")
+        v = self.verdict
+        first = f" (try first: finding 1, {self.findings[0].kind})" if self.findings else ""
+        lines += ["", f"verdict: {v['bottleneck']}{first}",
+                  "  evidence: " + ", ".join(f"{k} {_fmt(val)}" for k, val in v["evidence"].items()), "",
+                  "where an iteration's time goes (profiled, ms per iteration):"]
+        lines += self.phase_lines(22)
+        syncs = "; ".join(f"{s['where']} {s['code']} ({s['per_step']:g}/it)" for s in self.sync_sites[:4])
+        lines.append(f"  host syncs in your code: {self.host_syncs_per_step:.1f} per iteration"
+                     + (f": {syncs}" if syncs else ""))
+        lines.append(f"  device busy {self.device_busy_ms:.1f} ms, convolutions and matmuls "
+                     f"{100 * self.compute_share:.0f}% of it; peak memory {self.peak_mem_mb:.0f} MB")
+        lines += ["", "findings, ranked by estimated gain:" if self.findings else
+                  "findings: none. Nothing in this run is worth changing by the doctor's rules."]
+        for i, f in enumerate(self.findings, 1):
+            lines.append(f"{i}. {f}")
+        if self.trace_path:
+            lines += ["", f"trace (open in https://ui.perfetto.dev): {self.trace_path}"]
+        return "\n".join(lines)
+
+
+def _jsonable(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value if value is None or isinstance(value, (str, int, bool)) else str(value)
+
+
+def _fmt(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _describe_loop(r: DoctorReport) -> list:
+    out = []
+    g, d = r.models.get("G"), r.models.get("D")
+    if g and d:
+        out.append(f"the loop: {g['name']} ({g['class']}, {g['parameters'] / 1e6:.2f}M parameters) feeds "
+                   f"{d['name']} ({d['class']}, {d['parameters'] / 1e6:.2f}M)")
+    elif r.models:
+        out.append("models: " + ", ".join(f"{m['name']} ({m['class']})" for m in r.models.values()))
+    if r.settings.get("iteration"):
+        out.append(f"one iteration = {r.settings['iteration']}")
+    if r.optimizers:
+        out.append("optimizers: " + "; ".join(
+            f"{o['name']} ({o['class']}, {o['implementation']}) steps " + (f"{o['role']} " if o["role"] else "")
+            + (f"{o['steps_per_iteration']:g}x per iteration" if o["steps_per_iteration"] is not None
+               else "(its rhythm not measured)") for o in r.optimizers.values()))
+    if r.images_per_step:
+        out.append(f"{r.images_per_step:g} real images per iteration ({r.images_source})")
+    return out

@@ -1,0 +1,279 @@
+"""The doctor's findings: one pure function per rule, over the report of this run and the machine's facts (given
+as data, never queried here), each returning a `Finding` or None. `RULES` lists them; `findings` applies them all.
+
+Each rule needs evidence from this run; a finding's gain is Amdahl's law on measured shares (`measuring.amdahl`),
+or None ("measure it") where no model of its gain exists."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from ..measuring import amdahl
+from .report import DoctorReport, Finding
+
+MIN_SHARE = 0.05        # a cost under 5% of the step (data wait, copies, optimizer steps) is not worth a finding
+MIN_GAIN = 1.02         # a finding whose whole estimated gain is under 2% would be noise
+SYNCS_PER_STEP = 1.0    # reading values at least once per iteration, on average, is a per-step sync
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What the rules know of the machine the loop ran on (captured once by the analysis)."""
+
+    cuda: bool = False                      # the loop ran on a CUDA device
+    compute_capability: tuple | None = None  # (major, minor) of that GPU
+    bf16: bool = True                       # bf16 autocast is fast there (hardware.supports_bf16)
+    workers: int = 1                        # DataLoader workers to suggest (profiling.suggested_workers)
+    cudnn_benchmark: bool = False           # torch.backends.cudnn.benchmark
+    tf32: bool = False                      # TF32 matmuls on (hardware.tf32_matmuls)
+    gpu: str | None = None                  # the GPU's name
+
+
+def _names(r: DoctorReport) -> tuple:
+    """How your code names G, D and their optimizers (for the snippets)."""
+    names = {role: r.models.get(role, {}).get("name", role) for role in ("G", "D")}
+    opts = {o["role"]: o["name"] for o in r.optimizers.values() if o.get("role")}
+    return names["G"], names["D"], opts.get("G", "optimizerG"), opts.get("D", "optimizerD")
+
+
+def _slow_loader(r: DoctorReport) -> dict | None:
+    """The first DataLoader doing per-image work or without workers, when waiting for data is worth a finding."""
+    loaders = [x for x in r.settings["dataloaders"] if x["per_image_work"] or x["num_workers"] == 0]
+    wait = r.phases_ms.get("data wait", 0.0)
+    return loaders[0] if wait / r.step_time_ms >= MIN_SHARE and loaders else None
+
+
+def _data_seen(r: DoctorReport, loader: dict) -> str:
+    s, step, wait = r.settings, r.step_time_ms, r.phases_ms.get("data wait", 0.0)
+    for_line = f"; batches taken at {s['data_site']}" if s.get("data_site") else ""
+    return (f"waiting for data {wait:.1f} ms of a {step:.1f} ms iteration ({100 * wait / step:.0f}%); "
+            f"DataLoader(batch_size={loader['batch_size']}, num_workers={loader['num_workers']}) over "
+            f"{loader['per_image_work'] or loader['dataset']}{for_line}")
+
+
+def per_sample_transforms(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    loader = _slow_loader(r)
+    if loader is None or not loader["per_image_work"]:
+        return None
+    workers = facts.workers
+    return Finding(
+        "per-sample-transforms", "every image is decoded and transformed on the host, one at a time",
+        _data_seen(r, loader),
+        "each image goes through PIL and torchvision transforms in Python on every epoch, "
+        + ("in the training process itself (num_workers=0), so the model waits for it"
+           if loader["num_workers"] == 0 else "and the workers do not keep up with the step"),
+        ("# once, before training: the images decoded a single time, kept as uint8 on the device\n"
+         "images = torch.stack([(x * 127.5 + 127.5).round().to(torch.uint8) for x, _ in dataset]).to(device)\n"
+         "# each step: a batch by indexing, normalised on the device (no PIL, no workers)\n"
+         "idx = torch.randint(len(images), (batch_size,), device=device)\n"
+         "real = images[idx].float().div_(127.5).sub_(1)\n"
+         "# too big for the device? keep the DataLoader but decode in workers:\n"
+         f"# DataLoader(dataset, ..., num_workers={workers}, persistent_workers=True, pin_memory=True)")
+        if not loader["not_decodable_once"] else
+        (f"# decoding once would change your data ({loader['not_decodable_once']}): decode in workers\n"
+         f"DataLoader(dataset, ..., num_workers={workers}, persistent_workers=True, pin_memory=True)"),
+        "03_data_loading", amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
+
+
+def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    loader = _slow_loader(r)
+    if loader is None or loader["per_image_work"]:
+        return None
+    return Finding(
+        "no-workers", "the DataLoader loads batches in the training process", _data_seen(r, loader),
+        "with num_workers=0 every batch is assembled while the model waits; worker processes prepare "
+        "the next batches in parallel with the step",
+        f"DataLoader(dataset, ..., num_workers={facts.workers}, persistent_workers=True)",
+        "03_data_loading", amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
+
+
+def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    s, step = r.settings, r.step_time_ms
+    h2d = s.get("h2d_copy_ms", 0.0)
+    if not (facts.cuda and h2d / step >= MIN_SHARE and any(not x["pin_memory"] for x in s["dataloaders"])):
+        return None
+    return Finding(
+        "pin-memory", "batches are copied to the GPU from pageable memory",
+        f"host-to-device copies {h2d:.1f} ms per iteration ({100 * h2d / step:.0f}%), pin_memory=False",
+        "a copy from pageable memory is staged through a pinned buffer and cannot overlap with compute",
+        "DataLoader(dataset, ..., pin_memory=True)\nreal = data[0].to(device, non_blocking=True)",
+        "03_data_loading", None)
+
+
+def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    if r.host_syncs_per_step < SYNCS_PER_STEP:
+        return None
+    step = r.step_time_ms
+    sites = "; ".join(f"{x['where']} `{x['code']}` ({x['method']}, {x['per_step']:g}/it)" for x in r.sync_sites[:5])
+    sync_ms = r.phases_ms.get("host sync", 0.0)
+    if facts.cuda:
+        idle = 1 - r.device_busy_ms / step
+        gain = amdahl(step, step - r.device_busy_ms) if idle > 0.1 else amdahl(step, sync_ms)
+        cost = f"the GPU sits idle {100 * idle:.0f}% of the iteration"
+    else:
+        gain = None
+        cost = (f"on this CPU they cost {sync_ms:.2f} ms (no device to wait for); on a GPU each one waits for "
+                "all queued work")
+    return Finding(
+        "host-sync", f"your code reads values from the device {r.host_syncs_per_step:g} times per iteration",
+        f"{sites}; {cost}",
+        "every read (.item(), .tolist(), printing or comparing a tensor) makes the host wait until the device "
+        "has finished all queued work; meanwhile no new kernels are queued, so the GPU idles between steps",
+        "# keep the numbers on the device, read them once every N iterations\n"
+        "stats = torch.zeros(3, device=device)  # before the loop\n"
+        "stats += torch.stack([errD.detach(), errG.detach(), D_x.detach()])  # D_x = output.mean(), no .item()\n"
+        "if i % 50 == 0:\n"
+        "    print((stats / 50).tolist()); stats.zero_()  # one sync per 50 iterations",
+        "06_your_own_gan", gain if gain is None or gain >= MIN_GAIN else None)
+
+
+def _bce_ops(r: DoctorReport) -> dict:
+    return {k: v for k, v in r.settings.get("loss_ops_per_iteration", {}).items()
+            if k == "aten::binary_cross_entropy"}
+
+
+def sigmoid_bce(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    bce = _bce_ops(r)
+    if not bce:
+        return None
+    s, d = r.settings, _names(r)[1]
+    where = f"; {d} ends in nn.Sigmoid ({d}.{s['d_final_sigmoid']})" if s.get("d_final_sigmoid") else ""
+    return Finding(
+        "sigmoid-bce", "D's probabilities go into BCELoss",
+        f"aten::binary_cross_entropy {sum(bce.values()):g} times per iteration{where}",
+        "a sigmoid rounds to exactly 1.0 in 16-bit for logits above about 6, and log(1 - p) becomes log(0) "
+        "(BCELoss clamps it to -100: no gradient); BCELoss is refused under autocast on CUDA. "
+        "BCEWithLogitsLoss computes the same loss from logits, stably, in one op",
+        f"# {d}: remove the final nn.Sigmoid(); it returns logits now\n"
+        "criterion = nn.BCEWithLogitsLoss()\n"
+        "D_x = output.sigmoid().mean()  # where you report D's probabilities",
+        "02_mixed_precision", None)
+
+
+def _fp32_outputs(r: DoctorReport) -> dict:
+    return {k: v for k, v in r.settings["conv_linear_outputs"].items() if k == "float32"}
+
+
+def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    step = r.step_time_ms
+    compute = r.compute_share * r.device_busy_ms
+    fp32 = _fp32_outputs(r)
+    gain16 = amdahl(step, compute / 2)
+    if not (fp32 and not r.settings["autocast"] and gain16 >= MIN_GAIN):
+        return None
+    _, d, _, opt_d = _names(r)
+    first = (f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n"
+             if _bce_ops(r) else "")
+    bf16 = facts.bf16  # a GPU before Ampere: fp16, with a GradScaler
+    return Finding(
+        "fp32-convolutions", "convolutions and matmuls run in fp32",
+        f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and "
+        f"matmuls take {compute:.1f} ms of a {step:.1f} ms iteration ({100 * compute / step:.0f}%)",
+        "autocast runs them in 16-bit (half the bytes, and the fast units of recent CPUs and GPUs) while "
+        "keeping sensitive ops in fp32; the estimate assumes it halves their time",
+        f"{first}with torch.autocast(device.type, dtype=torch.{'bfloat16' if bf16 else 'float16'}):  "
+        f"# each forward and its loss\n    output = {d}(real).view(-1)\n"
+        "    errD_real = criterion(output.float(), label)\n"
+        + ("errD_real.backward()  # backward and optimizer steps stay outside" if bf16 else
+           "scalerD.scale(errD_real).backward()  # fp16: one torch.amp.GradScaler('cuda') per network\n"
+           f"scalerD.step({opt_d}); scalerD.update()"),
+        "02_mixed_precision", gain16)
+
+
+def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    step = r.step_time_ms
+    grads = r.settings.get("d_grads_in_g_step", 0)
+    d_bwd = r.phases_ms.get("D backward (G step)", 0.0)
+    if not (grads and d_bwd > 0 and amdahl(step, d_bwd / 2) >= MIN_GAIN):
+        return None
+    g, d, opt_g, opt_d = _names(r)
+    return Finding(
+        "d-grads-in-g-step", f"{d} computes weight gradients in G's step",
+        f"{grads:g} of {d}'s parameter gradients accumulated per iteration before {opt_g} stepped; "
+        f"D backward (G step) takes {d_bwd:.1f} ms ({100 * d_bwd / step:.0f}%)",
+        f"G's loss must flow back through {d} to reach {g}, but {d}'s own weight gradients are thrown away "
+        f"({opt_d} zeroes them before using them); freezing {d} skips them. The estimate assumes they are half "
+        f"of {d}'s backward there",
+        f"{d}.requires_grad_(False)  # G's step: gradients flow through {d} to {g}, none stored for {d}\n"
+        f"output = {d}(fake).view(-1)\nerrG = criterion(output, label)\nerrG.backward()\n{opt_g}.step()\n"
+        f"{d}.requires_grad_(True)",
+        "06_your_own_gan", amdahl(step, d_bwd / 2))
+
+
+def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    step = r.step_time_ms
+    opt_ms = sum(ms for k, ms in r.phases_ms.items() if k.endswith("optimizer step"))
+    loops = [o for o in r.optimizers.values() if o["implementation"].startswith("for-loop")]
+    if not (loops and opt_ms / step >= MIN_SHARE):
+        return None
+    return Finding(
+        "optimizer-for-loop", "the optimizers update one parameter at a time",
+        f"{', '.join(o['name'] for o in loops)}: {loops[0]['implementation']}; optimizer steps take "
+        f"{opt_ms:.1f} ms ({100 * opt_ms / step:.0f}%)",
+        "the for-loop implementation launches several small ops per parameter; fused (or foreach) updates all "
+        "parameters in a few kernels",
+        "\n".join(f"# {o['name']}: add {_faster_impl(o['class'])} to its constructor, keeping your other "
+                  f"arguments\n{o['name']} = optim.{o['class']}(..., {_faster_impl(o['class'])})" for o in loops),
+        "04_optimizers_and_accumulation", None)
+
+
+def channels_last(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    nchw = r.settings["conv_input_formats"].get("contiguous (NCHW)", 0)
+    if not (nchw and r.compute_share >= 0.5 and fp32_convolutions(r, facts) is None):
+        return None
+    g, d = _names(r)[:2]
+    return Finding(
+        "channels-last", "convolutions read NCHW tensors",
+        f"{nchw:g} convolution inputs per iteration in NCHW; convolutions and matmuls are "
+        f"{100 * r.compute_share:.0f}% of the busy time",
+        "cuDNN's and oneDNN's fastest 16-bit convolution kernels work on channels_last (NHWC); NCHW inputs are "
+        "converted, or a slower kernel runs",
+        f"{g} = {g}.to(memory_format=torch.channels_last)\n{d} = {d}.to(memory_format=torch.channels_last)\n"
+        "real = real.contiguous(memory_format=torch.channels_last)",
+        "05_all_together", None)
+
+
+def cudnn_benchmark(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    if not (facts.cuda and r.compute_share >= 0.5 and not facts.cudnn_benchmark
+            and r.settings["fixed_conv_shapes"]):
+        return None
+    return Finding(
+        "cudnn-benchmark", "cuDNN picks convolution algorithms by heuristics",
+        f"torch.backends.cudnn.benchmark is False; every convolution saw one input shape; convolutions are "
+        f"{100 * r.compute_share:.0f}% of the busy time",
+        "with fixed shapes, benchmark mode times the candidate algorithms once and keeps the fastest",
+        "torch.backends.cudnn.benchmark = True  # before the loop", "05_all_together", None)
+
+
+def tf32(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    ampere = facts.cuda and facts.compute_capability is not None and facts.compute_capability[0] >= 8
+    if not (ampere and _fp32_outputs(r) and not r.settings["autocast"] and not facts.tf32):
+        return None
+    # the documented switch on every torch version; not `matmul.fp32_precision = "tf32"`, which breaks
+    # torch.compile on torch 2.9-2.11 (see hardware.backend_flags)
+    snippet = ('torch.set_float32_matmul_precision("high")  # TF32 matmuls\n'
+               "torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions (PyTorch's default)")
+    return Finding(
+        "tf32", "fp32 matmuls and convolutions run without TF32",
+        f"fp32 Conv/Linear outputs, TF32 off, on {facts.gpu}",
+        "Ampere and newer GPUs run fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa) "
+        "several times faster; bf16 autocast (above) goes further", snippet, "05_all_together", None)
+
+
+RULES = (per_sample_transforms, no_workers, pin_memory, host_sync, sigmoid_bce, fp32_convolutions, d_grads_in_g_step,
+         optimizer_for_loop, channels_last, cudnn_benchmark, tf32)
+
+
+def findings(r: DoctorReport, facts: MachineFacts) -> list:
+    """Every rule's finding, ranked by estimated gain (unknown gains last; ties in `RULES`' order)."""
+    found = [f for f in (rule(r, facts) for rule in RULES) if f is not None]
+    return sorted(found, key=lambda f: -(f.estimated_speedup or 0.0))
+
+
+def _faster_impl(name: str) -> str:
+    """`fused=True` where the optimizer class takes it (Adam, AdamW, SGD, ...), else `foreach=True` (all built-ins)."""
+    cls = getattr(torch.optim, name, None)
+    takes = inspect.signature(cls).parameters if cls is not None else {}
+    return "fused=True" if "fused" in takes else "foreach=True"

@@ -1,0 +1,117 @@
+"""The doctor's iteration schedule (`mark`'s state machine), by `gantools.measuring`'s protocol: `warmup`
+iterations with every hook on, one profiler warm-up iteration and `steps` profiled, then `steps` timed with nothing
+installed but the iteration marks. In a script the iterations are paced by an optimizer's steps, once the loop's
+rhythm is known."""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+from .. import hardware
+from ..measuring import IterationClock, ProfilerSession
+from .hooks import Hooks
+from .observations import Observations, Optimizer
+
+STEPS, WARMUP = 5, 2
+PACING_LIMIT = 64  # optimizer steps after which the loop's rhythm is decided from the optimizers seen so far
+
+
+class Stop(BaseException):
+    """The doctor has measured enough: raised from an optimizer hook to end the script. A BaseException, so the
+    script's own `except Exception` cannot swallow it."""
+
+
+def say(message: str) -> None:
+    print(f"gantools doctor: {message}", file=sys.stderr, flush=True)
+
+
+class Schedule:
+    """Counts iteration marks and switches hooks, timing and the profiler at each stage's end. Stages: pacing
+    (script mode, until the rhythm is known), warmup, timed, profiling, done."""
+
+    def __init__(self, steps: int, warmup: int, obs: Observations, hooks: Hooks, by_optimizer: bool):
+        self.steps, self.warmup, self.timed = steps, warmup, steps
+        self.obs, self.hooks, self.by_optimizer = obs, hooks, by_optimizer
+        self.marks = -1            # iteration marks seen; mark 0 starts the first warm-up iteration
+        self.stage = "pacing" if by_optimizer else "warmup"
+        self.profiled = 0
+        self.order: list = []      # optimizer steps before the rhythm is decided
+        self.pacer: Optimizer | None = None
+        self.clock: IterationClock | None = None
+        self.session: ProfilerSession | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stage == "done"
+
+    @property
+    def needed(self) -> int:
+        return self.warmup + self.timed + 1 + self.steps
+
+    def mark(self) -> None:
+        """The end of one iteration (and the start of the next)."""
+        if self.done:
+            return
+        self.marks += 1
+        b, w, n, t = self.marks, self.warmup, self.steps, self.timed
+        self.hooks.new_iteration()
+        device = self.obs.device_in_use()
+        if b == w:  # warm-up over: the profiler's warm-up iteration starts
+            self.stage = "profiling"
+            self.session = ProfilerSession(device, self.steps)
+            self.session.start()
+            self.hooks.profiling = True
+        elif b == w + 1:  # the profiler's warm-up iteration is over: the counted window starts
+            self.session.step()
+            self.obs.open_window()
+            self.profiled = 0
+            hardware.reset_peak_memory(device)
+        elif w + 1 < b <= w + 1 + n:
+            self.profiled += 1
+            if b < w + 1 + n:
+                self.session.step()
+                return
+            hardware.synchronize(device)
+            self.obs.peak_mem_mb = hardware.peak_memory_mb(device)
+            self.session.step()  # the last active step: the trace is complete
+            self.stop_profiler()
+            self.obs.close_window()
+            # time `timed` iterations with nothing installed but the marks
+            self.hooks.set_full(False)
+            self.stage = "timed"
+            self.clock = IterationClock(device)
+            self.clock.start()
+        elif b > w + 1 + n:  # one timed iteration ends: synchronised, so its GPU work is inside it
+            self.clock.lap()
+            if b == w + 1 + n + t:
+                self.stage = "done"
+
+    def stop_profiler(self) -> None:
+        self.hooks.profiling = False
+        if self.session is not None:
+            self.session.stop()
+
+    @property
+    def timed_ms(self) -> float:
+        """The median timed iteration: NaN until the timed window has finished."""
+        return self.clock.median_ms if self.clock and len(self.clock.times_ms) == self.timed else float("nan")
+
+    def pace(self, o: Optimizer) -> None:
+        """Script mode: decide which optimizer marks iterations (the one stepping least often, once every optimizer
+        built has stepped and one has stepped twice), then mark an iteration at each of its steps."""
+        if self.pacer is None:
+            self.order.append(o)
+            counts = Counter(self.order)
+            built = {id(opt) for opt in self.obs.constructed} or set(self.obs.optimizers)
+            everyone = all(i in {id(k.opt) for k in counts} for i in built)
+            if (max(counts.values()) >= 2 and everyone) or len(self.order) >= PACING_LIMIT:
+                last = {k: i for i, k in enumerate(self.order)}
+                self.pacer = min(counts, key=lambda k: (counts[k], -last[k]))
+                self.stage = "warmup"
+                say(f"found the training loop: one iteration = one step of {self.pacer.name}; now {self.warmup} "
+                    f"warm-up, 1 + {self.steps} profiled, then {self.timed} timed iterations")
+            return
+        if o is self.pacer:
+            self.mark()
+            if self.done:
+                raise Stop()

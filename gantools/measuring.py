@@ -1,0 +1,140 @@
+"""One measuring protocol for `profiling.profile` and `gantools.doctor`, so their numbers mean the same thing.
+
+1. Warm-up iterations, not measured.
+2. One profiler warm-up iteration, then `steps` iterations under torch.profiler (`ProfilerSession`): the phase table.
+3. `steps` iterations timed without the profiler (`IterationClock`), the device synchronised at each iteration's
+   end so its GPU work is inside the iteration it belongs to; their median is the step time and images/s (an epoch's
+   start or a busy neighbour in one iteration does not move it). Timed last, when everything is warm: right after a
+   short warm-up they would still consume the batches DataLoader workers prefetched during it, and overstate images/s.
+
+The profiler's overhead is the profiled step time over the unprofiled one (`PhaseTable.overhead`); a gain is
+estimated by Amdahl's law on measured shares (`amdahl`).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, schedule
+
+from . import hardware
+
+KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+
+
+def amdahl(step_ms: float, removed_ms: float) -> float:
+    """The whole step's speed-up if `removed_ms` of its `step_ms` went away (Amdahl's law)."""
+    return step_ms / max(step_ms - removed_ms, 1e-9)
+
+
+class IterationClock:
+    """Milliseconds per iteration without the profiler: `start()` before the first, `lap()` at each one's end."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.times_ms, self._t0 = device, [], None
+
+    def start(self) -> None:
+        hardware.synchronize(self.device)
+        self._t0 = time.perf_counter()
+
+    def lap(self) -> None:
+        hardware.synchronize(self.device)
+        now = time.perf_counter()
+        self.times_ms.append(1e3 * (now - self._t0))
+        self._t0 = now
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms) if self.times_ms else float("nan")
+
+
+class ProfilerSession:
+    """torch.profiler over one warm-up iteration and `steps` active ones (CPU activity, and CUDA's on a GPU):
+    `start()`, `step()` at each iteration's end, `stop()`; then `step_ms()`, `per_step(names)` and `averages`."""
+
+    def __init__(self, device: torch.device, steps: int, on_trace_ready=None):
+        self.device, self.steps, self.on_trace_ready = device, steps, on_trace_ready
+        self.prof = None
+        self.active = False
+        self._kineto_set = False
+        self._averages = None
+
+    def start(self) -> None:
+        if not torch.cuda.is_available() and KINETO_LOG_LEVEL not in os.environ:
+            # A CUDA build on a CPU-only machine: kineto's "no GPU" error (level 4) and its USDT profiler_start/stop
+            # lines (level 5, the highest) are noise there; 6 silences both. With a GPU its errors stay visible.
+            # Kineto reads it when the first profiler starts; it is unset again at stop().
+            os.environ[KINETO_LOG_LEVEL] = "6"
+            self._kineto_set = True
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self.prof = torch.profiler.profile(activities=activities, on_trace_ready=self.on_trace_ready,
+                                           schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
+        try:
+            self.prof.start()
+        except BaseException:
+            self._restore_env()
+            raise
+        self.active = True
+
+    def step(self) -> None:
+        self.prof.step()
+
+    def stop(self) -> None:
+        if self.active:
+            self.active = False
+            try:
+                self.prof.stop()
+            finally:
+                self._restore_env()
+
+    def _restore_env(self) -> None:
+        if self._kineto_set:
+            os.environ.pop(KINETO_LOG_LEVEL, None)
+            self._kineto_set = False
+
+    def __enter__(self) -> "ProfilerSession":
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    @property
+    def averages(self):
+        """`prof.key_averages()` of the active iterations (computed once)."""
+        if self._averages is None:
+            self._averages = self.prof.key_averages()
+        return self._averages
+
+    def step_ms(self) -> float:
+        """Host wall time per profiled iteration (the profiler folds its ProfilerStep#N ranges into one row)."""
+        step = next((e for e in self.averages if e.key == "ProfilerStep*"), None)
+        return step.cpu_time_total / 1e3 / step.count if step else float("nan")
+
+    def per_step(self, names) -> float:
+        """How many events named one of `names` the profiled iterations recorded, per iteration."""
+        return sum(e.count for e in self.averages if e.key in names) / self.steps
+
+
+class PhaseTable:
+    """Where an iteration's time goes, the figures `profiling.compare` and `display.plot_phases` read; both reports
+    (`profiling.ProfileReport`, `doctor.DoctorReport`) are one. Subclasses provide `phases_ms` (milliseconds per
+    iteration in each phase, profiled), `step_time_ms` (profiled), `unprofiled_step_time_ms`, `images_per_step`
+    and `device`."""
+
+    @property
+    def images_per_sec(self) -> float:
+        """Real images per second, from the iterations timed without the profiler."""
+        return self.images_per_step / (self.unprofiled_step_time_ms / 1e3) if self.unprofiled_step_time_ms else 0.0
+
+    @property
+    def overhead(self) -> float:
+        """Profiled step time over unprofiled: what the profiler (and any hooks) cost."""
+        return self.step_time_ms / self.unprofiled_step_time_ms
+
+    def phase_lines(self, width: int) -> list:
+        return [f"  {name:<{width}} {ms:8.2f} ms  {100 * ms / self.step_time_ms:5.1f}%"
+                for name, ms in self.phases_ms.items()]

@@ -1,0 +1,127 @@
+"""Each of the doctor's rules on a constructed report and machine facts: where it fires and where it does not.
+A CUDA machine is given as data (`MachineFacts`), so its rules are tested on this CPU too."""
+import dataclasses
+
+import pytest
+
+from gantools.doctor import DoctorReport, MachineFacts, RULES, findings
+from gantools.doctor import rules
+
+CPU = MachineFacts(cuda=False, bf16=True, workers=2)
+A100 = MachineFacts(cuda=True, compute_capability=(8, 0), bf16=True, workers=4, cudnn_benchmark=False, tf32=False,
+                    gpu="NVIDIA A100")
+T4 = dataclasses.replace(A100, compute_capability=(7, 5), bf16=False, gpu="Tesla T4")
+
+
+def loader(per_image_work=None, num_workers=0, pin_memory=False):
+    return {"dataset": "ImageFolder", "batch_size": 64, "num_workers": num_workers, "pin_memory": pin_memory,
+            "persistent_workers": False, "per_image_work": per_image_work, "not_decodable_once": None}
+
+
+def report(device="cpu", phases=None, settings=None, **fields) -> DoctorReport:
+    """A 100 ms iteration, busy 90 ms (half of it convolutions), with nothing wrong unless told."""
+    base = {"conv_linear_outputs": {"bfloat16 (autocast)": 10.0}, "autocast": True,
+            "conv_input_formats": {"channels_last": 5.0}, "fixed_conv_shapes": True, "dataloaders": [],
+            "loss_ops_per_iteration": {}, "h2d_copy_ms": 0.0, "d_grads_in_g_step": 0, "d_final_sigmoid": None,
+            "data_site": "train.py:40"}
+    r = DoctorReport("train.py", device, complete=True, steps=5, step_time_ms=100.0, unprofiled_step_time_ms=95.0,
+                     device_busy_ms=90.0, compute_share=0.4,
+                     phases_ms={"data wait": 1.0, "G forward": 10.0, "D backward (G step)": 0.0, **(phases or {})},
+                     settings={**base, **(settings or {})},
+                     models={"G": {"name": "netG"}, "D": {"name": "netD"}},
+                     optimizers={"G": {"name": "optimizerG", "role": "G", "class": "Adam", "implementation": "fused"},
+                                 "D": {"name": "optimizerD", "role": "D", "class": "Adam",
+                                       "implementation": "fused"}})
+    for k, v in fields.items():
+        setattr(r, k, v)
+    return r
+
+
+def kinds(r, facts=CPU):
+    return [f.kind for f in findings(r, facts)]
+
+
+def test_a_clean_loop_has_no_findings():
+    assert kinds(report()) == [] and kinds(report("cuda:0"), dataclasses.replace(A100, cudnn_benchmark=True)) == []
+
+
+FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case where it must not
+    "per-sample-transforms": (report(phases={"data wait": 40.0},
+                                     settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
+    "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader()]}), CPU),
+    "pin-memory": (report("cuda:0", settings={"h2d_copy_ms": 10.0, "dataloaders": [loader(num_workers=4)]}),
+                   dataclasses.replace(A100, cudnn_benchmark=True)),
+    "host-sync": (report(host_syncs_per_step=3.0, device_busy_ms=50.0,
+                         sync_sites=[{"where": "train.py:60", "code": "loss.item()", "method": "item",
+                                      "per_step": 3.0}]), dataclasses.replace(A100, cudnn_benchmark=True)),
+    "sigmoid-bce": (report(settings={"loss_ops_per_iteration": {"aten::binary_cross_entropy": 3.0},
+                                     "d_final_sigmoid": "main.12"}), CPU),
+    "fp32-convolutions": (report(settings={"conv_linear_outputs": {"float32": 10.0}, "autocast": False}), CPU),
+    "d-grads-in-g-step": (report(phases={"D backward (G step)": 20.0}, settings={"d_grads_in_g_step": 10.0}), CPU),
+    "optimizer-for-loop": (report(phases={"G optimizer step": 4.0, "D optimizer step": 4.0},
+                                  optimizers={"G": {"name": "optimizerG", "role": "G", "class": "Adam",
+                                                    "implementation": "for-loop (default here)"}}), CPU),
+    "channels-last": (report(compute_share=0.8, settings={"conv_input_formats": {"contiguous (NCHW)": 5.0}}), CPU),
+    "cudnn-benchmark": (report("cuda:0", compute_share=0.8), A100),
+    "tf32": (report("cuda:0", settings={"conv_linear_outputs": {"float32": 10.0}, "autocast": False}),
+             dataclasses.replace(A100, cudnn_benchmark=True)),
+}
+NOT_FIRING = {
+    "per-sample-transforms": (report(phases={"data wait": 2.0},  # waiting under 5% of the step: not worth it
+                                     settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
+    "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader(num_workers=4)]}), CPU),
+    "pin-memory": (FIRES["pin-memory"][0], CPU),  # no GPU: nothing to pin for
+    "host-sync": (report(host_syncs_per_step=0.5), A100),  # one read every other iteration
+    "sigmoid-bce": (report(settings={"loss_ops_per_iteration": {"aten::binary_cross_entropy_with_logits": 3.0}}),
+                    CPU),
+    "fp32-convolutions": (report(device_busy_ms=1.0, settings={"conv_linear_outputs": {"float32": 10.0},
+                                                               "autocast": False}), CPU),  # too small to gain 2%
+    "d-grads-in-g-step": (report(phases={"D backward (G step)": 20.0}, settings={"d_grads_in_g_step": 0}), CPU),
+    "optimizer-for-loop": (report(phases={"G optimizer step": 1.0},  # optimizer steps under 5% of the step
+                                  optimizers={"G": {"name": "optimizerG", "role": "G", "class": "Adam",
+                                                    "implementation": "for-loop"}}), CPU),
+    "channels-last": (report(compute_share=0.3, settings={"conv_input_formats": {"contiguous (NCHW)": 5.0}}), CPU),
+    "cudnn-benchmark": (report("cuda:0", compute_share=0.8), dataclasses.replace(A100, cudnn_benchmark=True)),
+    "tf32": (FIRES["tf32"][0], dataclasses.replace(T4, cudnn_benchmark=True)),  # no TF32 before Ampere
+}
+
+
+def test_every_rule_is_covered():
+    assert {f.__name__.replace("_", "-") for f in RULES} == set(FIRES) == set(NOT_FIRING)
+
+
+@pytest.mark.parametrize("kind", sorted(FIRES))
+def test_rule_fires(kind):
+    r, facts = FIRES[kind]
+    rule = getattr(rules, kind.replace("-", "_"))
+    found = rule(r, facts)
+    assert found is not None and found.kind == kind and found.seen and found.change and found.notebook
+    assert kind in kinds(r, facts)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_FIRING))
+def test_rule_does_not_fire(kind):
+    r, facts = NOT_FIRING[kind]
+    assert getattr(rules, kind.replace("-", "_"))(r, facts) is None
+    assert kind not in kinds(r, facts)
+
+
+def test_findings_are_ranked_by_estimated_gain():
+    r = report(phases={"data wait": 40.0, "D backward (G step)": 20.0},
+               settings={"dataloaders": [loader()], "d_grads_in_g_step": 10.0,
+                         "loss_ops_per_iteration": {"aten::binary_cross_entropy": 3.0}})
+    found = findings(r, CPU)
+    assert [f.kind for f in found] == ["no-workers", "d-grads-in-g-step", "sigmoid-bce"]
+    assert found[0].estimated_speedup == pytest.approx(100 / 60) and found[2].estimated_speedup is None
+
+
+def test_the_machine_facts_shape_the_advice():
+    r = FIRES["fp32-convolutions"][0]
+    assert "bfloat16" in rules.fp32_convolutions(r, A100).change
+    assert "float16" in rules.fp32_convolutions(r, T4).change and "GradScaler" in rules.fp32_convolutions(r, T4).change
+    assert "num_workers=4" in rules.no_workers(FIRES["no-workers"][0], A100).change
+    assert "NVIDIA A100" in rules.tf32(*FIRES["tf32"]).seen
+    nchw = FIRES["channels-last"][0]
+    fp32 = dataclasses.replace(nchw, settings={**nchw.settings, "autocast": False,
+                                               "conv_linear_outputs": {"float32": 10.0}})
+    assert rules.channels_last(fp32, CPU) is None and rules.fp32_convolutions(fp32, CPU)  # 16-bit comes first
