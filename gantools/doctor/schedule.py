@@ -27,7 +27,7 @@ def say(message: str) -> None:
 
 class Schedule:
     """Counts iteration marks and switches hooks, timing and the profiler at each stage's end. Stages: pacing
-    (script mode, until the rhythm is known), warmup, timed, profiling, done."""
+    (script mode, until the rhythm is known), warmup, profiling, timed, done."""
 
     def __init__(self, steps: int, warmup: int, obs: Observations, hooks: Hooks, by_optimizer: bool):
         self.steps, self.warmup, self.timed = steps, warmup, steps
