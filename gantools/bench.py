@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
+from . import distributed, techniques
 from .config import TrainConfig, cli_flags, preset, scale_batch
-from .errors import ConfigError, GantoolsError
+from .errors import ConfigError, GantoolsError, ScalingCrash, Stopped
 from .hardware import machine_info, resolve_device
 
 # bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
@@ -85,29 +85,13 @@ def matmul_peak(device: torch.device, dtype=torch.bfloat16, n: int = 2048, repea
 
 
 def ladder(device: torch.device, compile_variants: bool) -> dict:
-    """name -> config changes from the reference. Each technique alone, then all together, then max throughput."""
-    together = {"precision": "bf16", "loss": "bce", "sync_every_step": False, "freeze_d": True,
-                "loader": "device", "transform": "on-device", "num_workers": 0, "optimizer_impl": "fused",
-                "channels_last": True}
-    steps = {
-        "reference (tutorial loop)": {},
-        "bf16 autocast": {"precision": "bf16", "loss": "bce"},
-        "no per-step .item()": {"sync_every_step": False},
-        "D frozen in G step": {"freeze_d": True},
-        "on-device normalisation": {"transform": "on-device", "num_workers": 0},
-        "device-resident data": {"loader": "device", "transform": "on-device", "num_workers": 0},
-        "fused Adam": {"optimizer_impl": "fused"},
-        "channels_last": {"channels_last": True},
-    }
-    if device.type == "cuda":
-        steps["fp16 + GradScaler"] = {"precision": "fp16", "loss": "bce"}
-        steps["pinned memory"] = {"pin_memory": True}
-        steps["TF32"] = {"tf32": True}
-    if compile_variants:
-        steps["torch.compile"] = {"compile": "default"}
-        together["compile"] = "default"
-    if device.type == "cuda":
-        together["tf32"] = True
+    """name -> config changes from the reference. Each technique alone (`techniques.TECHNIQUES`' ladder rows, in
+    their order), then all together, then max throughput."""
+    steps, together = {"reference (tutorial loop)": {}}, {}
+    for row in techniques.rows("ladder", device, compile_variants):
+        steps[row.name] = dict(row.change)
+        if row.together:
+            together.update(row.change)
     steps["all together"] = together
     # twice the batch; the learning rates follow (config.scale_batch: x sqrt 2, the usual rule for Adam)
     steps["max throughput (batch x2)"] = {**together, "batch_scale": 2}
@@ -171,11 +155,6 @@ def side_by_side_markdown(result: dict) -> str:
     return markdown_table(head, [[name, f"{r['images_per_sec']:.0f}", f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f}",
                                   f"{r['vs_first']:.2f}x ({r['vs_first_spread'][0]:.2f}-{r['vs_first_spread'][1]:.2f})",
                                   f"{r['warmup_s']:.1f}"] for name, r in result["rows"].items()])
-
-
-class Stopped(KeyboardInterrupt):
-    """A measurement ended early because its run was asked to stop (Ctrl-C, a Stop button): the user's interrupt,
-    raised between chunks, never a half-measured result."""
 
 
 @dataclass
@@ -423,11 +402,6 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "repeats": repeats,
             "steps": steps, "threads_per_process": threads,
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
-
-
-class ScalingCrash(RuntimeError):
-    """A process of a scaling run died of something other than a gantools error (a crash, a torch bug, a signal):
-    not the user's mistake, so it is reported as a failure with what the process printed, never as bad input."""
 
 
 def _child_failure(n: int, done: subprocess.CompletedProcess) -> Exception:

@@ -30,6 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function, schedule
 
+from . import techniques
 from .config import TrainConfig
 from .train import Trainer
 
@@ -238,7 +239,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             fix = {"num_workers": cfg.num_workers * 2, "persistent_workers": True}
             technique = "more DataLoader workers, or a dataset decoded once and held on the device"
         return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
-                       technique, "03_data_loading", fix, step / max(step - wait, 1e-9))
+                       technique, _taught(fix), fix, step / max(step - wait, 1e-9))
     if verdict == "host-overhead-bound":
         graphs = _compile_mode_for_overhead(report.device)
         fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": graphs}
@@ -249,7 +250,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
                        {"GPU busy ms": report.device_busy_ms, "step ms": step,
                         "GPU idle share": 1 - report.device_busy_ms / step,
                         "host syncs per step": report.host_syncs_per_step},
-                       f"remove per-step host syncs (.item()), then {how}, or a larger batch", "05_all_together",
+                       f"remove per-step host syncs (.item()), then {how}, or a larger batch", _taught(fix),
                        fix, step / max(report.device_busy_ms, 1e-9))
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
@@ -259,12 +260,19 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too
             fix = {"precision": "bf16", **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
             return Verdict("compute-bound", evidence, "bf16 autocast (fp16 + GradScaler on older GPUs)",
-                           "02_mixed_precision", fix, step / max(step - compute / 2, 1e-9))
-        return Verdict("compute-bound", evidence, "channels_last, then torch.compile", "05_all_together",
-                       {"channels_last": True}, None)  # no model of its gain: measure it
+                           _taught(fix), fix, step / max(step - compute / 2, 1e-9))
+        fix = {"channels_last": True}
+        return Verdict("compute-bound", evidence, "channels_last, then torch.compile", _taught(fix), fix,
+                       None)  # no model of its gain: measure it
     other = busy - compute
+    fix = {"compile": "default"}
     return Verdict("memory-bound", evidence, "torch.compile to fuse elementwise ops, channels_last",
-                   "05_all_together", {"compile": "default"}, step / max(step - other / 2, 1e-9))
+                   _taught(fix), fix, step / max(step - other / 2, 1e-9))
+
+
+def _taught(fix: dict) -> str:
+    """The notebook that teaches a fix: its first field's technique's (`techniques.notebook`)."""
+    return techniques.notebook(next(iter(fix)))
 
 
 def _compile_mode_for_overhead(device: str) -> str:
