@@ -35,11 +35,11 @@ from .hardware import machine_info, resolve_device
 PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100": 756e12,
              "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12, "RTX 4090": 165e12}
 
-TARGETS = {"cpu": 3.0, "gpu": 10.0}  # best preset's images/s over the reference's (issue 5)
+TARGETS = {"cpu": 3.0, "gpu": 10.0}  # best preset's images/s over the reference's
 MFU_TARGET = 0.25                   # max-throughput preset on one H100
 QUALITY_TARGET = 1.1                # best preset's FID over the reference's, at an equal image budget
 
-SIZES = {  # the two presets the issue asks for: a few minutes on a 2-core CPU, and one GPU
+SIZES = {  # two presets: a few minutes on a 2-core CPU, and one GPU
     "cpu": dict(dataset="glyphs", image_size=32, channels=1, batch_size=128, ngf=64, ndf=64),
     "gpu": dict(dataset="glyphs-color", image_size=64, channels=3, batch_size=128, ngf=64, ndf=64),
 }

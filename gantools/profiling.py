@@ -276,8 +276,8 @@ def _taught(fix: dict) -> str:
 
 
 def _compile_mode_for_overhead(device: str) -> str:
-    """reduce-overhead only where `gantools check` ran it on this GPU with this torch and it passed; CUDA graphs have
-    never run in this project's tests (no GPU), so it is not recommended blind."""
+    """reduce-overhead only where `gantools check` ran it on this GPU with this torch and it passed: gantools' own
+    tests run on a CPU, so CUDA graphs are not recommended blind."""
     from .check import validated
 
     return "reduce-overhead" if validated("compile reduce-overhead", torch.device(device)) else "default"
