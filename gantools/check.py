@@ -1,12 +1,13 @@
 """`python -m gantools check`: every technique gantools offers, run for a few steps on this machine, each verified.
-The first thing to run on a new GPU: no CUDA path of gantools has run in its own tests (no GPU there), so this is
-where a GPU user finds out, in a minute or two, which techniques work with their driver, GPU and torch.
+The first thing to run on a new GPU: gantools' own tests run on a CPU, so this is where a GPU user finds out, in a
+minute or two, which techniques work with their driver, GPU and torch.
 
-For each technique (each precision the device supports, fused and foreach Adam, channels_last, torch.compile
-(default; reduce-overhead on CUDA), the device loader, a DataLoader with worker processes (pinned on CUDA),
-gradient accumulation, TF32 and cudnn.benchmark on CUDA, the GAN variants (WGAN-GP's gradient penalty with 2 D
-steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the penalty also with fp16 + GradScaler
-and with CUDA graphs), and DDP with 2 processes: gloo on a CPU, NCCL where 2 GPUs exist) it checks:
+For each technique (`techniques.TECHNIQUES`' check rows, in its order: each precision the device supports, the
+device loader, a DataLoader with worker processes (pinned on CUDA), fused and foreach Adam, gradient accumulation,
+channels_last, torch.compile (default; reduce-overhead on CUDA), TF32 and cudnn.benchmark on CUDA), the GAN variants
+(WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
+penalty also with fp16 + GradScaler and with CUDA graphs), and DDP with 2 processes (gloo on a CPU, NCCL where 2 GPUs
+exist) it checks:
 - every logged loss is finite;
 - no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
 - torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 
 from . import distributed
+from . import techniques as techniques_  # `techniques` is this module's function, which tests replace
 from .checkpoint import atomic_write, load_checkpoint
 from .config import TrainConfig, cli_flags
 from .data import ImageTensorDataset, data_root, render_glyphs
@@ -48,26 +50,12 @@ G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
 
 
 def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
-    """technique -> config changes from BASE, for what this device supports."""
+    """technique -> config changes from BASE, for what this device supports: fp32, every technique's check rows
+    (`techniques.TECHNIQUES`, in its order), then the GAN family."""
     cuda = device.type == "cuda"
     rows = {"fp32": {}}
-    if supports_bf16(device):
-        rows["bf16 autocast"] = {"precision": "bf16"}
-    if cuda:
-        rows["fp16 autocast + GradScaler"] = {"precision": "fp16"}
-        rows["TF32 + cudnn.benchmark"] = {"tf32": True, "cudnn_benchmark": True}
-    rows["Adam fused"] = {"optimizer_impl": "fused"}
-    rows["Adam foreach"] = {"optimizer_impl": "foreach"}
-    rows["channels_last"] = {"channels_last": True}
-    if compile_ok:
-        rows["compile default"] = {"compile": "default"}
-    if cuda:
-        rows["compile reduce-overhead"] = {"compile": "reduce-overhead"}
-    rows["device loader"] = {"loader": "device"}
-    # pinning only helps copies to a GPU (refused on a CPU); workers are worth checking everywhere
-    rows["DataLoader, 2 workers" + (", pinned" if cuda else "")] = {
-        "num_workers": 2, "persistent_workers": True, **({"pin_memory": True} if cuda else {})}
-    rows["accumulation, 2 micro-batches"] = {"grad_accum_steps": 2}
+    for row in techniques_.rows("checks", device, compile_ok, bf16_ok=supports_bf16(device)):
+        rows[row.name] = dict(row.change)
     # the GAN family: the penalties' double backward, n_critic's data position, the EMA copy, labels in the loader
     rows["WGAN-GP, 2 D steps"] = {"loss": "wgan-gp", "d_steps": 2}
     rows["R1 lazy + EMA"] = {"r1_gamma": 1.0, "r1_interval": 2, "ema_decay": 0.9}

@@ -18,7 +18,8 @@ import torch
 from . import distributed, hardware
 from .errors import ConfigError
 
-__all__ = ["ConfigError", "Knob", "TrainConfig", "cli_flags", "knobs", "preset", "scale_batch", "speed_knobs"]
+__all__ = ["ConfigError", "Knob", "TrainConfig", "cli_flags", "differences", "knobs", "preset", "scale_batch",
+           "speed_knobs"]
 
 DATASETS = ("glyphs", "glyphs-color", "mnist", "fashion-mnist", "cifar10", "folder")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -274,9 +275,17 @@ def scale_batch(cfg: TrainConfig, batch_size: int) -> TrainConfig:
 def cli_flags(cfg: TrainConfig, start: TrainConfig | None = None) -> list[str]:
     """The `train` flags that turn config `start` (default: TrainConfig()) into `cfg`: how the benchmark and the
     check start runs in other processes."""
-    start = start or TrainConfig()
-    return [token for name, knob in knobs().items() if getattr(cfg, name) != getattr(start, name)
-            for token in knob.cli_tokens(name, getattr(cfg, name))]
+    every = knobs()
+    return [token for name, (_, value) in differences(cfg, start).items()
+            for token in every[name].cli_tokens(name, value)]
+
+
+def differences(cfg: TrainConfig, base: TrainConfig | None = None) -> dict[str, tuple]:
+    """name -> (base's value, cfg's value) for every field where `cfg` differs from `base` (default: TrainConfig()),
+    in declaration order: the one comparison behind CLI flags, tune's changes and the panel's run names."""
+    base = base or TrainConfig()
+    return {name: (getattr(base, name), getattr(cfg, name)) for name in knobs()
+            if getattr(cfg, name) != getattr(base, name)}
 
 
 def _default(name: str):

@@ -1,6 +1,7 @@
 """The errors gantools raises for a user to read and act on. All share `GantoolsError`, so one `except` in the CLI,
 the panel or a notebook tells "your input, data or run needs changing" (one clear message, exit status 2) from a bug
-(a traceback). Each keeps the built-in base it always had, so older `except ValueError:` code still catches it."""
+(a traceback). Each keeps the built-in base it always had, so older `except ValueError:` code still catches it.
+`Stopped` and `ScalingCrash`, at the end, are the two gantools raises that are not the user's to fix."""
 from __future__ import annotations
 
 
@@ -43,3 +44,15 @@ class ScriptError(DoctorError):
     def __init__(self, message: str, traceback_text: str, report=None):
         super().__init__(message)
         self.traceback_text, self.report = traceback_text, report
+
+
+# Not the user's to fix, so not GantoolsErrors: a stop the user asked for, and a crash of a child process.
+
+class Stopped(KeyboardInterrupt):
+    """A measurement ended early because its run was asked to stop (Ctrl-C, a Stop button): the user's interrupt,
+    raised between chunks, never a half-measured result."""
+
+
+class ScalingCrash(RuntimeError):
+    """A process of a scaling run died of something other than a gantools error (a crash, a torch bug, a signal):
+    not the user's mistake, so it is reported as a failure with what the process printed, never as bad input."""

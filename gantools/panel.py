@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 
-from .config import Knob, TrainConfig, knobs, speed_knobs
+from . import techniques
+from .config import Knob, TrainConfig, differences, knobs, speed_knobs
 from .display import LivePlot, LiveTune, comparison_chart, comparison_markdown, comparison_rows, figure_png
 from .errors import GantoolsError
 from .metrics import QualityCallback
 from .train import Trainer
 from .tuning import StopWhen
 
-TECHNIQUES = ("precision", "loader", "num_workers", "pin_memory", "persistent_workers", "optimizer",
-              "optimizer_impl", "grad_accum_steps", "channels_last", "compile", "batch_size", "steps")
+# a control for each technique's fields (`techniques.TECHNIQUES`, in its order), and how long to train
+TECHNIQUES = (*techniques.panel_fields(), "steps")
 RUNS: dict = {}  # every run since the kernel started: name -> History.summary()
 _ACTIVE: dict = {"thread": None, "stop": None, "trainer": None}  # at most one training loop per kernel
 
@@ -85,8 +86,8 @@ class ControlPanel:
         return self.base.replace(**{name: None if w.value == AUTO else w.value for name, w in self.controls.items()})
 
     def run_name(self, cfg: TrainConfig) -> str:
-        changed = [f"{n}={getattr(cfg, n)}" for n in self.controls if getattr(cfg, n) != getattr(self.base, n)]
-        name = ", ".join(changed) or "panel defaults"
+        changed = differences(cfg, self.base)
+        name = ", ".join(f"{n}={changed[n][1]}" for n in self.controls if n in changed) or "panel defaults"
         return name if name not in RUNS else f"{name} #{sum(k.startswith(name) for k in RUNS) + 1}"
 
     def run(self, block: bool = True):

@@ -30,6 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import record_function
 
+from . import techniques
 from .config import TrainConfig
 from .measuring import IterationClock, PhaseTable, ProfilerSession, amdahl
 from .train import Trainer
@@ -236,7 +237,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             fix = {"num_workers": cfg.num_workers * 2, "persistent_workers": True}
             technique = "more DataLoader workers, or a dataset decoded once and held on the device"
         return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
-                       technique, "03_data_loading", fix, amdahl(step, wait))
+                       technique, _taught(fix), fix, amdahl(step, wait))
     if verdict == "host-overhead-bound":
         graphs = _compile_mode_for_overhead(report.device)
         fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": graphs}
@@ -247,7 +248,7 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
                        {"GPU busy ms": report.device_busy_ms, "step ms": step,
                         "GPU idle share": 1 - report.device_busy_ms / step,
                         "host syncs per step": report.host_syncs_per_step},
-                       f"remove per-step host syncs (.item()), then {how}, or a larger batch", "05_all_together",
+                       f"remove per-step host syncs (.item()), then {how}, or a larger batch", _taught(fix),
                        fix, amdahl(step, step - report.device_busy_ms))
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
@@ -257,17 +258,24 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
             # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too
             fix = {"precision": "bf16", **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
             return Verdict("compute-bound", evidence, "bf16 autocast (fp16 + GradScaler on older GPUs)",
-                           "02_mixed_precision", fix, amdahl(step, compute / 2))
-        return Verdict("compute-bound", evidence, "channels_last, then torch.compile", "05_all_together",
-                       {"channels_last": True}, None)  # no model of its gain: measure it
+                           _taught(fix), fix, amdahl(step, compute / 2))
+        fix = {"channels_last": True}
+        return Verdict("compute-bound", evidence, "channels_last, then torch.compile", _taught(fix), fix,
+                       None)  # no model of its gain: measure it
     other = busy - compute
+    fix = {"compile": "default"}
     return Verdict("memory-bound", evidence, "torch.compile to fuse elementwise ops, channels_last",
-                   "05_all_together", {"compile": "default"}, amdahl(step, other / 2))
+                   _taught(fix), fix, amdahl(step, other / 2))
+
+
+def _taught(fix: dict) -> str:
+    """The notebook that teaches a fix: its first field's technique's (`techniques.notebook`)."""
+    return techniques.notebook(next(iter(fix)))
 
 
 def _compile_mode_for_overhead(device: str) -> str:
-    """reduce-overhead only where `gantools check` ran it on this GPU with this torch and it passed; CUDA graphs have
-    never run in this project's tests (no GPU), so it is not recommended blind."""
+    """reduce-overhead only where `gantools check` ran it on this GPU with this torch and it passed: gantools' own
+    tests run on a CPU, so CUDA graphs are not recommended blind."""
     from .check import validated
 
     return "reduce-overhead" if validated("compile reduce-overhead", torch.device(device)) else "default"

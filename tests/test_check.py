@@ -22,8 +22,8 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
     out = done.stdout
     result = json.loads(path.read_text())
     names = [r["technique"] for r in result["rows"]]
-    expected = ["fp32", "bf16 autocast", "Adam fused", "Adam foreach", "channels_last", "device loader",
-                "DataLoader, 2 workers", "accumulation, 2 micro-batches", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
+    expected = ["fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
+                "accumulation, 2 micro-batches", "channels_last", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
                 "conditional", "DDP, 2 processes (gloo, CPU)"]
     assert [n for n in names if n != "compile default"] == expected
     assert result["ok"] is True and set(result) >= {"machine", "device", "torch", "date", "rows"}

@@ -88,9 +88,9 @@ def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
 def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64, monkeypatch):
     """Every measured candidate is kept (the rule replaced, so the path is known); the quality function makes the
     last one (for-loop Adam) "hurt" FID: the check backs off that change alone, re-scoring each config."""
-    from gantools import tuning
+    from gantools import tuner  # the loop that applies the rule
 
-    monkeypatch.setattr(tuning, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
+    monkeypatch.setattr(tuner, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
     scored = []
 
     def quality(c):
@@ -113,7 +113,7 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
 
 
 def test_a_close_call_is_measured_again_and_decided_on_all_its_repeats(tiny, glyphs64, monkeypatch):
-    from gantools import tuning
+    from gantools import tuner  # the loop that applies the rule
 
     calls = []
 
@@ -121,7 +121,7 @@ def test_a_close_call_is_measured_again_and_decided_on_all_its_repeats(tiny, gly
         calls.append((len(inc), len(cand), final))
         return (True if final else None), 1.05, (0.98, 1.1), ("kept (test)" if final else "undecided (test)")
 
-    monkeypatch.setattr(tuning, "decide", rule)
+    monkeypatch.setattr(tuner, "decide", rule)
     result = tune(tiny.replace(loader="device", sync_every_step=True), minutes=5, dataset=glyphs64,
                   quality=lambda c: {"fid": 1.0}, plan=PLAN, progress=None, space=("sync_every_step",))
     assert calls[:2] == [(3, 3, False), (6, 6, True)], "the same pairs measured again: 3 + 3 repeats decide"

@@ -1,0 +1,158 @@
+"""What tune found and how: each step it took (`Step`), the result (`TuneResult`) and the path as table rows."""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import atomic_write
+from .config import TrainConfig, cli_flags, differences
+from .tune_space import describe
+
+
+@dataclass
+class Step:
+    """One candidate tried: the change, where it came from, what was measured and whether it was kept, and why."""
+
+    change: dict
+    source: str
+    accepted: bool
+    why: str
+    images_per_sec: float | None = None        # the candidate's median over the repeats
+    incumbent_images_per_sec: float | None = None
+    ratio: float | None = None                  # speed-up over the incumbent: median of the paired ratios
+    spread: tuple | None = None                 # their range
+    ratio_to_start: float | None = None         # the accepted ratios so far, times this one
+    warmup_s: float | None = None
+    seconds: float = 0.0                        # wall time of this step (profile and measurement)
+    backed_off: bool = False                    # kept, then undone by the quality check
+
+    def to_dict(self) -> dict:
+        return {"change": self.change, "images_per_sec": self.images_per_sec, "ratio_to_start": self.ratio_to_start,
+                "accepted": self.accepted, "backed_off": self.backed_off, "why": self.why, "source": self.source,
+                "ratio_to_incumbent": self.ratio, "spread": self.spread, "warmup_s": self.warmup_s,
+                "seconds": self.seconds}
+
+
+@dataclass
+class TuneResult:
+    """What tune found and how: `start` and `final` (each a dict with its `config`, `images_per_sec` and `fid`),
+    `path` (every step), `final_config`; `python()` and `flags()` give the final config as code and as CLI flags,
+    `markdown()` the path as a table, `chart()` as a figure, `save_json(path)` all of it. Built as tune goes, so
+    what it holds after a stop is everything up to the stop."""
+
+    start: dict
+    final: dict
+    path: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)   # (change, why it does not apply here)
+    quality: dict = field(default_factory=dict)   # held, limit, tries (the back-off), note
+    device: str = ""
+    minutes: float = 0.0
+    elapsed_s: float = 0.0
+    stopped: bool = False
+    ended: str = ""       # why the search ended
+    now: str = ""         # what tune is doing now (for a live view)
+    speedup: float | None = None  # final over start, measured interleaved at the end
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
+
+    @property
+    def start_config(self) -> TrainConfig:
+        return self.start["config"]
+
+    @property
+    def final_config(self) -> TrainConfig:
+        return self.final["config"]
+
+    def changes(self) -> dict:
+        """The fields the final config changes, from the start's values to its own."""
+        return differences(self.final_config, self.start_config)
+
+    def python(self) -> str:
+        """The final config as code: `TrainConfig(...)` with every field that differs from the defaults."""
+        args = [f"{k}={value!r}" for k, (_, value) in differences(self.final_config).items()]
+        lines, line = [], "TrainConfig("
+        for i, arg in enumerate(args):
+            piece = arg + (", " if i < len(args) - 1 else ")")
+            if len(line) + len(piece) > 110:
+                lines.append(line.rstrip())
+                line = " " * len("TrainConfig(")
+            line += piece
+        return "\n".join(lines + [line if args else "TrainConfig()"])
+
+    def flags(self) -> str:
+        """The final config as `python -m gantools train` flags (`config.cli_flags`, from the defaults)."""
+        return shlex.join(cli_flags(self.final_config))
+
+    def rows(self) -> list[dict]:
+        """The path as table rows (strings), one per step."""
+        return [path_row(i, s) for i, s in enumerate(self.path, 1)]
+
+    def markdown(self) -> str:
+        from .display import markdown_table
+
+        return markdown_table(list(ROW_HEAD), [list(r.values()) for r in self.rows()])
+
+    def chart(self):
+        from .display import tune_chart
+
+        return tune_chart(self)
+
+    def summary(self) -> str:
+        """The outcome in a few lines: speed, quality, the final config as code and as flags."""
+        lines = [f"search: {self.ended}" if self.ended else "search: not finished"]
+        s, f = self.start, self.final
+        if self.speedup is not None:
+            lines.append(f"speed: start {s['images_per_sec']:.0f} images/s, final {f['images_per_sec']:.0f} images/s "
+                         f"(interleaved): {self.speedup:.2f}x")
+        elif f.get("images_per_sec") and s.get("images_per_sec"):
+            lines.append(f"speed: start {s['images_per_sec']:.0f} images/s, final about {f['images_per_sec']:.0f} "
+                         f"(from the path's ratios)")
+        q = self.quality
+        if q.get("note"):
+            lines.append(f"quality: {q['note']}")
+        if self.elapsed_s > 60 * self.minutes + 1:
+            lines.append(f"time: {self.elapsed_s / 60:.1f} min, {self.elapsed_s - 60 * self.minutes:.0f} s past the "
+                         f"{self.minutes:g}-minute budget (its estimates come from what was measured; backing off "
+                         f"for quality is not bounded by it)")
+        lines += [f"skipped here: {'; '.join(f'{c} ({why})' for c, why in self.skipped)}"] if self.skipped else []
+        lines += ["final config:", "  " + self.python().replace("\n", "\n  "),
+                  f"  python -m gantools train {self.flags()}"]
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.markdown() + "\n\n" + self.summary()
+
+    def to_dict(self) -> dict:
+        def point(p):
+            return {**p, "config": p["config"].to_dict()}
+
+        return {"start": point(self.start), "final": point(self.final), "path": [s.to_dict() for s in self.path],
+                "speedup": self.speedup, "quality": self.quality, "skipped": self.skipped, "ended": self.ended,
+                "stopped": self.stopped, "device": self.device, "minutes": self.minutes,
+                "elapsed_s": self.elapsed_s, "date": self.date}
+
+    def save_json(self, path) -> Path:
+        path = Path(path)
+        atomic_write(path, lambda f: f.write(json.dumps(self.to_dict(), indent=1).encode()))
+        return path
+
+
+ROW_HEAD = ("step", "change", "from", "images/s", "vs incumbent (spread)", "vs start", "result")
+
+
+def path_row(i: int, s: Step) -> dict:
+    """One step as a row of the path table (`ROW_HEAD`), every cell a string."""
+    why = s.why + (" (backed off: quality)" if s.backed_off else "")
+    return dict(zip(ROW_HEAD, (
+        str(i), describe(s.change), s.source, "n/a" if s.images_per_sec is None else f"{s.images_per_sec:.0f}",
+        "n/a" if s.ratio is None else f"{s.ratio:.2f}x ({s.spread[0]:.2f}-{s.spread[1]:.2f})",
+        "n/a" if s.ratio_to_start is None else f"{s.ratio_to_start:.2f}x", why)))
+
+
+def markdown_line(row: dict) -> str:
+    """One row as a markdown table line (what tune prints as it goes, under the header)."""
+    from .display import markdown_table
+
+    return markdown_table(list(row), [list(row.values())]).splitlines()[-1]

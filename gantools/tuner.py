@@ -1,0 +1,370 @@
+"""The tuner: the loop of `gantools.tuning`'s docstring (profile, try a candidate against the incumbent, keep it
+or not; then hold quality and measure start against final), with its state: one incumbent trainer alive (kept warm
+between measurements), the candidates tried, the time spent."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import threading
+import time
+
+import torch
+
+from . import bench
+from .bench import decide
+from .config import TrainConfig, differences
+from .errors import ConfigError, GantoolsError
+from .tune_result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
+from .tune_space import Candidate, allowed, complete, describe, search_space
+from .tune_trials import Trials, TuneOptions, key
+
+# Extra warm-up when a candidate first turns torch.compile on: 24 s measured for the 32 px DCGAN on the 2-core CPU,
+# against about 4 s without compile.
+COMPILE_S = 20.0
+# Profiled steps per profile: enough for a verdict (the profiler's own warm-up step comes on top), few enough to
+# cost seconds.
+PROFILE_STEPS, PROFILE_WARMUP = 3, 1
+
+
+def _compile_errors() -> tuple:
+    """torch.compile's own failures (dynamo and inductor), wherever this torch defines them."""
+    found = []
+    for module, name in (("torch._dynamo.exc", "TorchDynamoException"), ("torch._inductor.exc", "InductorError")):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(getattr(__import__(module, fromlist=[name]), name))
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def _room_to_recompile():
+    """Dynamo keeps at most `recompile_limit` (8) compiled versions per code object, then runs that code eagerly
+    for good; every G (and every D) built during a tune shares one forward code object, and each precision,
+    memory format, frozen D or batch size is a version. So a tune raises the limit for its duration, or a compile
+    candidate late in the path would be measured eager. `recompile_limit` since torch 2.6 (pytorch/pytorch#143709,
+    the old name `cache_size_limit` kept as an alias)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch(**{name: max(64, getattr(config, name))}):
+        yield
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Out of memory without torch.OutOfMemoryError: cuBLAS/cuDNN report a failed workspace allocation as a
+    RuntimeError ("CUBLAS_STATUS_ALLOC_FAILED", cuDNN's "CUDNN_STATUS_ALLOC_FAILED" / "ALLOC_FAILED")."""
+    text = str(e)
+    return "out of memory" in text.lower() or "ALLOC_FAILED" in text
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(event: threading.Event):
+    """Ctrl-C sets `event` (tune stops between measurements; trainers stop after their step) instead of raising
+    wherever it lands; a second Ctrl-C interrupts at once. Only the main thread receives signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGINT, previous)
+        event.set()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class Tuner:
+    """The loop of `gantools.tuning`'s docstring, with its state: one incumbent trainer alive (kept warm between
+    measurements), the candidates tried, the time spent."""
+
+    def __init__(self, options: TuneOptions):
+        self.options = o = options
+        self.trials = Trials(o, self._say)
+        self.result = TuneResult({"config": o.cfg, "images_per_sec": None, "fid": None},
+                                 {"config": o.cfg, "images_per_sec": None, "fid": None}, device=str(o.device),
+                                 minutes=o.minutes)
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + 60 * o.minutes
+        self.tried: set = set()
+        self.profile_s = None   # wall time of the last profile
+        self.chain = [o.cfg]    # the start, then the incumbent after each accepted step
+        self.kept = []          # the Step that made each chain entry after the first
+        self.incumbent = None   # the incumbent's trainer, kept warm between measurements
+        self.compiled = o.cfg.compile != "off"  # whether a config with torch.compile has been built yet
+
+    def _say(self, line: str, now: str | None = None) -> None:
+        if line:
+            self.options.progress(line)
+        self.result.now = now if now is not None else self.result.now
+        self.result.elapsed_s = time.perf_counter() - self.t0
+        self.options.on_update(self.result)
+
+    # -- the budget ----------------------------------------------------------------------------------------------
+    def _left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def _reserve(self, incumbent: TrainConfig) -> float:
+        """Seconds kept for after the search: quality runs for the start and the final, and the final speed check
+        (one more measurement). The final is costed at the incumbent's speed: whatever is kept next is faster."""
+        if self.options.quality is False:
+            quality = 0.0
+        elif callable(self.options.quality):
+            quality = 1.0
+        else:
+            start = self.chain[0]
+            quality = self.trials.quality_s(start, start) + self.trials.quality_s(incumbent, start)
+        return quality + (self.trials.measure_s or 0.0)
+
+    def _estimate(self, cand: Candidate) -> float:
+        """Seconds to measure a candidate: the last measurement's wall time (before any: both contenders' images
+        at the incumbent's profiled speed, and two builds), plus `COMPILE_S` when it first turns compile on."""
+        seconds = self.trials.measure_s
+        if seconds is None:
+            p = self.options.plan
+            images = p["warmup_images"] + p["repeats"] * p["images_per_repeat"]
+            images = max(images, (1 + p["repeats"]) * self.options.cfg.images_per_step)  # at least a step per chunk
+            seconds = 2 * images / (self.trials.speed.get(key(self.chain[-1])) or 1.0) + 2 * self.trials.build_s
+        # A first compile costs COMPILE_S here, and once more in the final config's quality run if it is kept.
+        return seconds + (2 * COMPILE_S if cand.change.get("compile", "off") != "off" and not self.compiled else 0.0)
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        r = self.result
+        with _ctrl_c_sets(self.options.stop), _room_to_recompile():
+            try:
+                self._search()
+                if not self.options.stop.is_set():
+                    self._after_search(self._hold_quality, "quality")
+                if not self.options.stop.is_set():
+                    self._after_search(self._speed_check, "final speed check")
+            except bench.Stopped:
+                r.stopped = True
+            finally:
+                self.trials.discard(self.incumbent)
+                shutil.rmtree(self.trials.dir / "trials", ignore_errors=True)
+        if self.options.stop.is_set() or r.stopped:
+            r.stopped = True
+            r.ended = r.ended or "stopped"  # the search's own reason stays when the stop came later
+            r.quality.setdefault("note", "not checked: tune was stopped before the quality check ended, so the "
+                                         "final config (the fastest so far) has no quality verdict")
+        self._say(f"done in {(time.perf_counter() - self.t0) / 60:.1f} min", now="done")
+        return r
+
+    def _after_search(self, phase, name: str) -> None:
+        """Run a phase after the search; its failure (an out-of-memory quality run, say) is noted in the result
+        instead of losing the path found."""
+        try:
+            phase()
+        except (GantoolsError, torch.OutOfMemoryError) as e:
+            self.result.quality.setdefault("note", f"not checked: the {name} failed: {_reason(e)}")
+
+    def _search(self) -> None:
+        r, o, cfg = self.result, self.options, self.options.cfg
+        self._say(f"tune on {o.device} for up to {o.minutes:g} min, from: {describe(_diff(cfg))}",
+                  now="building the start config")
+        if o.quality is True:  # before any measuring: a dataset without labels cannot be scored (QualityError)
+            self.trials.quality_meter()
+        t = time.perf_counter()
+        self.incumbent = self.trials.trainer(cfg, "start")  # the start must run: its errors are the caller's to see
+        self.trials.build_s = time.perf_counter() - t
+        candidates, r.skipped = search_space(cfg, o.device, o.space, o.dataset is not None,
+                                             threading.current_thread() is threading.main_thread())
+        verdict, ratio_to_start, header = None, 1.0, False
+        while True:
+            if self.options.stop.is_set():
+                raise bench.Stopped("stopped")
+            inc_cfg = self.chain[-1]
+            if verdict is None:  # a new incumbent: profile it (the start always), if that and the reserve fit
+                if self.profile_s is not None and self.profile_s + self._reserve(inc_cfg) > self._left():
+                    r.ended = (f"time: profiling the new incumbent (about {self.profile_s:.0f} s) and the reserve "
+                               f"for quality and the final check (about {self._reserve(inc_cfg):.0f} s) would not "
+                               f"fit in the {max(0.0, self._left()):.0f} s left")
+                    break
+                verdict = self._profile()
+            cand = self._next(verdict, inc_cfg)
+            if cand is None:
+                r.ended = "no untried candidate left"
+                break
+            if self._estimate(cand) + self._reserve(inc_cfg) > self._left():
+                r.ended = (f"time: the next candidate ({cand.label}, about {self._estimate(cand):.0f} s) and the "
+                           f"reserve for quality and the final check (about {self._reserve(inc_cfg):.0f} s) would "
+                           f"not fit in the {max(0.0, self._left()):.0f} s left")
+                break
+            if not header:
+                from .display import markdown_table
+
+                self._say("\n".join(markdown_table(list(ROW_HEAD), []).splitlines()[:2]))
+                header = True
+            step = self._try(cand, inc_cfg, ratio_to_start)
+            r.path.append(step)
+            self._say(markdown_line(path_row(len(r.path), step)))
+            if step.accepted:
+                ratio_to_start = step.ratio_to_start
+                verdict = None  # a new incumbent: profile it
+        self._say(f"search ended: {r.ended}")
+
+    def _profile(self):
+        from .profiling import profile
+
+        self._say("", now=f"profiling the incumbent ({describe(_diff(self.chain[-1])) or 'the start'})")
+        t, trainer = time.perf_counter(), self.incumbent
+        before = trainer.step
+        report = profile(trainer, steps=PROFILE_STEPS, warmup=PROFILE_WARMUP,
+                         trace_path=self.trials.dir / "trials" / "trace.json")
+        if trainer.step - before < PROFILE_WARMUP + 1 + 2 * PROFILE_STEPS or self.options.stop.is_set():
+            raise bench.Stopped("stopped while profiling")
+        self.profile_s = time.perf_counter() - t
+        self.trials.speed.setdefault(key(self.chain[-1]), report.images_per_sec)
+        if self.result.start["images_per_sec"] is None:  # until the first interleaved measurement
+            self.result.start["images_per_sec"] = report.images_per_sec
+        v = report.verdict
+        self._say(f"profile: {report.images_per_sec:.0f} images/s, verdict {v.bottleneck}; its fix: {describe(v.fix)}")
+        return v
+
+    def _next(self, verdict, cfg: TrainConfig) -> Candidate | None:
+        o = self.options
+        fix = complete(cfg, verdict.fix) if verdict.fix else {}
+        if fix and allowed(fix, cfg, o.space) and key(fix) not in self.tried:
+            return Candidate(fix, f"verdict: {verdict.bottleneck}")
+        candidates, _ = search_space(cfg, o.device, o.space, o.dataset is not None,
+                                     threading.current_thread() is threading.main_thread())
+        return next((c for c in candidates if key(c.change) not in self.tried), None)
+
+    def _try(self, cand: Candidate, inc_cfg: TrainConfig, ratio_to_start: float) -> Step:
+        """Measure one candidate against the incumbent; keep it or not."""
+        self.tried.add(key(cand.change))
+        t = time.perf_counter()
+        step = Step(cand.change, cand.source, False, "")
+        try:
+            cfg = inc_cfg.replace(**cand.change).validate()
+        except ConfigError as e:
+            step.why = f"rejected: {_reason(e)}"
+            return step
+        self._say("", now=f"measuring {cand.label} against the incumbent ({self._left():.0f} s left)")
+        contenders = {"incumbent": self.incumbent, "candidate": lambda: self.trials.trainer(cfg, "candidate")}
+        measured, failure = None, None
+        try:
+            measured = self.trials.measure(contenders, {"incumbent": inc_cfg, "candidate": cfg})
+        except bench.Stopped:
+            raise
+        except (GantoolsError, torch.OutOfMemoryError, *_compile_errors()) as e:
+            failure = _reason(e)
+        except RuntimeError as e:  # allocation failures torch raises as plain errors (cuBLAS, cuDNN workspaces)
+            if not _out_of_memory(e) and self.options.own is None:
+                raise
+            failure = _reason(e) if _out_of_memory(e) else f"your networks failed with this change: {_reason(e)}"
+        except Exception as e:  # noqa: BLE001 - with your own networks, their errors under a setting reject it
+            if self.options.own is None:
+                raise
+            failure = f"your networks failed with this change: {_reason(e)}"
+        step.seconds = time.perf_counter() - t
+        if failure is not None:
+            self.trials.discard_failed()
+            step.why = f"rejected: {failure}"
+            return step
+        inc, new = measured["incumbent"], measured["candidate"]
+        kept, ratio, spread, why = decide(inc.images_per_sec_runs, new.images_per_sec_runs, final=False)
+        if kept is None and self._estimate(cand) <= self._left() - self._reserve(inc_cfg):
+            self._say("", now=f"{cand.label}: {why}; measuring it again")
+            again = self.trials.measure({"incumbent": inc.trainer, "candidate": new.trainer},
+                                        {"incumbent": inc_cfg, "candidate": cfg})
+            for name in ("incumbent", "candidate"):  # one series of paired repeats, the new ones after the first
+                measured[name].images_per_sec_runs += again[name].images_per_sec_runs
+            kept, ratio, spread, why = decide(inc.images_per_sec_runs, new.images_per_sec_runs)
+        elif kept is None:
+            kept, why = False, f"not kept: {why.removeprefix('undecided: ')}, and no time left to measure it again"
+        step.seconds = time.perf_counter() - t
+        step.accepted, step.why, step.ratio, step.spread = kept, why, ratio, spread
+        step.images_per_sec, step.incumbent_images_per_sec = new.images_per_sec, inc.images_per_sec
+        step.ratio_to_start, step.warmup_s = ratio_to_start * ratio, new.warmup_s
+        if len(self.chain) == 1:
+            self.result.start["images_per_sec"] = inc.images_per_sec
+        if kept:  # never try to undo it later: it was just measured slower, as this candidate's incumbent
+            self.tried.update(key({k: getattr(inc_cfg, k)}) for k in cand.change)
+            self.tried.add(key({k: getattr(inc_cfg, k) for k in cand.change}))
+            self.trials.discard(self.incumbent)
+            self.incumbent = new.trainer
+            self.compiled = self.compiled or cfg.compile != "off"
+            self.chain.append(cfg)
+            self.kept.append(step)
+            self.result.final = {"config": cfg, "images_per_sec": (self.result.start["images_per_sec"] *
+                                                                   step.ratio_to_start), "fid": None}
+        else:
+            self.trials.discard(new.trainer)
+        return step
+
+    # -- quality and the final check -------------------------------------------------------------------------------
+    def _hold_quality(self) -> None:
+        r = self.result
+        limit = bench.QUALITY_TARGET
+        if self.options.quality is False:
+            r.quality = {"held": None, "note": "not checked (quality=False)"}
+            return
+        r.quality = {"limit": limit, "images": self.options.quality_images, "tries": []}
+        final = len(self.chain) - 1
+        if final == 0:
+            r.quality.update(held=True, note="nothing was kept, so the final config is the start")
+            return
+        self._say(f"quality: the start and the final config each train on {self.options.quality_images:,} images, "
+                  f"then are scored", now="quality: training the start config")
+        start_q = self.trials.score(self.chain[0], "quality-start")
+        r.start.update(start_q)
+        while final > 0:
+            cfg = self.chain[final]
+            r.final = {"config": cfg, "images_per_sec": self.trials.speed.get(key(cfg)), "fid": None}
+            self._say("", now=f"quality: training {describe(_diff(cfg, self.chain[0]))}")
+            q = self.trials.score(cfg, f"quality-{len(r.quality['tries']) + 1}")
+            held = q["fid"] <= limit * start_q["fid"]
+            r.quality["tries"].append({"changes": _diff(cfg, self.chain[0]), "fid": q["fid"],
+                                       "ratio": q["fid"] / start_q["fid"], "held": held})
+            self._say(f"  FID {q['fid']:.2f} against the start's {start_q['fid']:.2f}: "
+                      f"{q['fid'] / start_q['fid']:.2f}x (limit {limit}x): {'held' if held else 'worse'}")
+            if held:
+                r.final = {**r.final, "config": cfg, **q}
+                break
+            self.kept[final - 1].backed_off = True
+            final -= 1
+        if final == 0:
+            r.final = {**r.start}
+        r.quality["held"] = True
+        backed = len(self.chain) - 1 - final
+        r.quality["note"] = (f"final FID {r.final['fid']:.2f} against the start's {start_q['fid']:.2f} "
+                             f"({r.final['fid'] / start_q['fid']:.2f}x, limit {limit}x)" +
+                             (f"; {backed} kept change(s) backed off to hold it" if backed else ""))
+        if final < len(self.chain) - 1:  # the incumbent trainer no longer matches the final config
+            self.trials.discard(self.incumbent)
+            self.incumbent = None
+        self.chain = self.chain[:final + 1]
+
+    def _speed_check(self) -> None:
+        """Start against final, interleaved: the speed-up the result reports."""
+        r = self.result
+        if len(self.chain) == 1:
+            r.final["images_per_sec"] = r.start["images_per_sec"]
+            r.speedup = 1.0 if r.start["images_per_sec"] else None
+            return
+        self._say("", now="measuring the final config against the start")
+        trials = self.trials
+        final = self.incumbent if self.incumbent is not None else (lambda: trials.trainer(self.chain[-1], "final"))
+        measured = trials.measure({"start": lambda: trials.trainer(self.chain[0], "start"), "final": final},
+                                  {"start": self.chain[0], "final": self.chain[-1]})
+        self.incumbent = measured["final"].trainer
+        r.start["images_per_sec"] = measured["start"].images_per_sec
+        r.final["images_per_sec"] = measured["final"].images_per_sec
+        _, r.speedup, spread, _ = decide(measured["start"].images_per_sec_runs, measured["final"].images_per_sec_runs)
+        self.trials.discard(measured["start"].trainer)
+        self._say(f"final against start, interleaved: {r.start['images_per_sec']:.0f} -> "
+                  f"{r.final['images_per_sec']:.0f} images/s, {r.speedup:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})")
+
+
+def _diff(cfg: TrainConfig, base: TrainConfig | None = None) -> dict:
+    """The fields of `cfg` that differ from `base` (default: TrainConfig()), with `cfg`'s values."""
+    return {k: new for k, (_, new) in differences(cfg, base).items()}

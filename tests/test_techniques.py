@@ -1,0 +1,98 @@
+"""One list of techniques: the benchmark ladder, `check`'s rows, tune's priors and search order, the panel's controls
+and the verdict's notebooks all follow `techniques.TECHNIQUES`, in its order, so a technique added there shows up in
+each of them."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from gantools import bench, check, techniques, tuning
+from gantools.config import TrainConfig, knobs, speed_knobs
+from gantools.profiling import ProfileReport, diagnose
+from gantools.techniques import TECHNIQUES
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def _in_list_order(names: list, owners: dict) -> bool:
+    """Whether `names` (rows) come in the order of the techniques that own them."""
+    index = {t.knob: i for i, t in enumerate(TECHNIQUES)}
+    positions = [index[owners[name]] for name in names]
+    return positions == sorted(positions)
+
+
+def test_every_speed_field_is_one_technique_with_a_notebook_that_exists():
+    assert [t.knob for t in TECHNIQUES] == list(dict.fromkeys(t.knob for t in TECHNIQUES)), "each once"
+    assert {t.knob for t in TECHNIQUES} == set(speed_knobs()) | {"batch_size"}
+    for t in TECHNIQUES:
+        assert (ROOT / "notebooks" / t.notebook).exists(), t.notebook
+        assert set(t.devices) <= {"cpu", "cuda"} and len(t.prior) == 2
+        for row in (*t.ladder, *t.checks):
+            assert t.knob in row.change, f"{row.name} does not turn {t.knob}"
+            assert set(row.change) <= set(knobs())
+        assert set(t.panel) <= set(knobs())
+
+
+@pytest.mark.parametrize("device", [CPU, CUDA])
+@pytest.mark.parametrize("compile_ok", [True, False])
+def test_the_ladder_is_each_techniques_rows_in_order_then_the_presets(device, compile_ok):
+    steps = bench.ladder(device, compile_ok)
+    names = list(steps)
+    expected = [r.name for r in techniques.rows("ladder", device, compile_ok)]
+    assert names == ["reference (tutorial loop)", *expected, "all together", "max throughput (batch x2)"]
+    owners = {r.name: t.knob for t in TECHNIQUES for r in t.ladder}
+    assert _in_list_order(expected, owners)
+    for t in TECHNIQUES:  # a technique for this device has its rows here
+        for row in t.ladder:
+            if device.type in (row.devices or t.devices) and (row.needs != "compile" or compile_ok):
+                assert steps[row.name] == row.change
+                if row.together:
+                    assert row.change.items() <= steps["all together"].items()
+
+
+@pytest.mark.parametrize("device", [CPU, CUDA])
+def test_checks_rows_follow_the_list_then_the_gan_family(device, monkeypatch):
+    monkeypatch.setattr(check, "supports_bf16", lambda d: True)
+    rows = list(check.techniques(device, True))
+    owners = {r.name: t.knob for t in TECHNIQUES for r in t.checks}
+    own = [name for name in rows if name in owners]
+    assert rows[0] == "fp32" and rows[1:len(own) + 1] == own, "fp32, then the techniques, then the GAN family"
+    assert own == [r.name for r in techniques.rows("checks", device, True)] and _in_list_order(own, owners)
+    assert ("fp16 autocast + GradScaler" in rows) == (device.type == "cuda")
+
+
+def test_tunes_priors_and_search_order_follow_the_list():
+    assert list(tuning.PRIOR) == [t.knob for t in TECHNIQUES]
+    assert tuning.PRIOR == {t.knob: t.prior for t in TECHNIQUES}
+    cfg = TrainConfig(loss="bce-sigmoid", transform="per-sample", num_workers=2, sync_every_step=True,
+                      freeze_d=False, compile="off")
+    candidates, skipped = tuning.search_space(cfg, CPU, space=(*speed_knobs(), "batch_size"))
+    index = {t.knob: i for i, t in enumerate(TECHNIQUES)}
+    order = [(-c.prior, index[next(iter(c.change))]) for c in candidates]
+    assert order == sorted(order), "likeliest first; among equal priors, the list's order"
+    offered = {next(iter(c.change)) for c in candidates} | {c.split("=")[0] for c, _ in skipped}
+    assert offered >= {t.knob for t in TECHNIQUES} - {"persistent_workers", "prefetch_factor", "grad_accum_steps"}
+    for t in TECHNIQUES:
+        if t.devices == ("cuda",):  # a CUDA technique is never a candidate on a CPU, and says why
+            assert t.knob not in {k for c in candidates for k in c.change}
+            assert any(c.split("=")[0] == t.knob for c, _ in skipped)
+
+
+def test_the_panels_controls_are_the_lists_fields_in_order():
+    from gantools.panel import TECHNIQUES as CONTROLS
+
+    assert CONTROLS == (*[name for t in TECHNIQUES for name in t.panel], "steps")
+
+
+@pytest.mark.parametrize("wait, busy, ops, cfg, knob", [
+    (50.0, 50.0, [], TrainConfig(transform="per-sample"), "transform"),
+    (50.0, 50.0, [], TrainConfig(), "num_workers"),
+    (0.0, 100.0, [("aten::convolution", 80.0)], TrainConfig(), "precision"),
+    (0.0, 100.0, [("aten::convolution", 80.0)], TrainConfig(precision="bf16"), "channels_last"),
+])
+def test_the_verdict_names_the_notebook_that_teaches_its_fix(wait, busy, ops, cfg, knob):
+    report = ProfileReport("cpu", 5, 128, 100.0, 100.0, {"data wait": wait}, busy, top_ops=ops)
+    verdict = diagnose(report, cfg)
+    assert next(iter(verdict.fix)) == knob
+    assert verdict.notebook == techniques.notebook(knob) == techniques.by_knob(knob).notebook.removesuffix(".ipynb")
