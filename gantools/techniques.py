@@ -47,6 +47,7 @@ class Technique:
 
 MIXED_PRECISION, DATA_LOADING = "02_mixed_precision.ipynb", "03_data_loading.ipynb"
 OPTIMIZERS, ALL_TOGETHER = "04_optimizers_and_accumulation.ipynb", "05_all_together.ipynb"
+YOUR_OWN_GAN = "06_your_own_gan.ipynb"  # the doctor's findings about a hand-written loop (host syncs, D's grads)
 
 # The priors. CPU: the benchmark's single-technique rows on the 2-core CPU (docs); CUDA: where a GPU step usually
 # loses time, largest first (an order, not a measurement). The order of this list is the order everywhere; among

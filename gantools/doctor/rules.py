@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..measuring import amdahl
+from ..techniques import YOUR_OWN_GAN, notebook
 from .report import DoctorReport, Finding
 
 MIN_SHARE = 0.05        # a cost under 5% of the step (data wait, copies, optimizer steps) is not worth a finding
@@ -29,6 +30,9 @@ class MachineFacts:
     cudnn_benchmark: bool = False           # torch.backends.cudnn.benchmark
     tf32: bool = False                      # TF32 matmuls on (hardware.tf32_matmuls)
     gpu: str | None = None                  # the GPU's name
+
+
+YOUR_LOOP = YOUR_OWN_GAN.removesuffix(".ipynb")  # findings about how a hand-written loop is written
 
 
 def _names(r: DoctorReport) -> tuple:
@@ -74,7 +78,7 @@ def per_sample_transforms(r: DoctorReport, facts: MachineFacts) -> Finding | Non
         if not loader["not_decodable_once"] else
         (f"# decoding once would change your data ({loader['not_decodable_once']}): decode in workers\n"
          f"DataLoader(dataset, ..., num_workers={workers}, persistent_workers=True, pin_memory=True)"),
-        "03_data_loading", amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
+        notebook("transform"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
 
 
 def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -86,7 +90,7 @@ def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "with num_workers=0 every batch is assembled while the model waits; worker processes prepare "
         "the next batches in parallel with the step",
         f"DataLoader(dataset, ..., num_workers={facts.workers}, persistent_workers=True)",
-        "03_data_loading", amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
+        notebook("num_workers"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
 
 
 def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -99,7 +103,7 @@ def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"host-to-device copies {h2d:.1f} ms per iteration ({100 * h2d / step:.0f}%), pin_memory=False",
         "a copy from pageable memory is staged through a pinned buffer and cannot overlap with compute",
         "DataLoader(dataset, ..., pin_memory=True)\nreal = data[0].to(device, non_blocking=True)",
-        "03_data_loading", None)
+        notebook("pin_memory"), None)
 
 
 def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -126,7 +130,7 @@ def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "stats += torch.stack([errD.detach(), errG.detach(), D_x.detach()])  # D_x = output.mean(), no .item()\n"
         "if i % 50 == 0:\n"
         "    print((stats / 50).tolist()); stats.zero_()  # one sync per 50 iterations",
-        "06_your_own_gan", gain if gain is None or gain >= MIN_GAIN else None)
+        YOUR_LOOP, gain if gain is None or gain >= MIN_GAIN else None)
 
 
 def _bce_ops(r: DoctorReport) -> dict:
@@ -149,7 +153,7 @@ def sigmoid_bce(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"# {d}: remove the final nn.Sigmoid(); it returns logits now\n"
         "criterion = nn.BCEWithLogitsLoss()\n"
         "D_x = output.sigmoid().mean()  # where you report D's probabilities",
-        "02_mixed_precision", None)
+        notebook("precision"), None)
 
 
 def _fp32_outputs(r: DoctorReport) -> dict:
@@ -179,7 +183,7 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         + ("errD_real.backward()  # backward and optimizer steps stay outside" if bf16 else
            "scalerD.scale(errD_real).backward()  # fp16: one torch.amp.GradScaler('cuda') per network\n"
            f"scalerD.step({opt_d}); scalerD.update()"),
-        "02_mixed_precision", gain16)
+        notebook("precision"), gain16)
 
 
 def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -199,7 +203,7 @@ def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"{d}.requires_grad_(False)  # G's step: gradients flow through {d} to {g}, none stored for {d}\n"
         f"output = {d}(fake).view(-1)\nerrG = criterion(output, label)\nerrG.backward()\n{opt_g}.step()\n"
         f"{d}.requires_grad_(True)",
-        "06_your_own_gan", amdahl(step, d_bwd / 2))
+        YOUR_LOOP, amdahl(step, d_bwd / 2))
 
 
 def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -216,7 +220,7 @@ def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "parameters in a few kernels",
         "\n".join(f"# {o['name']}: add {_faster_impl(o['class'])} to its constructor, keeping your other "
                   f"arguments\n{o['name']} = optim.{o['class']}(..., {_faster_impl(o['class'])})" for o in loops),
-        "04_optimizers_and_accumulation", None)
+        notebook("optimizer_impl"), None)
 
 
 def channels_last(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -232,7 +236,7 @@ def channels_last(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "converted, or a slower kernel runs",
         f"{g} = {g}.to(memory_format=torch.channels_last)\n{d} = {d}.to(memory_format=torch.channels_last)\n"
         "real = real.contiguous(memory_format=torch.channels_last)",
-        "05_all_together", None)
+        notebook("channels_last"), None)
 
 
 def cudnn_benchmark(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -244,7 +248,7 @@ def cudnn_benchmark(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"torch.backends.cudnn.benchmark is False; every convolution saw one input shape; convolutions are "
         f"{100 * r.compute_share:.0f}% of the busy time",
         "with fixed shapes, benchmark mode times the candidate algorithms once and keeps the fastest",
-        "torch.backends.cudnn.benchmark = True  # before the loop", "05_all_together", None)
+        "torch.backends.cudnn.benchmark = True  # before the loop", notebook("cudnn_benchmark"), None)
 
 
 def tf32(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -259,7 +263,7 @@ def tf32(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "tf32", "fp32 matmuls and convolutions run without TF32",
         f"fp32 Conv/Linear outputs, TF32 off, on {facts.gpu}",
         "Ampere and newer GPUs run fp32 matmuls and convolutions on tensor cores in TF32 (10-bit mantissa) "
-        "several times faster; bf16 autocast (above) goes further", snippet, "05_all_together", None)
+        "several times faster; bf16 autocast (above) goes further", snippet, notebook("tf32"), None)
 
 
 RULES = (per_sample_transforms, no_workers, pin_memory, host_sync, sigmoid_bce, fp32_convolutions, d_grads_in_g_step,
