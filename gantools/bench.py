@@ -30,6 +30,7 @@ from . import distributed, techniques
 from .config import TrainConfig, cli_flags, preset, scale_batch
 from .errors import ConfigError, GantoolsError, ScalingCrash, Stopped
 from .hardware import machine_info, resolve_device
+from .quick import QUICK
 
 # bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
 PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100": 756e12,
@@ -53,7 +54,6 @@ QUICK_PLAN = dict(warmup_images=1, images_per_repeat=1, repeats=3, quality_image
 
 def plan_for(device: torch.device) -> dict:
     """The measuring plan for a device: the CPU's or the GPU's, or the quick one in quick mode."""
-    from .workbook import QUICK
 
     return dict(QUICK_PLAN if QUICK else PLAN["gpu" if device.type == "cuda" else "cpu"])
 

@@ -11,6 +11,7 @@ from .errors import GantoolsError
 from .metrics import QualityCallback
 from .train import Trainer
 from .tuning import StopWhen
+from .quick import QUICK
 
 # a control for each technique's fields (`techniques.TECHNIQUES`, in its order), and how long to train
 TECHNIQUES = (*techniques.panel_fields(), "steps")
@@ -38,7 +39,6 @@ class ControlPanel:
                  tune_minutes: float | None = None):
         import ipywidgets as W
 
-        from .workbook import QUICK
 
         stop_active_run()
         tune_minutes = tune_minutes or (0.25 if QUICK else 15.0)  # quick mode (tests): seconds

@@ -17,6 +17,7 @@ from . import bench
 from .checkpoint import ensure_writable
 from .config import TrainConfig, speed_knobs
 from .errors import ConfigError
+from .quick import QUICK
 
 # Seconds to score one config (generate 2048 images, classifier features, FID and KID), measured on the 2-core CPU;
 # less on a GPU, so the reserve errs long there. Used until a score has been timed.
@@ -179,7 +180,6 @@ class Trials:
         2-core CPU, then cached), built once."""
         if self.meter is None:
             from .metrics import MIN_SAMPLES, quality_meter
-            from .workbook import QUICK
 
             c = self.options.cfg
             self.say("", now="building the quality meter")
