@@ -133,18 +133,15 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
         def on_step_end(self, t):
             prof.step()
 
-    unlabelled, trainer.label_phase = trainer.label_phase, record_function
     trainer.callbacks.append(stepper := StepProfiler())
-    trainer.sync_data_wait = True  # the data wait measures waiting for data, not GPU work queued before it
-    try:
-        with torch.profiler.profile(activities=activities,
-                                    schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-                                    on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
+    try:  # the data wait synchronised: it measures waiting for data, not GPU work queued before it
+        with trainer.instrument(label_phase=record_function, sync_data_wait=True), \
+                torch.profiler.profile(activities=activities,
+                                       schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                                       on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path))) as prof:
             trainer.fit(1 + steps)
     finally:
         trainer.callbacks.remove(stepper)
-        trainer.label_phase = unlabelled
-        trainer.sync_data_wait = False
 
     # The same number of steps without the profiler, after it (everything is warm by now): its overhead.
     start, first_record = trainer.step, len(trainer.history)

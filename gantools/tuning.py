@@ -534,8 +534,7 @@ class _Tuner:
         Its memory is freed once the last reference is dropped (`_collect`, before the next trainer is built)."""
         if trainer is None:
             return
-        if trainer._stream is not None:
-            trainer._stream.close()
+        trainer.close()
         shutil.rmtree(trainer.out_dir, ignore_errors=True)
 
     def _collect(self) -> None:
