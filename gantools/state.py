@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 from .hardware import _legacy_conv_tf32, _matmul_precision
 
 
@@ -74,6 +74,27 @@ def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None)
         torch.backends.cudnn.benchmark = saved_benchmark
 
 
+# -- one at a time ---------------------------------------------------------------------------------------------------
+# Held by whoever has applied its settings (TF32, cuDNN, the global RNG's stream) to the process. Reentrant: the same
+# thread may nest (a callback scoring another trainer); another thread is refused, not interleaved (its save/restore
+# would leave the process with the other one's settings).
+_PROCESS_STATE = threading.RLock()
+
+
+@contextlib.contextmanager
+def exclusive(message: str | None = None):
+    """The block holds the process-wide settings; when another thread holds them, ConfigError(`message`) at once
+    (never a wait: the other may be a run that goes on for hours)."""
+    if not _PROCESS_STATE.acquire(blocking=False):
+        raise ConfigError(message or "another gantools run is using this process's process-wide settings (TF32, "
+                                     "cuDNN, the RNG) right now, in another thread: two at once would run with "
+                                     "each other's. Stop it first, then run this one")
+    try:
+        yield
+    finally:
+        _PROCESS_STATE.release()
+
+
 # -- seeds and the module RNG stream -------------------------------------------------------------------------------
 def derived_seed(seed: int, purpose: str) -> int:
     """A seed for one purpose of one run, unrelated to the seeds of other purposes and runs (seed + 1 for one
@@ -110,25 +131,69 @@ def module_rng(device: torch.device) -> dict:
     return state
 
 
-# -- one at a time ---------------------------------------------------------------------------------------------------
-# Held by whoever has applied its settings (TF32, cuDNN, the global RNG's stream) to the process. Reentrant: the same
-# thread may nest (a callback scoring another trainer); another thread is refused, not interleaved (its save/restore
-# would leave the process with the other one's settings).
-_PROCESS_STATE = threading.RLock()
+CHECKPOINT_FORMAT = 2  # 2: the run's own generator in "rng"; 1 (still read): the global RNG's states
 
 
-@contextlib.contextmanager
-def exclusive(message: str | None = None):
-    """The block holds the process-wide settings; when another thread holds them, ConfigError(`message`) at once
-    (never a wait: the other may be a run that goes on for hours)."""
-    if not _PROCESS_STATE.acquire(blocking=False):
-        raise ConfigError(message or "another gantools run is using this process's process-wide settings (TF32, "
-                                     "cuDNN, the RNG) right now, in another thread: two at once would run with "
-                                     "each other's. Stop it first, then run this one")
-    try:
-        yield
-    finally:
-        _PROCESS_STATE.release()
+class RunStreams:
+    """A run's random streams, each its own. `noise` (a torch.Generator on the run's device) draws the noise of
+    every step and the flips; seeded alike on every rank, so under torchrun all ranks draw the whole global batch's
+    noise in lockstep and keep a slice. The module stream is what modules that draw random numbers themselves
+    (dropout) draw from: the global RNG, which holds it inside `applied()` only."""
+
+    def __init__(self, device: torch.device, seed: int):
+        self.device, self.seed = device, seed
+        self.noise = torch.Generator(device=device).manual_seed(derived_seed(seed, "noise"))
+        self.modules = None  # the module stream's state at the end of the last kept block; None: fresh, from seed
+        self._live = False  # inside a kept block: the stream is live in the global RNG
+
+    @contextlib.contextmanager
+    def applied(self, keep: bool, tf32: bool | None, cudnn_benchmark: bool | None, busy: str | None = None):
+        """This run's settings for the block, the process's again after: TF32 and cudnn.benchmark (backend_flags),
+        and the global RNG holding the module stream, under the one-at-a-time lock (`busy`: the refusal's message).
+        With `keep` (training) the stream's new state is kept for the next block and the checkpoint; otherwise
+        (sampling, the shape check) it is forked and left as it was, so it never shifts training."""
+        cuda = [self.device] if self.device.type == "cuda" else []
+        if self._live:  # nested (sampling inside fit): the outer block already holds this run's state
+            with torch.random.fork_rng(devices=cuda, enabled=not keep):
+                yield
+            return
+        with exclusive(busy), backend_flags(tf32, cudnn_benchmark), torch.random.fork_rng(devices=cuda):
+            set_module_rng(self.modules, self.device, self.seed)
+            self._live = keep
+            try:
+                yield
+            finally:
+                if keep:  # read while still live: the stream's new state, not the one it started from
+                    self.modules = module_rng(self.device)
+                self._live = False
+
+    def state_dict(self) -> dict:
+        """The checkpoint's `rng` (format 2): the noise generator's state with its device type, and the module
+        stream."""
+        return {"noise": self.noise.get_state(), "noise_device": self.device.type,
+                "modules": module_rng(self.device) if self._live else self.modules}
+
+    def load_state_dict(self, rng: dict, fmt: int, step: int) -> str | None:
+        """The streams where the checkpoint (of format `fmt`, saved at `step`) left them; returns a warning when the
+        noise stream cannot continue. Format 1 (gantools before the trainer had its own generator) drew noise and
+        flips from the global RNG of the training device and saved its state as rng['cpu'] (and rng['cuda'] on a
+        GPU): that state is the same kind of state as this run's generator's, so the stream continues exactly."""
+        if fmt > CHECKPOINT_FORMAT:
+            raise CheckpointError(f"this checkpoint has format {fmt}, written by a newer gantools (this one reads "
+                                  f"up to {CHECKPOINT_FORMAT}): update gantools to resume it")
+        if fmt >= 2:
+            noise, noise_device, modules = rng["noise"], rng["noise_device"], rng["modules"]
+        else:
+            noise_device = "cuda" if "cuda" in rng else "cpu"
+            noise, modules = rng[noise_device], {"cpu": rng["cpu"], "cuda": rng.get("cuda")}
+        self.modules = modules
+        if noise_device == self.device.type:
+            self.noise.set_state(noise)
+            return None
+        # a CPU generator's state cannot drive a CUDA one (or the reverse): a new stream, from seed and step
+        self.noise.manual_seed(derived_seed(self.seed, f"noise after step {step}"))
+        return (f"this checkpoint was trained on {noise_device} and resumes on {self.device.type}: the noise "
+                f"stream starts afresh (weights, optimizers and data position are restored exactly)")
 
 
 # -- a user's script's changes, undone -------------------------------------------------------------------------------

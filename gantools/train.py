@@ -33,11 +33,9 @@ built side by side (the benchmark interleaves its variants) each run with their 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import signal
-import statistics
 import threading
 import warnings
 from pathlib import Path
@@ -45,69 +43,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import distributed, hardware, recovery, state
-from .checkpoint import atomic_write, ensure_writable, load_checkpoint, save_checkpoint
+from . import distributed, hardware, recovery
+from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
-from .errors import CheckpointError, ConfigError
+from .errors import ConfigError
+from .history import METRICS, History
 from .losses import LOSSES, d_loss, g_loss, input_gradients, penalties  # noqa: F401 (d_loss, g_loss: public names)
 from .models import build_dcgan
 from .network_checks import check_networks, dataset_classes, forward
 from .recovery import CompileStats, Rollback
+from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
+from .state import CHECKPOINT_FORMAT, RunStreams, on_interrupt
 from .step_clock import StepClock
-
-# D's four first: the D step adds them as one slice. loss_d includes the penalty; penalty is 0 without one.
-METRICS = ("loss_d", "d_real", "d_fake", "penalty", "loss_g")
-GRID_CLASSES = 16  # a conditional run's sample grid: one row of 8 per class, for at most this many classes
-CHECKPOINT_FORMAT = 2  # 2: the trainer's own generator in "rng"; 1 (still read): the global RNG's states
-
-
-class History:
-    """One record per log interval: losses, synced step time, images/sec, time waiting for data, peak memory."""
-
-    def __init__(self, records=None):
-        self.records = list(records or [])
-        self.quality: dict = {}  # FID, KID, coverage at the end of the last fit(), from metrics.QualityCallback
-
-    def __len__(self):
-        return len(self.records)
-
-    def __getitem__(self, i):
-        return self.records[i]
-
-    def column(self, name: str) -> list:
-        return [r[name] for r in self.records]
-
-    def summary(self) -> dict:
-        """The figures a run is judged by. Speed is the median over log intervals after the first, which holds
-        warm-up (cuDNN autotuning, torch.compile, worker start-up)."""
-        if not self.records:
-            return {}
-        steady = self.records[1:] or self.records
-        last = self.records[-1]
-        return {
-            "steps": last["step"],
-            "images_per_sec": statistics.median(r["images_per_sec"] for r in steady),
-            "step_time_ms": statistics.median(r["step_time_ms"] for r in steady),
-            "data_wait_ms": statistics.median(r["data_wait_ms"] for r in steady),
-            "warmup_step_time_ms": self.records[0]["step_time_ms"],
-            "peak_mem_mb": max(r["peak_mem_mb"] for r in self.records),
-            "train_time_s": last["train_time_s"],
-            **{k: last[k] for k in METRICS},
-            **self.quality,
-        }
-
-    def save(self, path) -> None:
-        atomic_write(path, lambda f: f.write(json.dumps(self.records, indent=1).encode()))
-
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused)."""
     cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
     impl = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
     return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[cfg.optimizer_impl])
-
 
 
 def _import_cpp_extension_quietly() -> None:
@@ -122,6 +77,7 @@ def _import_cpp_extension_quietly() -> None:
         import torch.utils.cpp_extension  # noqa: F401
     finally:
         logger.setLevel(level)
+
 
 class Trainer:
     """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
@@ -165,11 +121,8 @@ class Trainer:
         self.generator = generator.to(dev, memory_format=fmt)
         self.discriminator = discriminator.to(dev, memory_format=fmt)
         self.ema = EMAGenerator(self.generator, cfg.ema_decay) if cfg.ema_decay else None  # samples come from it
-        # This run's own random numbers, on its device: the noise of every step and the flips. Seeded alike on
-        # every rank, so under torchrun all ranks draw the whole global batch's noise in lockstep and keep a slice.
-        self.rng = torch.Generator(device=dev).manual_seed(state.derived_seed(cfg.seed, "noise"))
-        self._module_rng = None  # the global RNG state this run's modules (dropout) left at the end of the last fit
-        self._in_fit = False
+        self.streams = RunStreams(dev, cfg.seed)
+        self.rng = self.streams.noise  # this run's own random numbers, on its device: every step's noise, the flips
         self.loader = make_loader(self.dataset, cfg, dev, self.world, self.rng)
         with self._process_state(keep_rng=False):
             check_networks(cfg, self.generator, self.discriminator, self.dataset, dev, self.classes, self.loss,
@@ -195,13 +148,7 @@ class Trainer:
         self.d_in_g_step = compiled(self.discriminator) if self.world.distributed else self.d
         self._compile_stats = CompileStats() if cfg.compile != "off" else None
 
-        noise = torch.Generator().manual_seed(cfg.seed + 1)  # own generator: sampling never shifts training RNG
-        if cfg.conditional:  # one row per class, the same 8 noise vectors in every row
-            rows = min(self.classes, GRID_CLASSES)
-            self.fixed_noise = torch.randn(8, cfg.nz, generator=noise).repeat(rows, 1).to(dev)
-            self.fixed_labels = torch.arange(rows).repeat_interleave(8).to(dev)
-        else:
-            self.fixed_noise, self.fixed_labels = torch.randn(64, cfg.nz, generator=noise).to(dev), None
+        self.fixed_noise, self.fixed_labels = fixed_noise(cfg, self.classes, dev)
         self.step = 0
         self.batches_seen = 0
         self.history = History()
@@ -291,7 +238,7 @@ class Trainer:
             # torchrun SIGTERM too: torchrun forwards the signal it gets (Ctrl-C, or a scheduler's SIGTERM) to every
             # worker once, and kills those still running 30 s later.
             signals = (signal.SIGINT, signal.SIGTERM) if self.world.distributed else (signal.SIGINT,)
-            with state.on_interrupt(lambda signum, frame: self.stop(), signals):
+            with on_interrupt(lambda signum, frame: self.stop(), signals):
                 while self.step < end and not self._stopping():
                     oom, reals = None, ()
                     try:  # fetching a batch can run out of device memory too (its copy to the GPU)
@@ -330,47 +277,24 @@ class Trainer:
         with self.clock.data_wait(self.step, self.sync_data_wait, self.label_phase):
             return [next(batches) for _ in range(self.cfg.d_steps)]
 
-    @contextlib.contextmanager
     def _process_state(self, keep_rng: bool):
-        """This run's settings for the block, the process's again after: TF32 and cudnn.benchmark
-        (state.backend_flags), and the global RNG, which holds this run's own stream for modules that draw from
-        it (dropout). With `keep_rng` (fit) the stream's new state is kept for the next fit and the checkpoint;
-        sampling and the shape check fork it and leave it as it was, so they never shift training."""
-        cuda = [self.device] if self.device.type == "cuda" else []
-        if self._in_fit:  # nested (sampling inside fit): the outer block already holds this run's state
-            with torch.random.fork_rng(devices=cuda, enabled=not keep_rng):
-                yield
-            return
-        with state.exclusive(_BUSY), state.backend_flags(self.cfg.tf32, self.cfg.cudnn_benchmark), \
-                torch.random.fork_rng(devices=cuda):
-            state.set_module_rng(self._module_rng, self.device, self.cfg.seed)
-            self._in_fit = keep_rng
-            try:
-                yield
-            finally:
-                if keep_rng:  # read while still in the fit: the live stream, not the state it started from
-                    self._module_rng = state.module_rng(self.device)
-                self._in_fit = False
+        """This run's settings and module stream for the block (see RunStreams.applied)."""
+        return self.streams.applied(keep_rng, self.cfg.tf32, self.cfg.cudnn_benchmark, _BUSY)
 
     @torch.no_grad()
     def sample(self, noise: torch.Tensor | None = None, labels: torch.Tensor | None = None):
         """A grid (H, W, 3 uint8 numpy) of the generator's images (the EMA generator's, with `ema_decay`) for the
         fixed noise, 8 per row (a conditional run: one row per class); saved as a PNG (by rank 0). Under torchrun
         every rank generates the same grid, in step: SyncBatchNorm layers need all ranks there."""
-        from PIL import Image
-        from torchvision.utils import make_grid
-
         if noise is None:
             noise, labels = self.fixed_noise, self.fixed_labels
         elif self.cfg.conditional and labels is None:
             labels = torch.arange(len(noise)) % self.classes
         with self._process_state(keep_rng=False):
             images = self._generate(noise.to(self.device), None if labels is None else labels.to(self.device))
-        grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
-        self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        self.latest_grid = grid(images)
         if self.world.is_main:
-            atomic_write(self.out_dir / "samples" / f"step_{self.step:06d}.png",
-                         lambda f: Image.fromarray(self.latest_grid).save(f, format="PNG"))
+            save_png(self.latest_grid, self.out_dir / "samples" / f"step_{self.step:06d}.png")
         self._call("on_sample", self.step, self.latest_grid)
         return self.latest_grid
 
@@ -380,34 +304,26 @@ class Trainer:
         """n images in [-1, 1] (CPU float), from seeded noise, for quality metrics; by the EMA generator when
         `ema_decay` is set (`ema=False`: by the trained generator itself). A conditional run draws them for `labels`
         (default: each class in turn, `torch.arange(n) % classes`)."""
-        noise = torch.randn(n, self.cfg.nz, generator=torch.Generator().manual_seed(seed))
         if self.cfg.conditional and labels is None:
             labels = torch.arange(n) % self.classes
-        ys = labels.split(batch_size) if labels is not None else [None] * len(noise.split(batch_size))
         with self._process_state(keep_rng=False):
             return torch.cat([self._generate(z.to(self.device), None if y is None else y.to(self.device), ema).cpu()
-                              for z, y in zip(noise.split(batch_size), ys)])
+                              for z, y in seeded_noise(n, self.cfg.nz, seed, batch_size, labels)])
 
     def _generate(self, noise: torch.Tensor, labels: torch.Tensor | None = None, ema: bool = True) -> torch.Tensor:
-        g = self.ema.module if self.ema is not None and ema else self.generator
-        saved = [b.clone() for b in g.buffers()]  # train-mode BatchNorm, as in training, but
-        with self.autocast():                     # without moving its running statistics
-            images = forward(g, noise, labels).float()
-        for buffer, value in zip(g.buffers(), saved):
-            buffer.copy_(value)
-        return images
+        """The generator's images (the EMA generator's, unless `ema=False`) for `noise` and `labels`."""
+        return generate(self.ema.module if self.ema is not None and ema else self.generator, noise, labels,
+                        self.autocast)
 
     def state_dict(self) -> dict:
-        """Everything a resumed run needs to continue exactly. Format 2: `rng` holds this run's generator (noise,
-        flips) with its device type, and the module stream (the global RNG's state for dropout and the like)."""
-        rng = {"noise": self.rng.get_state(), "noise_device": self.device.type, "modules": state.module_rng(self.device) if self._in_fit else self._module_rng}
+        """Everything a resumed run needs to continue exactly; `rng`: see RunStreams.state_dict."""
         return {
             "format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen,
             "config": self.cfg.to_dict(),
             "generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
-            "rng": rng, "history": self.history.records,
+            "rng": self.streams.state_dict(), "history": self.history.records,
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -436,28 +352,9 @@ class Trainer:
         self._stream = None  # restart the data stream at the restored position
         self._rollback.forget()
         self.history = History(state["history"])
-        self._load_rng(state["rng"], state["format"])
-
-    def _load_rng(self, rng: dict, fmt: int) -> None:
-        """The random streams where the checkpoint left them. Format 1 (gantools before the trainer had its own
-        generator) drew noise and flips from the global RNG of the training device and saved its state as
-        rng['cpu'] (and rng['cuda'] on a GPU): that state is the same kind of state as this run's generator's, so
-        the stream continues exactly."""
-        if fmt > CHECKPOINT_FORMAT:
-            raise CheckpointError(f"this checkpoint has format {fmt}, written by a newer gantools (this one reads "
-                                  f"up to {CHECKPOINT_FORMAT}): update gantools to resume it")
-        if fmt >= 2:
-            noise, noise_device, modules = rng["noise"], rng["noise_device"], rng["modules"]
-        else:
-            noise_device = "cuda" if "cuda" in rng else "cpu"
-            noise, modules = rng[noise_device], {"cpu": rng["cpu"], "cuda": rng.get("cuda")}
-        if noise_device == self.device.type:
-            self.rng.set_state(noise)
-        else:  # a CPU generator's state cannot drive a CUDA one (or the reverse): a new stream, from seed and step
-            self.rng.manual_seed(state.derived_seed(self.cfg.seed, f"noise after step {self.step}"))
-            self._warn(f"this checkpoint was trained on {noise_device} and resumes on {self.device.type}: the noise "
-                       f"stream starts afresh (weights, optimizers and data position are restored exactly)")
-        self._module_rng = modules
+        warning = self.streams.load_state_dict(state["rng"], state["format"], self.step)
+        if warning:
+            self._warn(warning, stacklevel=2)
 
     def save_checkpoint(self, path=None) -> Path:
         """The whole run state, atomically (the previous checkpoint stays until the new one is complete), and the
