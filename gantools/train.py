@@ -67,8 +67,8 @@ def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer
 
 def _import_cpp_extension_quietly() -> None:
     """Inductor on a CPU imports torch.utils.cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..."
-    on a machine with a CUDA toolkit and no GPU (this one): true, and nothing to do with CPU code; it showed in the
-    stored notebooks. The import happens once per process, so doing it here with that logger quiet silences only
+    on a machine with a CUDA toolkit and no GPU: true, and nothing to do with CPU code, yet it shows in every
+    notebook that compiles. The import happens once per process, so doing it here with that logger quiet silences only
     that line, and the logger's level is given back."""
     logger = logging.getLogger("torch.utils.cpp_extension")
     level = logger.level
@@ -213,10 +213,9 @@ class Trainer:
         cfg = self.cfg
         end = self.step + steps if steps is not None else cfg.steps
         if cfg.compile == "reduce-overhead" and threading.current_thread() is not threading.main_thread():
-            # CUDA graph trees keep their state per thread and asserted in threads Python started
-            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; the fix, #184357,
-            # was merged in 2026-06 and cannot be assumed in the torch 2.11 our users run). Refused rather than
-            # guessed: no GPU has run this path in this project.
+            # CUDA graph trees keep their state per thread and assert in threads Python started
+            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; its fix cannot be
+            # assumed in the torch versions our users run). Refused rather than guessed.
             raise ConfigError("compile='reduce-overhead' (CUDA graphs) cannot train in a background thread (the "
                               "widget panel trains in one): use compile='default' there, or train from the main "
                               "thread (a notebook cell, a script, the CLI)")
@@ -250,7 +249,8 @@ class Trainer:
                         self.opt_d.zero_grad(set_to_none=True)
                         self.opt_g.zero_grad(set_to_none=True)
                         self._metric_sum.zero_()
-                        raise recovery.out_of_memory(oom, cfg, self.device, self.step, self.out_dir / "checkpoint.pt")
+                        raise recovery.out_of_memory(oom, cfg, self.device, self.step,
+                                                     self.out_dir / "checkpoint.pt")
                     self.step += 1
                     self.batches_seen += len(reals)
                     self._call("on_step_end")
