@@ -287,7 +287,7 @@ def flops_per_image(trainer) -> float:
         batch = (batch, torch.as_tensor([int(item[1]) for item in items], device=trainer.device))
     with trainer.unchanged(), trainer.eager():
         with FlopCounterMode(display=False) as counter:
-            trainer._train_step(*[batch] * trainer.cfg.d_steps)  # a step: d_steps D steps, one G step
+            trainer.train_step(*[batch] * trainer.cfg.d_steps)  # a step: d_steps D steps, one G step
     return counter.get_total_flops() / (len(images) * trainer.cfg.d_steps)  # per real image, as images/s counts
 
 

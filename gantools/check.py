@@ -108,15 +108,15 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     verify as the module docstring says. Returns the row: ok, reason (what failed), images_per_sec, checks."""
     probe = _Probe()
     trainer = Trainer(cfg, dataset=dataset)
-    trainer.label_phase = probe.label
     probe.watch(trainer.discriminator)
-    trainer.fit(STEPS)
-    half = trainer.save_checkpoint(work / "half.pt")
-    trainer.fit(STEPS)
-    first = _weights(trainer), [r["loss_g"] for r in trainer.history[-1:]]
-    records = list(trainer.history)
-    trainer.load_state(load_checkpoint(half))
-    trainer.fit(STEPS)
+    with trainer.instrument(label_phase=probe.label):
+        trainer.fit(STEPS)
+        half = trainer.save_checkpoint(work / "half.pt")
+        trainer.fit(STEPS)
+        first = _weights(trainer), [r["loss_g"] for r in trainer.history[-1:]]
+        records = list(trainer.history)
+        trainer.load_state(load_checkpoint(half))
+        trainer.fit(STEPS)
     records += trainer.history[-1:]
     speed = records[-1]["images_per_sec"]  # the last 2 steps, long after warm-up (compiling, worker start-up)
     problems, checks = [], {}

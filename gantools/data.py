@@ -382,7 +382,11 @@ def _note_collection(phase: str, info: dict) -> None:
     _COLLECTING[0] = phase == "start"
 
 
-gc.callbacks.append(_note_collection)
+def _watch_collections() -> None:
+    """Follow the garbage collector from the first loader with workers on, not from import: importing gantools
+    changes nothing global."""
+    if _note_collection not in gc.callbacks:
+        gc.callbacks.append(_note_collection)
 
 
 def _worker_safe(loader: DataLoader):
@@ -392,6 +396,7 @@ def _worker_safe(loader: DataLoader):
     if not loader.num_workers:
         yield from it
         return
+    _watch_collections()
     entry = [it, True]
     _LIVE_WORKERS.append(entry)
     try:

@@ -1,5 +1,5 @@
-"""The device: picking it, describing it, timing and measuring memory on it honestly, and the process-wide
-settings a run needs (TF32, cuDNN benchmark, a seeded RNG), applied for a block and restored after."""
+"""The device: picking it, describing it, timing and measuring memory on it honestly; reading its TF32 and cuDNN
+settings (state.backend_flags sets them for a block) and a seeded RNG for a block."""
 from __future__ import annotations
 
 import contextlib
@@ -65,13 +65,6 @@ def peak_memory_mb(device: torch.device) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
-def _precision_settings() -> list:
-    """The per-backend TF32 settings objects of torch >= 2.9 (`fp32_precision`); none on older versions."""
-    cudnn = torch.backends.cudnn
-    objects = [torch.backends.cuda.matmul, getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None)]
-    return [o for o in objects if o is not None and hasattr(o, "fp32_precision")]
-
-
 def backend_flags_now() -> dict:
     """The process's TF32 and cuDNN settings as they are now (the per-backend strings never raise)."""
     flags = {"cudnn_benchmark": torch.backends.cudnn.benchmark}
@@ -101,60 +94,12 @@ def _matmul_precision():
 
 def tf32_matmuls() -> bool:
     """Whether fp32 matmuls may run in TF32 now (cuDNN's convolutions do by PyTorch's default; matmuls do not).
-    Read through the documented switch that `backend_flags` sets, `torch.get_float32_matmul_precision()`; when
+    Read through the documented switch that `state.backend_flags` sets, `torch.get_float32_matmul_precision()`; when
     that raises (legacy and new APIs mixed), through the per-backend string."""
     precision = _matmul_precision()
     if precision is not None:
         return precision != "highest"
     return getattr(torch.backends.cuda.matmul, "fp32_precision", "") == "tf32"
-
-
-def _set_conv_tf32(enabled: bool, legacy: bool) -> None:
-    if legacy:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.backends.cudnn.allow_tf32 = enabled
-    else:
-        torch.backends.cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
-
-
-@contextlib.contextmanager
-def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None):
-    """TF32 (matmuls and cuDNN convolutions) and cudnn.benchmark set for the block only, then restored exactly:
-    a Trainer applies them for the duration of its fit() and sampling, so two trainers in one process (the
-    benchmark interleaves its variants) each run with their own settings and the process keeps its own. None
-    leaves a setting as it is.
-
-    Matmul TF32 goes through `torch.set_float32_matmul_precision("high"/"highest")`, the documented switch in every
-    torch we support, and the process's own precision is put back with it. cuDNN's goes through the legacy flag
-    (`cudnn.allow_tf32`) unless the process already used the per-backend API. Why not the per-backend strings
-    (`matmul.fp32_precision = "tf32"`): in torch 2.9-2.11 the legacy getters raise once legacy and new writes
-    disagree ("you have used mix of the legacy and new APIs", aten/src/ATen/Context.cpp), and inductor still read
-    the legacy getters while compiling, so one such write made every later torch.compile fail
-    (pytorch/pytorch#189955, which moved inductor to the new getters after 2.11; also #179445, #166387). And a
-    legacy `matmul.allow_tf32` write after the common `torch.set_float32_matmul_precision("high")` makes
-    `get_float32_matmul_precision()` itself raise, which max-autotune reads (measured here, torch 2.14). Restoring
-    writes the per-backend strings back exactly ("none" = inherit), so the process ends as it began."""
-    saved_strings = [(obj, obj.fp32_precision) for obj in _precision_settings()]
-    saved_benchmark = torch.backends.cudnn.benchmark
-    saved_matmul = _matmul_precision() if tf32 is not None else None
-    conv_legacy = _legacy_conv_tf32() if tf32 is not None else None
-    if tf32 is not None:
-        torch.set_float32_matmul_precision("high" if tf32 else "highest")
-        _set_conv_tf32(tf32, legacy=conv_legacy is not None)
-    if cudnn_benchmark is not None:
-        torch.backends.cudnn.benchmark = cudnn_benchmark
-    try:
-        yield
-    finally:
-        if tf32 is not None:
-            if saved_matmul is not None:
-                torch.set_float32_matmul_precision(saved_matmul)
-            if conv_legacy is not None:
-                _set_conv_tf32(conv_legacy, legacy=True)
-            for obj, value in saved_strings:
-                obj.fp32_precision = value
-        torch.backends.cudnn.benchmark = saved_benchmark
 
 
 @contextlib.contextmanager

@@ -124,16 +124,12 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
         def on_step_end(self, t):
             session.step()
 
-    unlabelled, trainer.label_phase = trainer.label_phase, record_function
     trainer.callbacks.append(stepper := StepProfiler())
-    trainer.sync_data_wait = True  # the data wait measures waiting for data, not GPU work queued before it
-    try:
-        with session:
+    try:  # the data wait synchronised: it measures waiting for data, not GPU work queued before it
+        with trainer.instrument(label_phase=record_function, sync_data_wait=True), session:
             trainer.fit(1 + steps)
     finally:
         trainer.callbacks.remove(stepper)
-        trainer.label_phase = unlabelled
-        trainer.sync_data_wait = False
     unprofiled_ms = _unprofiled_ms(trainer, steps)
 
     averages = session.averages

@@ -33,77 +33,30 @@ built side by side (the benchmark interleaves its variants) each run with their 
 from __future__ import annotations
 
 import contextlib
-import copy
-import hashlib
-import json
 import logging
 import math
 import signal
-import statistics
 import threading
-import time
 import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from . import distributed, hardware
-from .checkpoint import atomic_write, ensure_writable, load_checkpoint, save_checkpoint
+from . import distributed, hardware, recovery
+from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import ImageFolderDataset, dataset_from_config, make_loader, num_classes
+from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
-from .errors import CheckpointError, ConfigError, NonFiniteLossError, OutOfMemory
+from .errors import ConfigError
+from .history import METRICS, History
 from .losses import LOSSES, d_loss, g_loss, input_gradients, penalties  # noqa: F401 (d_loss, g_loss: public names)
 from .models import build_dcgan
-
-# D's four first: the D step adds them as one slice. loss_d includes the penalty; penalty is 0 without one.
-METRICS = ("loss_d", "d_real", "d_fake", "penalty", "loss_g")
-GRID_CLASSES = 16  # a conditional run's sample grid: one row of 8 per class, for at most this many classes
-CHECKPOINT_FORMAT = 2  # 2: the trainer's own generator in "rng"; 1 (still read): the global RNG's states
-
-
-SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
-
-
-class History:
-    """One record per log interval: losses, synced step time, images/sec, time waiting for data, peak memory."""
-
-    def __init__(self, records=None):
-        self.records = list(records or [])
-        self.quality: dict = {}  # FID, KID, coverage at the end of the last fit(), from metrics.QualityCallback
-
-    def __len__(self):
-        return len(self.records)
-
-    def __getitem__(self, i):
-        return self.records[i]
-
-    def column(self, name: str) -> list:
-        return [r[name] for r in self.records]
-
-    def summary(self) -> dict:
-        """The figures a run is judged by. Speed is the median over log intervals after the first, which holds
-        warm-up (cuDNN autotuning, torch.compile, worker start-up)."""
-        if not self.records:
-            return {}
-        steady = self.records[1:] or self.records
-        last = self.records[-1]
-        return {
-            "steps": last["step"],
-            "images_per_sec": statistics.median(r["images_per_sec"] for r in steady),
-            "step_time_ms": statistics.median(r["step_time_ms"] for r in steady),
-            "data_wait_ms": statistics.median(r["data_wait_ms"] for r in steady),
-            "warmup_step_time_ms": self.records[0]["step_time_ms"],
-            "peak_mem_mb": max(r["peak_mem_mb"] for r in self.records),
-            "train_time_s": last["train_time_s"],
-            **{k: last[k] for k in METRICS},
-            **self.quality,
-        }
-
-    def save(self, path) -> None:
-        atomic_write(path, lambda f: f.write(json.dumps(self.records, indent=1).encode()))
-
+from .network_checks import check_networks, dataset_classes, forward
+from .recovery import CompileStats, Rollback
+from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
+from .state import CHECKPOINT_FORMAT, RunStreams, on_interrupt
+from .step_clock import StepClock
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused)."""
@@ -112,11 +65,10 @@ def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer
     return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[cfg.optimizer_impl])
 
 
-
 def _import_cpp_extension_quietly() -> None:
     """Inductor on a CPU imports torch.utils.cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..."
-    on a machine with a CUDA toolkit and no GPU (this one): true, and nothing to do with CPU code; it showed in the
-    stored notebooks. The import happens once per process, so doing it here with that logger quiet silences only
+    on a machine with a CUDA toolkit and no GPU: true, and nothing to do with CPU code, yet it shows in every
+    notebook that compiles. The import happens once per process, so doing it here with that logger quiet silences only
     that line, and the logger's level is given back."""
     logger = logging.getLogger("torch.utils.cpp_extension")
     level = logger.level
@@ -125,6 +77,7 @@ def _import_cpp_extension_quietly() -> None:
         import torch.utils.cpp_extension  # noqa: F401
     finally:
         logger.setLevel(level)
+
 
 class Trainer:
     """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
@@ -152,7 +105,7 @@ class Trainer:
             with distributed.main_first(self.world):  # rank 0 fills the dataset cache, the others read it
                 dataset = dataset_from_config(cfg)
         self.dataset = dataset
-        self.classes = self._classes() if cfg.conditional else 0
+        self.classes = dataset_classes(dataset) if cfg.conditional else 0
         self.loss = LOSSES[cfg.loss]
         self.penalties = penalties(cfg)  # D's regularisers: the gradient penalty of wgan-gp, R1
         if generator is None:  # the same weights on every rank; the caller's RNG is not touched
@@ -168,14 +121,12 @@ class Trainer:
         self.generator = generator.to(dev, memory_format=fmt)
         self.discriminator = discriminator.to(dev, memory_format=fmt)
         self.ema = EMAGenerator(self.generator, cfg.ema_decay) if cfg.ema_decay else None  # samples come from it
-        # This run's own random numbers, on its device: the noise of every step and the flips. Seeded alike on
-        # every rank, so under torchrun all ranks draw the whole global batch's noise in lockstep and keep a slice.
-        self.rng = torch.Generator(device=dev).manual_seed(_derived_seed(cfg.seed, "noise"))
-        self._module_rng = None  # the global RNG state this run's modules (dropout) left at the end of the last fit
-        self._in_fit = False
+        self.streams = RunStreams(dev, cfg.seed)
+        self.rng = self.streams.noise  # this run's own random numbers, on its device: every step's noise, the flips
         self.loader = make_loader(self.dataset, cfg, dev, self.world, self.rng)
         with self._process_state(keep_rng=False):
-            self._check_shapes()
+            check_networks(cfg, self.generator, self.discriminator, self.dataset, dev, self.classes, self.loss,
+                           self.penalties)
 
         self.opt_g = make_optimizer(self.generator.parameters(), cfg, cfg.lr_g)
         self.opt_d = make_optimizer(self.discriminator.parameters(), cfg, cfg.lr_d)
@@ -197,13 +148,7 @@ class Trainer:
         self.d_in_g_step = compiled(self.discriminator) if self.world.distributed else self.d
         self._compile_stats = CompileStats() if cfg.compile != "off" else None
 
-        noise = torch.Generator().manual_seed(cfg.seed + 1)  # own generator: sampling never shifts training RNG
-        if cfg.conditional:  # one row per class, the same 8 noise vectors in every row
-            rows = min(self.classes, GRID_CLASSES)
-            self.fixed_noise = torch.randn(8, cfg.nz, generator=noise).repeat(rows, 1).to(dev)
-            self.fixed_labels = torch.arange(rows).repeat_interleave(8).to(dev)
-        else:
-            self.fixed_noise, self.fixed_labels = torch.randn(64, cfg.nz, generator=noise).to(dev), None
+        self.fixed_noise, self.fixed_labels = fixed_noise(cfg, self.classes, dev)
         self.step = 0
         self.batches_seen = 0
         self.history = History()
@@ -212,10 +157,13 @@ class Trainer:
         self.callbacks = list(callbacks)
         self._stop_requested = self._stop_agreed = False
         self._stream = None  # the batch generator, positioned at batches_seen
-        self.label_phase = _unlabelled  # profiling swaps in torch.profiler.record_function to label each phase
-        self.sync_data_wait = False  # profiling sets it: synchronise around every data wait (see fit)
+        self.label_phase = _unlabelled  # set with instrument(): profiling labels each phase of the step
+        self.sync_data_wait = False  # set with instrument(): synchronise around every data wait
         self._metric_sum = torch.zeros(len(METRICS), device=dev)
-        self._skips, self._good_state = 0, None  # on_nonfinite='skip': intervals skipped in a row, the rollback
+        self.clock = StepClock(dev)
+        # on_nonfinite='skip' rolls back the networks (and the EMA generator), optimizers and scalers
+        self._rollback = Rollback(lambda: {k: getattr(self, k) for k in ("generator", "discriminator", "opt_g",
+                                           "opt_d", "scaler_g", "scaler_d") + (("ema",) if self.ema else ())})
 
     # -- public API ---------------------------------------------------------------------------------------------
     @classmethod
@@ -233,15 +181,41 @@ class Trainer:
         torchrun, a stop asked on any rank ends every rank at the next log interval, where they agree on it."""
         self._stop_requested = True
 
+    @contextlib.contextmanager
+    def instrument(self, label_phase=None, sync_data_wait: bool | None = None):
+        """For the block: each phase of the step runs inside `label_phase(name)` (e.g. torch.profiler's
+        record_function, so a profile names the phases), and with `sync_data_wait` the device is synchronised around
+        every data wait (see StepClock.data_wait). None leaves a setting as it is; both are put back after."""
+        saved = self.label_phase, self.sync_data_wait
+        if label_phase is not None:
+            self.label_phase = label_phase
+        if sync_data_wait is not None:
+            self.sync_data_wait = sync_data_wait
+        try:
+            yield self
+        finally:
+            self.label_phase, self.sync_data_wait = saved
+
+    def train_step(self, *batches) -> None:
+        """One training step on `batches` (`cfg.d_steps` of them: one per D step), outside fit(): the step count,
+        data position and history do not move (wrap it in `unchanged()` to leave no trace at all)."""
+        self._train_step(*batches)
+
+    def close(self) -> None:
+        """Done with this trainer's data for now: its DataLoader workers end (with their batch iterator); a later
+        fit() starts them again at the current position."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
     def fit(self, steps: int | None = None) -> History:
         """Train `steps` more steps (default: up to cfg.steps). Returns the history of the whole run."""
         cfg = self.cfg
         end = self.step + steps if steps is not None else cfg.steps
         if cfg.compile == "reduce-overhead" and threading.current_thread() is not threading.main_thread():
-            # CUDA graph trees keep their state per thread and asserted in threads Python started
-            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; the fix, #184357,
-            # was merged in 2026-06 and cannot be assumed in the torch 2.11 our users run). Refused rather than
-            # guessed: no GPU has run this path in this project.
+            # CUDA graph trees keep their state per thread and assert in threads Python started
+            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; its fix cannot be
+            # assumed in the torch versions our users run). Refused rather than guessed.
             raise ConfigError("compile='reduce-overhead' (CUDA graphs) cannot train in a background thread (the "
                               "widget panel trains in one): use compile='default' there, or train from the main "
                               "thread (a notebook cell, a script, the CLI)")
@@ -252,17 +226,18 @@ class Trainer:
         self.history.quality = {}  # set again by metrics.QualityCallback for this fit
         with self._process_state(keep_rng=True):
             self._call("on_fit_start")
-            if cfg.on_nonfinite == "skip" and self._good_state is None:
-                self._good_state = self._snapshot()
+            if cfg.on_nonfinite == "skip" and self._rollback.good is None:
+                self._rollback.keep(self.step)
             hardware.reset_peak_memory(self.device)
-            hardware.synchronize(self.device)  # nothing queued before fit() counts as its time
-            self._interval_start = time.perf_counter()
-            self._interval_step, self._interval_batches, self._excluded = self.step, self.batches_seen, 0.0
-            self._interval_wait, self._waits = 0.0, 0
-            self._train_time = self.history[-1]["train_time_s"] if len(self.history) else 0.0
+            self.clock.start(self.step, self.batches_seen,
+                             self.history[-1]["train_time_s"] if len(self.history) else 0.0)
             if self._compile_stats is not None:
                 self._compile_stats.start()
-            with _interrupts_stop(self):
+            # Ctrl-C (or Jupyter's interrupt) stops after the current step instead of killing it mid-step. Under
+            # torchrun SIGTERM too: torchrun forwards the signal it gets (Ctrl-C, or a scheduler's SIGTERM) to every
+            # worker once, and kills those still running 30 s later.
+            signals = (signal.SIGINT, signal.SIGTERM) if self.world.distributed else (signal.SIGINT,)
+            with on_interrupt(lambda signum, frame: self.stop(), signals):
                 while self.step < end and not self._stopping():
                     oom, reals = None, ()
                     try:  # fetching a batch can run out of device memory too (its copy to the GPU)
@@ -271,20 +246,24 @@ class Trainer:
                     except torch.OutOfMemoryError as e:
                         oom = str(e).splitlines()[0] if str(e) else "out of memory"
                     if oom is not None:  # outside the except block, so the failed step's tensors can be freed
-                        raise self._out_of_memory(oom)
+                        self.opt_d.zero_grad(set_to_none=True)
+                        self.opt_g.zero_grad(set_to_none=True)
+                        self._metric_sum.zero_()
+                        raise recovery.out_of_memory(oom, cfg, self.device, self.step,
+                                                     self.out_dir / "checkpoint.pt")
                     self.step += 1
                     self.batches_seen += len(reals)
                     self._call("on_step_end")
                     if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
                         self._log()
                     if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
-                        with self._excluded_from_timing():
+                        with self.clock.excluded():
                             self.sample()
                     if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
-                        with self._excluded_from_timing():
-                            if self._weights_finite():  # never replace a good checkpoint with NaN weights
+                        with self.clock.excluded():  # never replace a good checkpoint with NaN weights
+                            if recovery.weights_finite(self.generator, self.discriminator):
                                 self.save_checkpoint()
-            if self.step > self._interval_step:
+            if self.step > self.clock.interval_step:
                 self._log()
             if self.latest_grid is None or self._stopping():
                 self.sample()
@@ -294,99 +273,28 @@ class Trainer:
         return self.history
 
     def _next_batches(self, batches) -> list:
-        """The step's `d_steps` batches (one per D step), their wait timed as one. On CUDA the host runs ahead of the
-        GPU, and fetching a batch can block on work already queued there (a copy from pageable memory waits for the
-        stream: see data.prepare_batch), which would be counted as data wait and make a compute-bound run look
-        data-bound. So the wait is timed between device synchronisations: on every step while profiling
-        (`sync_data_wait`), else on the first step of each log interval, which follows the log's synchronisation anyway
-        (one sample per interval, no extra host sync in the other steps). On the CPU nothing is queued: every step is
-        timed, without syncs."""
-        cuda = self.device.type == "cuda"
-        timed = not cuda or self.sync_data_wait or self.step == self._interval_step
-        if cuda and timed:
-            hardware.synchronize(self.device)
-        t = time.perf_counter()
-        with self.label_phase("data wait"):
-            reals = [next(batches) for _ in range(self.cfg.d_steps)]
-            if cuda and timed:
-                hardware.synchronize(self.device)  # the copy to the device is part of waiting for data
-        if timed:
-            self._interval_wait += time.perf_counter() - t
-            self._waits += 1
-        return reals
+        """The step's `d_steps` batches (one per D step), their wait timed as one (see StepClock.data_wait)."""
+        with self.clock.data_wait(self.step, self.sync_data_wait, self.label_phase):
+            return [next(batches) for _ in range(self.cfg.d_steps)]
 
-    @contextlib.contextmanager
     def _process_state(self, keep_rng: bool):
-        """This run's settings for the block, the process's again after: TF32 and cudnn.benchmark
-        (hardware.backend_flags), and the global RNG, which holds this run's own stream for modules that draw from
-        it (dropout). With `keep_rng` (fit) the stream's new state is kept for the next fit and the checkpoint;
-        sampling and the shape check fork it and leave it as it was, so they never shift training."""
-        cuda = [self.device] if self.device.type == "cuda" else []
-        if self._in_fit:  # nested (sampling inside fit): the outer block already holds this run's state
-            with torch.random.fork_rng(devices=cuda, enabled=not keep_rng):
-                yield
-            return
-        if not _PROCESS_STATE.acquire(blocking=False):  # another thread's trainer holds the flags and the RNG
-            raise ConfigError("another Trainer is training in this process right now (the widget panel's run, in "
-                              "its background thread?): TF32, cuDNN and RNG settings are process-wide, so two at "
-                              "once would run with each other's. Stop it first (the panel's Stop button), then run "
-                              "this one")
-        with contextlib.ExitStack() as held:
-            held.callback(_PROCESS_STATE.release)
-            held.enter_context(hardware.backend_flags(self.cfg.tf32, self.cfg.cudnn_benchmark))
-            held.enter_context(torch.random.fork_rng(devices=cuda))
-            self._set_module_rng(self._module_rng)
-            self._in_fit = keep_rng
-            try:
-                yield
-            finally:
-                if keep_rng:  # read while still in the fit: the live stream, not the state it started from
-                    self._module_rng = self._module_rng_now()
-                self._in_fit = False
-
-    def _set_module_rng(self, state: dict | None) -> None:
-        if state is None:  # a fresh run: its own stream, from its seed
-            seed = _derived_seed(self.cfg.seed, "modules")
-            torch.random.default_generator.manual_seed(seed)
-            if self.device.type == "cuda":
-                torch.cuda.default_generators[_cuda_index(self.device)].manual_seed(seed)
-            return
-        torch.set_rng_state(state["cpu"])
-        if self.device.type == "cuda":
-            if state.get("cuda") is not None:
-                torch.cuda.set_rng_state(state["cuda"], self.device)
-            else:  # resumed from a CPU run: a CUDA stream of its own
-                torch.cuda.default_generators[_cuda_index(self.device)].manual_seed(
-                    _derived_seed(self.cfg.seed, "modules"))
-
-    def _module_rng_now(self) -> dict | None:
-        """The module stream's state: live in the global RNG during fit, kept on the trainer between fits."""
-        if not self._in_fit:
-            return self._module_rng
-        state = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
+        """This run's settings and module stream for the block (see RunStreams.applied)."""
+        return self.streams.applied(keep_rng, self.cfg.tf32, self.cfg.cudnn_benchmark, _BUSY)
 
     @torch.no_grad()
     def sample(self, noise: torch.Tensor | None = None, labels: torch.Tensor | None = None):
         """A grid (H, W, 3 uint8 numpy) of the generator's images (the EMA generator's, with `ema_decay`) for the
         fixed noise, 8 per row (a conditional run: one row per class); saved as a PNG (by rank 0). Under torchrun
         every rank generates the same grid, in step: SyncBatchNorm layers need all ranks there."""
-        from PIL import Image
-        from torchvision.utils import make_grid
-
         if noise is None:
             noise, labels = self.fixed_noise, self.fixed_labels
         elif self.cfg.conditional and labels is None:
             labels = torch.arange(len(noise)) % self.classes
         with self._process_state(keep_rng=False):
             images = self._generate(noise.to(self.device), None if labels is None else labels.to(self.device))
-        grid = make_grid(images.cpu(), nrow=8, normalize=True, value_range=(-1, 1))
-        self.latest_grid = grid.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        self.latest_grid = grid(images)
         if self.world.is_main:
-            atomic_write(self.out_dir / "samples" / f"step_{self.step:06d}.png",
-                         lambda f: Image.fromarray(self.latest_grid).save(f, format="PNG"))
+            save_png(self.latest_grid, self.out_dir / "samples" / f"step_{self.step:06d}.png")
         self._call("on_sample", self.step, self.latest_grid)
         return self.latest_grid
 
@@ -396,34 +304,26 @@ class Trainer:
         """n images in [-1, 1] (CPU float), from seeded noise, for quality metrics; by the EMA generator when
         `ema_decay` is set (`ema=False`: by the trained generator itself). A conditional run draws them for `labels`
         (default: each class in turn, `torch.arange(n) % classes`)."""
-        noise = torch.randn(n, self.cfg.nz, generator=torch.Generator().manual_seed(seed))
         if self.cfg.conditional and labels is None:
             labels = torch.arange(n) % self.classes
-        ys = labels.split(batch_size) if labels is not None else [None] * len(noise.split(batch_size))
         with self._process_state(keep_rng=False):
             return torch.cat([self._generate(z.to(self.device), None if y is None else y.to(self.device), ema).cpu()
-                              for z, y in zip(noise.split(batch_size), ys)])
+                              for z, y in seeded_noise(n, self.cfg.nz, seed, batch_size, labels)])
 
     def _generate(self, noise: torch.Tensor, labels: torch.Tensor | None = None, ema: bool = True) -> torch.Tensor:
-        g = self.ema.module if self.ema is not None and ema else self.generator
-        saved = [b.clone() for b in g.buffers()]  # train-mode BatchNorm, as in training, but
-        with self.autocast():                     # without moving its running statistics
-            images = _forward(g, noise, labels).float()
-        for buffer, value in zip(g.buffers(), saved):
-            buffer.copy_(value)
-        return images
+        """The generator's images (the EMA generator's, unless `ema=False`) for `noise` and `labels`."""
+        return generate(self.ema.module if self.ema is not None and ema else self.generator, noise, labels,
+                        self.autocast)
 
     def state_dict(self) -> dict:
-        """Everything a resumed run needs to continue exactly. Format 2: `rng` holds this run's generator (noise,
-        flips) with its device type, and the module stream (the global RNG's state for dropout and the like)."""
-        rng = {"noise": self.rng.get_state(), "noise_device": self.device.type, "modules": self._module_rng_now()}
+        """Everything a resumed run needs to continue exactly; `rng`: see RunStreams.state_dict."""
         return {
             "format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen,
             "config": self.cfg.to_dict(),
             "generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
-            "rng": rng, "history": self.history.records,
+            "rng": self.streams.state_dict(), "history": self.history.records,
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -450,30 +350,11 @@ class Trainer:
                        f"now, from the generator of step {state['step']}")
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self._stream = None  # restart the data stream at the restored position
-        self._skips, self._good_state = 0, None  # a rollback point belongs to the run it was taken in
+        self._rollback.forget()
         self.history = History(state["history"])
-        self._load_rng(state["rng"], state["format"])
-
-    def _load_rng(self, rng: dict, fmt: int) -> None:
-        """The random streams where the checkpoint left them. Format 1 (gantools before the trainer had its own
-        generator) drew noise and flips from the global RNG of the training device and saved its state as
-        rng['cpu'] (and rng['cuda'] on a GPU): that state is the same kind of state as this run's generator's, so
-        the stream continues exactly."""
-        if fmt > CHECKPOINT_FORMAT:
-            raise CheckpointError(f"this checkpoint has format {fmt}, written by a newer gantools (this one reads "
-                                  f"up to {CHECKPOINT_FORMAT}): update gantools to resume it")
-        if fmt >= 2:
-            noise, noise_device, modules = rng["noise"], rng["noise_device"], rng["modules"]
-        else:
-            noise_device = "cuda" if "cuda" in rng else "cpu"
-            noise, modules = rng[noise_device], {"cpu": rng["cpu"], "cuda": rng.get("cuda")}
-        if noise_device == self.device.type:
-            self.rng.set_state(noise)
-        else:  # a CPU generator's state cannot drive a CUDA one (or the reverse): a new stream, from seed and step
-            self.rng.manual_seed(_derived_seed(self.cfg.seed, f"noise after step {self.step}"))
-            self._warn(f"this checkpoint was trained on {noise_device} and resumes on {self.device.type}: the noise "
-                       f"stream starts afresh (weights, optimizers and data position are restored exactly)")
-        self._module_rng = modules
+        warning = self.streams.load_state_dict(state["rng"], state["format"], self.step)
+        if warning:
+            self._warn(warning, stacklevel=2)
 
     def save_checkpoint(self, path=None) -> Path:
         """The whole run state, atomically (the previous checkpoint stays until the new one is complete), and the
@@ -531,16 +412,16 @@ class Trainer:
         for i, (r, y, z, mix, w) in enumerate(zip(reals, ys, zs, mixes, weights)):
             with phase("G forward"), self.autocast():
                 if k == 1 and keep_fakes:  # keep G's graph: the G step below reuses this fake, as the tutorial does
-                    fake = _forward(self.g, z, y)
+                    fake = forward(self.g, z, y)
                     fakes.append(fake)
                 else:  # accumulating (holding k graphs would defeat the point: G re-runs in its step), or an
                     with torch.no_grad():  # earlier D step of several
-                        fake = _forward(self.g, z, y)
+                        fake = forward(self.g, z, y)
             with distributed.no_sync(self.ddp_d, skip=i < k - 1):  # all-reduce with the last micro-batch
                 with phase("D forward"):
                     with self.autocast():
-                        out_real = _forward(self.d, r, y).float()
-                        out_fake = _forward(self.d, fake.detach(), y).float()
+                        out_real = forward(self.d, r, y).float()
+                        out_fake = forward(self.d, fake.detach(), y).float()
                     loss = self.loss.d(out_real, out_fake)
                 penalty = self._penalty(r, fake, y, mix, d_index)
                 logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
@@ -570,7 +451,7 @@ class Trainer:
         for penalty in self.penalties:
             if penalty.due(d_index):
                 with self.label_phase("D penalty"):
-                    grads = input_gradients(lambda x: _forward(self.discriminator, x, labels),
+                    grads = input_gradients(lambda x: forward(self.discriminator, x, labels),
                                             penalty.points(real, fake, mix), self.autocast, self.scaler_d)
                     with self.autocast():  # computed under autocast, as PyTorch's AMP recipe does
                         term = penalty(grads).float()
@@ -592,14 +473,14 @@ class Trainer:
                         fake = fakes[i]
                     else:
                         with phase("G forward"), self.autocast():
-                            fake = _forward(self.g, zi, yi)
+                            fake = forward(self.g, zi, yi)
                     # D's share of G's step has its own labels, so a profile says where that time goes: D judges
                     # a detached copy of the images, its backward stops at their gradient, and that gradient then
                     # flows through G alone. The chain rule split in two: the same gradients as one backward.
                     judged = fake.detach().requires_grad_()
                     with phase("D forward (G step)"):
                         with self.autocast():
-                            out = _forward(self.d_in_g_step, judged, yi).float()
+                            out = forward(self.d_in_g_step, judged, yi).float()
                         loss_g = self.loss.g(out)
                         self._metric_sum[4] += loss_g.detach() * w
                     with phase("D backward (G step)"):
@@ -638,85 +519,48 @@ class Trainer:
                 yield real
 
     def _log(self) -> None:
-        hardware.synchronize(self.device)
-        now = time.perf_counter()
-        steps = self.step - self._interval_step
-        if steps == 0:
+        times = self.clock.interval(self.step, self.batches_seen, self.cfg.batch_size)
+        if times is None:
             return
-        elapsed = max(now - self._interval_start - self._excluded, 1e-9)
-        self._train_time += elapsed
-        values = self._metric_sum / steps
+        values = self._metric_sum / (self.step - self.clock.interval_step)
         if self.world.distributed:  # every rank logs, and decides on, the same averages
             values, self._stop_agreed = distributed.mean_and_any(values, self._stop_requested)
         values = values.tolist()  # the one host sync of the interval
         self._metric_sum.zero_()
-        record = {"step": self.step, **dict(zip(METRICS, values)),
-                  "step_time_ms": 1e3 * elapsed / steps,
-                  # real images (d_steps batches per step) of the global batch: all ranks' images
-                  "images_per_sec": (self.batches_seen - self._interval_batches) * self.cfg.batch_size / elapsed,
-                  "data_wait_ms": 1e3 * self._interval_wait / max(self._waits, 1),
-                  "peak_mem_mb": hardware.peak_memory_mb(self.device),
-                  "train_time_s": self._train_time}
+        record = {"step": self.step, **dict(zip(METRICS, values)), **times}
         for name, scaler in (("d", self.scaler_d), ("g", self.scaler_g)):
             if scaler.is_enabled():
                 record[f"scale_{name}"] = scaler.get_scale()
         if self._compile_stats is not None:
             record.update(self._compile_stats.read())
         self.history.records.append(record)
-        self._check_scales(record)
-        self._check_compiles(record)
+        recovery.check_scales(record, self.step, self._warn)
+        if self._compile_stats is not None:
+            recovery.check_compiles(self.history.records, self.step, self.cfg.compile, self._warn)
         bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
                if not math.isfinite(v)]
         if bad:
-            self._non_finite(record, bad)
+            self._rollback.non_finite(record, bad, self.cfg, self.step, self.step - self.clock.interval_step,
+                                      self._warn)
         elif self.cfg.on_nonfinite == "skip":
-            with self._excluded_from_timing():
-                if self._weights_finite():  # finite average losses can still end in a NaN update
-                    self._skips, self._good_state = 0, self._snapshot()
-        with self._excluded_from_timing(reset=True):
+            with self.clock.excluded():  # finite average losses can still end in a NaN update
+                if recovery.weights_finite(self.generator, self.discriminator):
+                    self._rollback.keep(self.step)
+        with self.clock.excluded(restart_at=(self.step, self.batches_seen)):
             self._call("on_log", record)
-
-    def _non_finite(self, record: dict, bad: list) -> None:
-        cfg = self.cfg
-        scaled = [n for n in ("d", "g") if record.get(f"scale_{n}", math.inf) < SCALE_COLLAPSE]
-        cause = ("fp16 overflow: the GradScaler scale collapsed (try precision='bf16')" if scaled else
-                 "fp16 overflow (try precision='bf16')" if cfg.precision == "fp16" else
-                 "a learning rate too high for this model and batch")
-        message = (f"step {self.step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
-                   f"loss_g={record['loss_g']}) in the {self.step - self._interval_step} steps since the last log. "
-                   f"Likely cause: {cause}; lr_d={cfg.lr_d}, lr_g={cfg.lr_g}.")
-        if cfg.on_nonfinite == "stop":
-            raise NonFiniteLossError(message + " Resume from the last checkpoint with a lower learning rate, "
-                                               "or set on_nonfinite='skip'.")
-        self._skips += 1
-        self._restore(self._good_state)  # the last healthy interval's weights; step count and data go on
-        if self._skips > cfg.max_skips:
-            raise NonFiniteLossError(message + f" Skipping did not help: {self._skips} non-finite intervals in a "
-                                     f"row (max_skips={cfg.max_skips}); the weights of step "
-                                     f"{self._good_state['step']} were restored. Lower the learning rate and resume "
-                                     f"from the last checkpoint.")
-        record["skipped"] = True
-        self._warn(message + f" Skipped: restored the weights of step {self._good_state['step']} and went on "
-                   f"with the next batches ({self._skips} of {cfg.max_skips} skips in a row).", stacklevel=3)
-
-    @property
-    def _rollback(self) -> tuple:
-        """What a rollback restores: the networks (and the EMA generator), optimizers and scalers."""
-        keys = ("generator", "discriminator", "opt_g", "opt_d", "scaler_g", "scaler_d")
-        return keys + (("ema",) if self.ema is not None else ())
 
     @contextlib.contextmanager
     def unchanged(self):
         """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included, and the
         EMA generator), optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step
         values are put back as they were, so the run goes on exactly as if the block had never run."""
-        snapshot, rng = self._snapshot(), self.rng.get_state()
+        snapshot, rng = self._rollback.snapshot(self.step), self.rng.get_state()
         metric_sum, values = self._metric_sum.clone(), len(self.step_values)
         try:
             with self._process_state(keep_rng=False):
                 yield
         finally:
-            self._restore(snapshot)
+            self._rollback.restore(snapshot)
             self.rng.set_state(rng)
             self._metric_sum.copy_(metric_sum)
             del self.step_values[values:]
@@ -732,182 +576,9 @@ class Trainer:
         finally:
             self.g, self.d, self.d_in_g_step = saved
 
-    def _snapshot(self) -> dict:
-        """A copy of the networks, optimizers and scalers to roll back to (on_nonfinite='skip'), on the device."""
-        return {"step": self.step, **copy.deepcopy({k: getattr(self, k).state_dict() for k in self._rollback})}
-
-    def _restore(self, snapshot: dict) -> None:
-        for key in self._rollback:  # a copy: optimizers keep the tensors they are given, and would alter these
-            getattr(self, key).load_state_dict(copy.deepcopy(snapshot[key]))
-
-    def _weights_finite(self) -> bool:
-        params = [p for m in (self.generator, self.discriminator) for p in m.parameters()]
-        return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one sync
-
-    def _out_of_memory(self, detail: str) -> OutOfMemory:
-        import gc
-
-        cfg = self.cfg
-        self.opt_d.zero_grad(set_to_none=True)
-        self.opt_g.zero_grad(set_to_none=True)
-        self._metric_sum.zero_()
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # so the notebook can run again with a smaller batch
-        tips = [f"a smaller batch_size (now {cfg.batch_size})"]
-        if cfg.batch_size % (cfg.grad_accum_steps * 2) == 0:
-            tips.append(f"the same batch in micro-batches: grad_accum_steps={cfg.grad_accum_steps * 2}")
-        if cfg.precision == "fp32":
-            tips.append("precision='bf16' (or 'fp16' on GPUs without bf16): about half the activation memory")
-        where = (f"the last checkpoint is {self.out_dir / 'checkpoint.pt'}" if (self.out_dir / "checkpoint.pt").is_file()
-                 else "no checkpoint was written yet")
-        return OutOfMemory(f"out of {self.device.type} memory at step {self.step + 1} (micro-batch "
-                           f"{cfg.batch_size // cfg.grad_accum_steps}, {cfg.image_size} px, precision {cfg.precision}). "
-                           f"Try {'; or '.join(tips)}. This step was not completed; {where}. "
-                           f"Detail: {detail}")
-
-    def _check_scales(self, record: dict) -> None:
-        for name in ("d", "g"):
-            scale = record.get(f"scale_{name}")
-            if scale is not None and scale < SCALE_COLLAPSE:
-                record["scale_collapsed"] = True
-                net = "discriminator" if name == "d" else "generator"
-                self._warn(f"step {self.step}: the {net}'s fp16 GradScaler scale fell to {scale:.3g}: its "
-                           f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
-                           f"or use precision='bf16'.", stacklevel=4)
-
-    def _check_compiles(self, record: dict) -> None:
-        """torch.compile's surprises, said out loud: graphs compiled after the first log interval (a guard failed:
-        the step is recompiled, which costs seconds each time) and CUDA graphs skipped (reduce-overhead then runs
-        without them, silently in torch's default logging)."""
-        if self._compile_stats is None or len(self.history) < 2:
-            return
-        previous = self.history[-2]
-        new_graphs = record["compiled_graphs"] - previous.get("compiled_graphs", 0)
-        if new_graphs > 0:
-            self._warn(f"step {self.step}: torch.compile compiled {new_graphs} more graph(s) after warm-up "
-                       f"({record['compiled_graphs']} in all): a guard failed (a new shape, dtype or grad mode), and "
-                       f"each recompile costs time. TORCH_LOGS=recompiles says which guard.", stacklevel=4)
-        skipped = record.get("cudagraph_skips", 0) - previous.get("cudagraph_skips", 0)
-        if skipped > 0 and self.cfg.compile == "reduce-overhead":
-            self._warn(f"step {self.step}: torch.compile skipped CUDA graphs for {skipped} graph(s), which then run "
-                       f"without them (no launch-overhead saving). TORCH_LOGS=cudagraphs says why (e.g. a mutated "
-                       f"input, a CPU tensor, dynamic shapes).", stacklevel=4)
-
     def _warn(self, message: str, stacklevel: int = 3) -> None:
         if self.world.is_main:  # every rank sees the same all-reduced numbers: one warning is enough
             warnings.warn(message, stacklevel=stacklevel)
-
-    @contextlib.contextmanager
-    def _excluded_from_timing(self, reset: bool = False):
-        """Sampling, checkpoints and callbacks are not training: keep their time out of the step times."""
-        hardware.synchronize(self.device)
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            hardware.synchronize(self.device)
-            if reset:
-                self._interval_start, self._interval_step = time.perf_counter(), self.step
-                self._interval_batches = self.batches_seen
-                self._interval_wait, self._waits, self._excluded = 0.0, 0, 0.0
-            else:
-                self._excluded += time.perf_counter() - t0
-
-    def _classes(self) -> int:
-        """The number of classes a conditional run's labels name; at least 2, or there is nothing to condition on."""
-        classes = num_classes(self.dataset)
-        if classes >= 2:
-            return classes
-        if isinstance(self.dataset, ImageFolderDataset):
-            raise ConfigError(f"conditional=True needs class labels, but {self.dataset.root} has no class "
-                              f"sub-folders (its images are one class): put each class's images in a sub-folder "
-                              f"named after the class, or set conditional=False")
-        raise ConfigError(f"conditional=True needs at least 2 classes; the dataset's labels name {classes}: set "
-                          f"conditional=False")
-
-    def _check_shapes(self) -> None:
-        """Run G and D once on two images (eval mode, no state change) so a mismatch fails now, clearly: shapes,
-        each network's contract (with `conditional`, forward(z, y) and forward(x, y); else forward(z) and
-        forward(x)), D's output against the loss, and no BatchNorm in a D whose input gradient is penalised."""
-        cfg = self.cfg
-        item = self.dataset[0]
-        real = item[0] if isinstance(item, (tuple, list)) else item
-        expected = (cfg.channels, cfg.image_size, cfg.image_size)
-        if tuple(real.shape) != expected:
-            raise ConfigError(f"the dataset gives images of shape {tuple(real.shape)}, but the config asks for "
-                              f"{expected} (channels, image_size, image_size)")
-        if cfg.conditional and not isinstance(item, (tuple, list)):
-            raise ConfigError("conditional=True needs labels, but the dataset yields bare images: make it yield "
-                              "(image, label) pairs, or set conditional=False")
-        y = torch.tensor([0, self.classes - 1], device=self.device) if cfg.conditional else None
-        _check_contract(self.generator, "generator", "z", cfg.conditional)
-        _check_contract(self.discriminator, "discriminator", "x", cfg.conditional)
-        self._check_penalty_norms()
-        modes = (self.generator.training, self.discriminator.training)
-        self.generator.eval(), self.discriminator.eval()
-        try:
-            with torch.no_grad():
-                z = torch.randn(2, cfg.nz, generator=torch.Generator().manual_seed(0)).to(self.device)
-                try:
-                    fake = _forward(self.generator, z, y)
-                except Exception as e:
-                    given = f"noise of shape (2, {cfg.nz}) (nz={cfg.nz})" + (" and labels (2,)" if y is not None
-                                                                             else "")
-                    raise ConfigError(f"the generator fails on {given}: {e}") from e
-                if tuple(fake.shape[1:]) != expected:
-                    raise ConfigError(f"the generator makes images of shape {tuple(fake.shape[1:])}, but the data "
-                                      f"is {expected}: match image_size and channels")
-            with torch.enable_grad():  # D's autograd graph shows whether its output comes out of a sigmoid
-                try:
-                    out = _forward(self.discriminator, fake.detach().requires_grad_(), y)
-                except Exception as e:
-                    given = f"2 images of shape {expected}" + (" and labels (2,)" if y is not None else "")
-                    raise ConfigError(f"the discriminator fails on {given}: {e}") from e
-            if out.numel() != 2:
-                raise ConfigError(f"the discriminator must return one logit per image; for 2 images it "
-                                  f"returned shape {tuple(out.shape)}")
-            self._check_d_output(out)
-        finally:
-            self.generator.train(modes[0]), self.discriminator.train(modes[1])
-
-    def _check_penalty_norms(self) -> None:
-        """A gradient penalty is per image; BatchNorm normalises each image by statistics of the whole batch, so
-        each image's gradient would depend on the others' and the penalty would constrain the wrong function
-        (WGAN-GP's paper, section 4: "we omit batch normalization in the critic")."""
-        if not self.penalties:
-            return
-        norms = [name for name, m in self.discriminator.named_modules()
-                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        if norms:
-            what = " and ".join(p.name for p in self.penalties)
-            raise ConfigError(f"the {what} penalises D's gradient image by image, but the discriminator has "
-                              f"BatchNorm ({', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}), which mixes "
-                              f"the images of a batch: replace it by a per-image norm (nn.GroupNorm(1, C) is layer "
-                              f"norm, nn.InstanceNorm2d) or none; the built-in discriminator does so for penalties")
-
-    def _check_d_output(self, out: torch.Tensor) -> None:
-        """D's output must match the loss: logits for bce, raw scores for hinge, lsgan and wgan-gp, probabilities for
-        bce-sigmoid. A D ending in a Sigmoid (as the PyTorch DCGAN example's does) trained with BCE-with-logits runs
-        without any error and learns the wrong thing, so it is refused here. Told apart by structure, never by
-        value: the output comes out of a sigmoid op (nn.Sigmoid, torch.sigmoid; through view/squeeze-like ops), seen
-        in its autograd graph; a Sigmoid module D registers but does not apply last (in a `predict()`, say) does not
-        count. "All outputs in (0, 1)" is no test: an untrained logit DCGAN's two check outputs are near zero and both
-        in (0, 1) about half the time (measured: 19 of 40 seeds)."""
-        loss, wants = self.cfg.loss, self.loss.outputs
-        probabilities = _comes_from_sigmoid(out)
-        if wants != "probabilities" and probabilities:
-            why = ("BCE-with-logits on probabilities trains silently wrong" if wants == "logits" else
-                   "squashed into (0, 1) they train silently wrong (hinge margins, least-squares targets and a "
-                   "Wasserstein critic need unbounded scores)")
-            raise ConfigError(f"the discriminator ends in a Sigmoid, but loss={loss!r} expects logits (raw scores): "
-                              f"{why}. Remove the final Sigmoid (BCEWithLogitsLoss applies it for you, safely under "
-                              f"autocast), or use loss='bce-sigmoid' (Sigmoid + BCELoss, the tutorial's way) with "
-                              f"precision='fp32'")
-        if wants == "probabilities" and not probabilities:
-            raise ConfigError("loss='bce-sigmoid' (BCELoss) needs probabilities, but the discriminator's output does "
-                              "not come out of a sigmoid: end it with nn.Sigmoid, or use loss='bce', which takes its "
-                              "logits as they are")
 
     def _call(self, event: str, *args) -> None:
         for cb in self.callbacks:
@@ -916,122 +587,10 @@ class Trainer:
                 fn(self, *args)
 
 
-# Held by the trainer whose settings (TF32, cuDNN, the global RNG's stream) are applied to the process. Reentrant:
-# the same thread may nest (a callback scoring another trainer); another thread's trainer is refused, not interleaved
-# (its save/restore would leave the process with the other run's settings).
-_PROCESS_STATE = threading.RLock()
+_BUSY = ("another Trainer is training in this process right now (the widget panel's run, in its background "
+         "thread?): TF32, cuDNN and RNG settings are process-wide, so two at once would run with each other's. Stop "
+         "it first (the panel's Stop button), then run this one")
 
 
 def _unlabelled(name: str):
     return contextlib.nullcontext()
-
-
-def _forward(net, x: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-    """A network's forward: forward(x) unconditional, forward(x, labels) conditional."""
-    return net(x) if labels is None else net(x, labels)
-
-
-def _check_contract(module: nn.Module, name: str, arg: str, conditional: bool) -> None:
-    """Whether `module.forward` takes what the run will give it: (arg) unconditional, (arg, y) conditional. Told
-    from its signature, so the error names the contract it follows; a forward taking *args is left to the call."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required, most = sum(p.default is p.empty for p in positional), len(positional)
-    signature = f"forward({', '.join(p.name for p in positional)})"
-    if conditional and most < 2:
-        raise ConfigError(f"conditional=True gives the {name} labels, forward({arg}, y), but its {signature} takes "
-                          f"none (an unconditional {name}): give it a second argument y (class indices, shape (B,)), "
-                          f"or set conditional=False")
-    if not conditional and required >= 2:
-        raise ConfigError(f"the {name}'s {signature} needs labels (a conditional {name}, forward({arg}, y)), but "
-                          f"conditional=False gives it only {arg}: set conditional=True (the labels come from the "
-                          f"dataset), or give y a default")
-    if required > 2 or most < 1:
-        raise ConfigError(f"the {name}'s {signature} fits neither contract: forward({arg}) (unconditional) or "
-                          f"forward({arg}, y) (conditional=True)")
-
-
-_VIEWS = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Flatten", "Clone", "ToCopy", "Alias",
-          "Expand", "Permute", "Transpose", "T")
-
-
-def _comes_from_sigmoid(out: torch.Tensor) -> bool:
-    """Whether `out` is a sigmoid's output, seen through reshapes and copies, from its autograd graph."""
-    node = out.grad_fn
-    while node is not None and node.name().rstrip("0123456789").removesuffix("Backward") in _VIEWS:
-        node = next((fn for fn, _ in node.next_functions if fn is not None), None)
-    return node is not None and node.name().startswith("SigmoidBackward")
-
-
-def _derived_seed(seed: int, purpose: str) -> int:
-    """A seed for one purpose of one run, unrelated to the seeds of other purposes and runs (seed + 1 for one
-    would be seed for another run's other purpose)."""
-    return int.from_bytes(hashlib.sha256(f"gantools/{seed}/{purpose}".encode()).digest()[:8], "little") >> 1
-
-
-def _cuda_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-class CompileStats:
-    """How many graphs torch.compile built, and how many it kept out of CUDA graphs, while this trainer trained.
-
-    torch counts both process-wide in `torch._dynamo.utils.counters` (a private API: `stats.unique_graphs`, bumped in
-    dynamo's output_graph for every graph it compiles, and `inductor.cudagraph_skips`, bumped by
-    `log_cudagraph_skip_and_bump_counter` whenever CUDA graphs are skipped for a graph, since torch 2.3). So this
-    reads the counters around this trainer's own fit() calls and adds up the differences; both read as 0 on a torch
-    that has no such counters."""
-
-    def __init__(self):
-        self.totals = {"compiled_graphs": 0, "cudagraph_skips": 0}
-        self._last = None
-
-    @staticmethod
-    def _now() -> dict:
-        try:
-            from torch._dynamo.utils import counters
-        except ImportError:
-            return {"compiled_graphs": 0, "cudagraph_skips": 0}
-        return {"compiled_graphs": counters["stats"].get("unique_graphs", 0),
-                "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
-
-    def start(self) -> None:
-        self._last = self._now()
-
-    def read(self) -> dict:
-        now = self._now()
-        for key in self.totals:
-            self.totals[key] += max(0, now[key] - self._last[key])
-        self._last = now
-        return dict(self.totals)
-
-
-@contextlib.contextmanager
-def _interrupts_stop(trainer: Trainer):
-    """Ctrl-C (or Jupyter's interrupt) asks the trainer to stop after the current step instead of killing it
-    mid-step; a second Ctrl-C interrupts at once. Under torchrun SIGTERM too: torchrun forwards the signal it gets
-    (Ctrl-C, or a scheduler's SIGTERM) to every worker once, and kills those still running 30 s later."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals = (signal.SIGINT, signal.SIGTERM) if trainer.world.distributed else (signal.SIGINT,)
-    previous = {sig: signal.getsignal(sig) for sig in signals}
-
-    def handler(signum, frame):
-        signal.signal(signum, previous[signum])
-        trainer.stop()
-
-    for sig in signals:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig in signals:
-            signal.signal(sig, previous[sig])

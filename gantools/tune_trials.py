@@ -130,8 +130,7 @@ class Trials:
         Its memory is freed once the last reference is dropped (`collect`, before the next trainer is built)."""
         if trainer is None:
             return
-        if trainer._stream is not None:
-            trainer._stream.close()
+        trainer.close()
         shutil.rmtree(trainer.out_dir, ignore_errors=True)
 
     def discard_failed(self) -> None:

@@ -511,7 +511,7 @@ def test_reduce_overhead_marks_each_step_and_refuses_a_background_thread(tiny, g
 
 def test_graphs_compiled_after_warm_up_and_skipped_cuda_graphs_are_recorded_and_said(tiny, glyphs64,
                                                                                      monkeypatch):
-    from gantools.train import CompileStats
+    from gantools.recovery import CompileStats
 
     counts = iter([(0, 0), (3, 0), (3, 0), (4, 0), (4, 2)])  # counters read at fit start and each log
     monkeypatch.setattr(CompileStats, "_now", staticmethod(lambda: dict(zip(("compiled_graphs", "cudagraph_skips"),
@@ -533,14 +533,15 @@ def test_on_cuda_the_data_wait_is_timed_between_synchronisations(tiny, glyphs64,
     trainer = Trainer(tiny, dataset=glyphs64)
     syncs = []
     monkeypatch.setattr(hardware, "synchronize", lambda device: syncs.append(device.type))
-    trainer.device = torch.device("cuda")  # only the timing logic runs: the batches come from a list
-    trainer.step, trainer._interval_step, trainer._interval_wait, trainer._waits = 5, 5, 0.0, 0
+    clock = trainer.clock
+    clock.device = torch.device("cuda")  # only the timing logic runs: the batches come from a list
+    trainer.step, clock.interval_step, clock.interval_wait, clock.waits = 5, 5, 0.0, 0
     batches = iter([torch.zeros(1)] * 4)
     trainer._next_batches(batches)  # first step of a log interval: sampled, between two syncs
-    assert syncs == ["cuda", "cuda"] and trainer._waits == 1
+    assert syncs == ["cuda", "cuda"] and clock.waits == 1
     trainer.step = 6
     trainer._next_batches(batches)  # the others: no sync, not counted (queued GPU work would be counted as waiting)
-    assert len(syncs) == 2 and trainer._waits == 1
-    trainer.sync_data_wait = True  # profiling: every step, synchronised
-    trainer._next_batches(batches)
-    assert len(syncs) == 4 and trainer._waits == 2
+    assert len(syncs) == 2 and clock.waits == 1
+    with trainer.instrument(sync_data_wait=True):  # profiling: every step, synchronised
+        trainer._next_batches(batches)
+    assert len(syncs) == 4 and clock.waits == 2

@@ -1,0 +1,154 @@
+"""When training goes wrong, and what to do about it: non-finite losses (stop, or roll back to the last healthy
+interval's weights and go on), running out of device memory (one error saying what to change), and the warnings a
+log record can call for (an fp16 GradScaler scale that collapsed, torch.compile recompiling or skipping CUDA
+graphs)."""
+from __future__ import annotations
+
+import copy
+import gc
+import math
+from pathlib import Path
+
+import torch
+
+from .errors import NonFiniteLossError, OutOfMemory
+
+SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
+
+
+class Rollback:
+    """on_nonfinite='skip': a copy of the last healthy interval's state, put back when an interval's losses are not
+    finite, and how many intervals were skipped in a row. `parts()` names what is copied: objects with state_dict()
+    and load_state_dict() (networks, optimizers, scalers)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.skips, self.good = 0, None
+
+    def snapshot(self, step: int) -> dict:
+        """A copy of the parts (on their device) to roll back to."""
+        return {"step": step, **copy.deepcopy({k: part.state_dict() for k, part in self.parts().items()})}
+
+    def restore(self, snapshot: dict) -> None:
+        for key, part in self.parts().items():  # a copy: optimizers keep the tensors they are given, and would
+            part.load_state_dict(copy.deepcopy(snapshot[key]))  # alter these
+
+    def keep(self, step: int) -> None:
+        """This interval was healthy: it is the one to roll back to."""
+        self.skips, self.good = 0, self.snapshot(step)
+
+    def forget(self) -> None:
+        """A rollback point belongs to the run it was taken in."""
+        self.skips, self.good = 0, None
+
+    def non_finite(self, record: dict, bad: list, cfg, step: int, steps: int, warn) -> None:
+        """The losses of `bad` networks are not finite in the `steps` steps logged in `record`: raise
+        NonFiniteLossError (on_nonfinite='stop', or too many skips in a row), else restore the last healthy
+        interval's state, mark the record skipped and warn; the step count and the data go on."""
+        scaled = [n for n in ("d", "g") if record.get(f"scale_{n}", math.inf) < SCALE_COLLAPSE]
+        cause = ("fp16 overflow: the GradScaler scale collapsed (try precision='bf16')" if scaled else
+                 "fp16 overflow (try precision='bf16')" if cfg.precision == "fp16" else
+                 "a learning rate too high for this model and batch")
+        message = (f"step {step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
+                   f"loss_g={record['loss_g']}) in the {steps} steps since the last log. "
+                   f"Likely cause: {cause}; lr_d={cfg.lr_d}, lr_g={cfg.lr_g}.")
+        if cfg.on_nonfinite == "stop":
+            raise NonFiniteLossError(message + " Resume from the last checkpoint with a lower learning rate, "
+                                               "or set on_nonfinite='skip'.")
+        self.skips += 1
+        self.restore(self.good)
+        if self.skips > cfg.max_skips:
+            raise NonFiniteLossError(message + f" Skipping did not help: {self.skips} non-finite intervals in a "
+                                     f"row (max_skips={cfg.max_skips}); the weights of step "
+                                     f"{self.good['step']} were restored. Lower the learning rate and resume "
+                                     f"from the last checkpoint.")
+        record["skipped"] = True
+        warn(message + f" Skipped: restored the weights of step {self.good['step']} and went on "
+             f"with the next batches ({self.skips} of {cfg.max_skips} skips in a row).", stacklevel=3)
+
+
+def weights_finite(*modules) -> bool:
+    params = [p for m in modules for p in m.parameters()]
+    return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one sync
+
+
+def out_of_memory(detail: str, cfg, device: torch.device, step: int, checkpoint: Path) -> OutOfMemory:
+    """The error for a step that ran out of device memory, saying what to change; the memory the failed step held
+    (its gradients already dropped by the caller) goes back first."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # so the notebook can run again with a smaller batch
+    tips = [f"a smaller batch_size (now {cfg.batch_size})"]
+    if cfg.batch_size % (cfg.grad_accum_steps * 2) == 0:
+        tips.append(f"the same batch in micro-batches: grad_accum_steps={cfg.grad_accum_steps * 2}")
+    if cfg.precision == "fp32":
+        tips.append("precision='bf16' (or 'fp16' on GPUs without bf16): about half the activation memory")
+    where = f"the last checkpoint is {checkpoint}" if checkpoint.is_file() else "no checkpoint was written yet"
+    return OutOfMemory(f"out of {device.type} memory at step {step + 1} (micro-batch "
+                       f"{cfg.batch_size // cfg.grad_accum_steps}, {cfg.image_size} px, precision {cfg.precision}). "
+                       f"Try {'; or '.join(tips)}. This step was not completed; {where}. "
+                       f"Detail: {detail}")
+
+
+def check_scales(record: dict, step: int, warn) -> None:
+    """An fp16 GradScaler scale that fell below SCALE_COLLAPSE: that network's steps are being skipped."""
+    for name in ("d", "g"):
+        scale = record.get(f"scale_{name}")
+        if scale is not None and scale < SCALE_COLLAPSE:
+            record["scale_collapsed"] = True
+            net = "discriminator" if name == "d" else "generator"
+            warn(f"step {step}: the {net}'s fp16 GradScaler scale fell to {scale:.3g}: its "
+                 f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
+                 f"or use precision='bf16'.", stacklevel=4)
+
+
+def check_compiles(records: list, step: int, compile_mode: str, warn) -> None:
+    """torch.compile's surprises, said out loud: graphs compiled after the first log interval (a guard failed:
+    the step is recompiled, which costs seconds each time) and CUDA graphs skipped (reduce-overhead then runs
+    without them, silently in torch's default logging). `records`: the run's log records, the new one last."""
+    if len(records) < 2:
+        return
+    previous, record = records[-2], records[-1]
+    new_graphs = record["compiled_graphs"] - previous.get("compiled_graphs", 0)
+    if new_graphs > 0:
+        warn(f"step {step}: torch.compile compiled {new_graphs} more graph(s) after warm-up "
+             f"({record['compiled_graphs']} in all): a guard failed (a new shape, dtype or grad mode), and "
+             f"each recompile costs time. TORCH_LOGS=recompiles says which guard.", stacklevel=4)
+    skipped = record.get("cudagraph_skips", 0) - previous.get("cudagraph_skips", 0)
+    if skipped > 0 and compile_mode == "reduce-overhead":
+        warn(f"step {step}: torch.compile skipped CUDA graphs for {skipped} graph(s), which then run "
+             f"without them (no launch-overhead saving). TORCH_LOGS=cudagraphs says why (e.g. a mutated "
+             f"input, a CPU tensor, dynamic shapes).", stacklevel=4)
+
+
+class CompileStats:
+    """How many graphs torch.compile built, and how many it kept out of CUDA graphs, while this trainer trained.
+
+    torch counts both process-wide in `torch._dynamo.utils.counters` (a private API: `stats.unique_graphs`, bumped in
+    dynamo's output_graph for every graph it compiles, and `inductor.cudagraph_skips`, bumped by
+    `log_cudagraph_skip_and_bump_counter` whenever CUDA graphs are skipped for a graph). So this reads the counters
+    around this trainer's own fit() calls and adds up the differences; both read as 0 on a torch that has no such
+    counters."""
+
+    def __init__(self):
+        self.totals = {"compiled_graphs": 0, "cudagraph_skips": 0}
+        self._last = None
+
+    @staticmethod
+    def _now() -> dict:
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:
+            return {"compiled_graphs": 0, "cudagraph_skips": 0}
+        return {"compiled_graphs": counters["stats"].get("unique_graphs", 0),
+                "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
+
+    def start(self) -> None:
+        self._last = self._now()
+
+    def read(self) -> dict:
+        now = self._now()
+        for key in self.totals:
+            self.totals[key] += max(0, now[key] - self._last[key])
+        self._last = now
+        return dict(self.totals)
