@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import threading
 import time
 
@@ -15,6 +14,7 @@ from . import bench
 from .bench import decide
 from .config import TrainConfig, differences
 from .errors import ConfigError, GantoolsError
+from .state import on_interrupt
 from .tune_result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
 from .tune_space import Candidate, allowed, complete, describe, search_space
 from .tune_trials import Trials, TuneOptions, key
@@ -59,26 +59,6 @@ def _out_of_memory(e: BaseException) -> bool:
 def _reason(e: BaseException) -> str:
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
     return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
-
-
-@contextlib.contextmanager
-def _ctrl_c_sets(event: threading.Event):
-    """Ctrl-C sets `event` (tune stops between measurements; trainers stop after their step) instead of raising
-    wherever it lands; a second Ctrl-C interrupts at once. Only the main thread receives signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGINT, previous)
-        event.set()
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class Tuner:
@@ -138,7 +118,7 @@ class Tuner:
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
         r = self.result
-        with _ctrl_c_sets(self.options.stop), _room_to_recompile():
+        with on_interrupt(lambda signum, frame: self.options.stop.set()), _room_to_recompile():  # stop between measurements
             try:
                 self._search()
                 if not self.options.stop.is_set():

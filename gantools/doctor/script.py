@@ -4,6 +4,7 @@ measured. The process's state is restored after it; Ctrl-C and a time limit end 
 its own exceptions come back with its own traceback (the doctor's frames removed)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import runpy
@@ -13,10 +14,9 @@ import threading
 import traceback
 from pathlib import Path
 
-import torch
 
-from .. import hardware
 from ..errors import DoctorError, ScriptError
+from ..state import ProcessSnapshot, on_interrupt
 from .analysis import default_trace
 from .frames import DOCTOR_DIR, GANTOOLS_DIR
 from .report import DoctorReport
@@ -58,17 +58,14 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
     `ScriptError` when the script raises (its own traceback attached), `DoctorError` when no optimizer steps within
     `timeout` seconds; KeyboardInterrupt (Ctrl-C) ends the run and the report says what was seen."""
     path = check_script(path)
-    saved = _process_state()
     folder = str(path.resolve().parent)
     trace = Path(trace or default_trace(str(path))).resolve()  # absolute: the script may change directory
     doc = Watch(steps, warmup, trace, source=str(path), by_optimizer=True)
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = {}
     outcome, error = "ended", None
+    modules = set(sys.modules)
     try:
-        with doc:
-            if main_thread:
-                previous = _install_signals(doc, timeout)
+        with ProcessSnapshot(), doc, on_interrupt(_interrupt(doc)), _watchdog(doc, timeout):
+            doc.hooks.add_step_hook(_interrupt_if_asked(doc))
             sys.argv = [str(path), *args]
             sys.path.insert(0, folder)
             try:
@@ -83,11 +80,11 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
                 outcome = "timeout"
             except Exception as e:  # after a Ctrl-C, the same Ctrl-C ended the script's DataLoader workers
                 outcome, error = ("interrupted", None) if doc.interrupted else ("raised", e)
-            finally:
-                if main_thread:
-                    _restore_signals(previous)
     finally:
-        _restore_process_state(saved, folder)
+        for name in set(sys.modules) - modules:  # modules imported from the script's folder: its own
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if file.startswith(folder + os.sep):
+                del sys.modules[name]
     report = doc.report
     seen = _training_steps(doc)
     if outcome == "raised" and _raised_in_doctor(error):  # a bug of ours, not the script's: shown as one
@@ -107,31 +104,6 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
     return report
 
 
-def _process_state() -> tuple:
-    """What a script may change in the process and `_restore_process_state` puts back."""
-    return (sys.argv[:], sys.path[:], set(sys.modules), torch.get_rng_state(), torch.get_num_threads(),
-            torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, os.getcwd(),
-            hardware._matmul_precision(),
-            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
-
-
-def _restore_process_state(saved: tuple, folder: str) -> None:
-    sys.argv[:], sys.path[:] = saved[0], saved[1]
-    for name in set(sys.modules) - saved[2]:  # modules imported from the script's folder: its own
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if file.startswith(folder + os.sep):
-            del sys.modules[name]
-    torch.set_rng_state(saved[3])
-    torch.set_num_threads(saved[4])
-    torch.use_deterministic_algorithms(saved[5])
-    torch.backends.cudnn.benchmark = saved[6]
-    os.chdir(saved[7])  # a script's os.chdir must not move where --json and --trace land
-    if saved[8] is not None:
-        torch.set_float32_matmul_precision(saved[8])
-    if saved[9] is not None:
-        torch.cuda.set_rng_state_all(saved[9])
-
-
 def _training_steps(doc: Watch) -> int:
     if doc.schedule.pacer is not None:
         return doc.schedule.pacer.steps
@@ -140,35 +112,36 @@ def _training_steps(doc: Watch) -> int:
     return min(counts) if counts and len(counts) >= built else 0
 
 
-def _install_signals(doc: Watch, timeout: float | None) -> dict:
-    """Ctrl-C raises the doctor's own interrupt (a script's `except KeyboardInterrupt` cannot hide it); a timer
-    raises when no optimizer has stepped within `timeout` seconds (SIGALRM: the main thread only)."""
-    previous = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
-    owner = os.getpid()
-
-    def interrupt(signum, frame):
-        if os.getpid() != owner:  # a forked DataLoader worker inherited this handler (a terminal's Ctrl-C reaches
-            return  # the whole process group): it carries on, and ends when the interrupted script's loader shuts
-            # its workers down (or, at worst, when torch's watchdog sees the parent gone). Ending it here instead
-            # raced with the parent still reading from it ("worker exited unexpectedly") and with multiprocessing's
-            # fd-sharing thread, which prints a traceback when its listener closes under it.
-        signal.signal(signal.SIGINT, previous[signal.SIGINT])  # a second Ctrl-C acts as usual
-        doc.interrupted = True  # remembered: the raise below can land where Python ignores it (see run_script)
+def _interrupt(doc: Watch):
+    """Ctrl-C raises the doctor's own interrupt, which a script's `except KeyboardInterrupt` cannot hide
+    (`state.on_interrupt` calls this once, in the main process; a second Ctrl-C acts as usual)."""
+    def callback(signum, frame):
+        doc.interrupted = True  # remembered: the raise below can land where Python ignores it
         if frame is not None and frame.f_code.co_name in _AT_FORK and frame.f_code.co_filename == logging.__file__:
             return  # raising here would be printed and ignored; the next optimizer step raises it instead
         raise _Interrupted()
+    return callback
 
-    signal.signal(signal.SIGINT, interrupt)
-    doc.hooks.add_step_hook(_interrupt_if_asked(doc))
-    if timeout and hasattr(signal, "setitimer"):
-        def alarm(signum, frame):
-            if not doc.obs.optimizers:
-                raise _Timeout()
-        previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        # a step came: the watchdog's job is done
-        doc.hooks.add_step_hook(lambda *a: signal.setitimer(signal.ITIMER_REAL, 0))
-    return previous
+
+@contextlib.contextmanager
+def _watchdog(doc: Watch, timeout: float | None):
+    """A timer that raises when no optimizer has stepped within `timeout` seconds (SIGALRM: the main thread of a
+    POSIX process only; elsewhere nothing watches)."""
+    if not timeout or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum, frame):
+        if not doc.obs.optimizers:
+            raise _Timeout()
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    doc.hooks.add_step_hook(lambda *a: signal.setitimer(signal.ITIMER_REAL, 0))  # a step came: the job is done
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # logging's at-fork callbacks, run in the parent around every fork (a DataLoader starting its workers): an exception
@@ -184,13 +157,6 @@ def _interrupt_if_asked(doc: Watch):
         if doc.interrupted:
             raise _Interrupted()
     return hook
-
-
-def _restore_signals(previous: dict) -> None:
-    if signal.SIGALRM in previous:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
 
 
 def _raised_in_doctor(error: BaseException) -> bool:
