@@ -1,7 +1,8 @@
 """The errors gantools raises for a user to read and act on. All share `GantoolsError`, so one `except` in the CLI,
 the panel or a notebook tells "your input, data or run needs changing" (one clear message, exit status 2) from a bug
 (a traceback). Each keeps the built-in base it always had, so older `except ValueError:` code still catches it.
-`Stopped` and `ScalingCrash`, at the end, are the two gantools raises that are not the user's to fix."""
+`Stopped` and `ScalingCrash`, at the end, are the two gantools raises that are not the user's to fix; after them,
+the three the doctor ends a script with, which never leave it."""
 from __future__ import annotations
 
 
@@ -56,3 +57,17 @@ class Stopped(KeyboardInterrupt):
 class ScalingCrash(RuntimeError):
     """A process of a scaling run died of something other than a gantools error (a crash, a torch bug, a signal):
     not the user's mistake, so it is reported as a failure with what the process printed, never as bad input."""
+
+
+# A script run by the doctor is ended from inside it by these: BaseExceptions, so the script's own `except Exception`
+# (or `except KeyboardInterrupt`) cannot swallow them. `run_script` catches each; none reaches a user.
+class ScriptMeasured(BaseException):
+    """The doctor has measured enough: raised from an optimizer hook to end the script."""
+
+
+class ScriptTimeout(BaseException):
+    """No optimizer step within the doctor's time limit."""
+
+
+class ScriptInterrupted(BaseException):
+    """Ctrl-C while a script runs under the doctor."""

@@ -8,17 +8,13 @@ import sys
 from collections import Counter
 
 from .. import hardware
+from ..errors import ScriptMeasured
 from ..measuring import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .observations import Observations, Optimizer
 
 STEPS, WARMUP = 5, 2
 PACING_LIMIT = 64  # optimizer steps after which the loop's rhythm is decided from the optimizers seen so far
-
-
-class Stop(BaseException):
-    """The doctor has measured enough: raised from an optimizer hook to end the script. A BaseException, so the
-    script's own `except Exception` cannot swallow it."""
 
 
 def say(message: str) -> None:
@@ -114,4 +110,4 @@ class Schedule:
         if o is self.pacer:
             self.mark()
             if self.done:
-                raise Stop()
+                raise ScriptMeasured()

@@ -15,23 +15,15 @@ import traceback
 from pathlib import Path
 
 
-from ..errors import DoctorError, ScriptError
+from ..errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..state import ProcessSnapshot, on_interrupt
 from .analysis import default_trace
 from .frames import DOCTOR_DIR, GANTOOLS_DIR
 from .report import DoctorReport
-from .schedule import STEPS, WARMUP, Stop
+from .schedule import STEPS, WARMUP
 from .watch import Watch
 
 TIMEOUT_S = 300.0
-
-
-class _Timeout(BaseException):
-    """No optimizer step within the time limit."""
-
-
-class _Interrupted(BaseException):
-    """Ctrl-C while a script runs under the doctor (the script's own `except KeyboardInterrupt` must not hide it)."""
 
 
 def check_script(path) -> Path:
@@ -70,13 +62,13 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
             sys.path.insert(0, folder)
             try:
                 runpy.run_path(str(path), run_name="__main__")
-            except Stop:
+            except ScriptMeasured:
                 outcome = "measured"
             except SystemExit as e:
                 outcome = "ended" if e.code in (None, 0) else f"exited with status {e.code}"
-            except (_Interrupted, KeyboardInterrupt):
+            except (ScriptInterrupted, KeyboardInterrupt):
                 outcome = "interrupted"
-            except _Timeout:
+            except ScriptTimeout:
                 outcome = "timeout"
             except Exception as e:  # after a Ctrl-C, the same Ctrl-C ended the script's DataLoader workers
                 outcome, error = ("interrupted", None) if doc.interrupted else ("raised", e)
@@ -119,7 +111,7 @@ def _interrupt(doc: Watch):
         doc.interrupted = True  # remembered: the raise below can land where Python ignores it
         if frame is not None and frame.f_code.co_name in _AT_FORK and frame.f_code.co_filename == logging.__file__:
             return  # raising here would be printed and ignored; the next optimizer step raises it instead
-        raise _Interrupted()
+        raise ScriptInterrupted()
     return callback
 
 
@@ -133,7 +125,7 @@ def _watchdog(doc: Watch, timeout: float | None):
 
     def alarm(signum, frame):
         if not doc.obs.optimizers:
-            raise _Timeout()
+            raise ScriptTimeout()
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     doc.hooks.add_step_hook(lambda *a: signal.setitimer(signal.ITIMER_REAL, 0))  # a step came: the job is done
@@ -155,7 +147,7 @@ def _interrupt_if_asked(doc: Watch):
     script goes on."""
     def hook(*args):
         if doc.interrupted:
-            raise _Interrupted()
+            raise ScriptInterrupted()
     return hook
 
 
