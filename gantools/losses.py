@@ -1,4 +1,5 @@
-"""The GAN losses and D's regularisers, one small object each, so `Trainer._train_step` stays one readable loop.
+"""The GAN losses and D's regularisers, one small object each, so the step (`step.TrainStep._train_step`) stays one
+readable loop.
 
 A loss (`LOSSES[name]`) gives D's loss from its outputs on real and fake images and G's loss from its outputs on
 fakes, all in fp32, and says what D must output: `logits` (bce: BCE-with-logits applies the sigmoid itself, safely
@@ -113,7 +114,7 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
     compiled penalty would not train D at all); and not DistributedDataParallel's wrapper, whose
     documentation says it does not work with `torch.autograd.grad()`: the gradient here is taken with respect to
     the input only, which fires none of DDP's parameter hooks, and the penalty then joins D's loss in the one
-    backward that DDP all-reduces (see `Trainer._train_step`).
+    backward that DDP all-reduces (see `step.TrainStep._train_step`).
 
     Mixed precision follows PyTorch's AMP examples, "Gradient penalty" (docs.pytorch.org/docs/stable/notes/
     amp_examples.html): D's forward runs under autocast; with fp16 the output is scaled by the GradScaler before

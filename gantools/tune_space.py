@@ -125,7 +125,8 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
             if cuda and c.compile != "reduce-overhead":
                 # Measured interleaved with another trainer in this process: CUDA graph trees support "arbitrary trees
                 # of CUDA graph operations, not just sequences", and non-graph code between graphs (module docstring
-                # of torch/_inductor/cudagraph_trees.py); each step starts its own generation (Trainer._train_step).
+                # of torch/_inductor/cudagraph_trees.py); each step starts its own generation
+                # (step.TrainStep._train_step).
                 why = ("not validated by `python -m gantools check` on this GPU" if not validated(
                     "compile reduce-overhead", device) else None if main_thread else
                     "CUDA graphs are refused in a background thread")

@@ -118,7 +118,8 @@ class Tuner:
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
         r = self.result
-        with on_interrupt(lambda signum, frame: self.options.stop.set()), _room_to_recompile():  # stop between measurements
+        # Ctrl-C stops tune between measurements (trainers stop after their step); a second one interrupts at once
+        with on_interrupt(lambda signum, frame: self.options.stop.set()), _room_to_recompile():
             try:
                 self._search()
                 if not self.options.stop.is_set():
