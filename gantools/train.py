@@ -27,7 +27,7 @@ from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
-from .errors import ConfigError
+from .errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
 from .history import METRICS, History
 from .losses import LOSSES, d_loss, g_loss, penalties  # noqa: F401 (d_loss, g_loss: public names)
 from .models import build_dcgan
