@@ -2,10 +2,11 @@
 
 1. Warm-up iterations, not measured.
 2. One profiler warm-up iteration, then `steps` iterations under torch.profiler (`ProfilerSession`): the phase table.
-3. `steps` iterations timed without the profiler (`IterationClock`), the device synchronised at each iteration's
-   end so its GPU work is inside the iteration it belongs to; their median is the step time and images/s (an epoch's
-   start or a busy neighbour in one iteration does not move it). Timed last, when everything is warm: right after a
-   short warm-up they would still consume the batches DataLoader workers prefetched during it, and overstate images/s.
+3. `steps` iterations timed without the profiler: the step time and images/s. Timed last, when everything is warm:
+   right after a short warm-up they would still consume the batches DataLoader workers prefetched during it, and
+   overstate images/s. `profile` reads gantools' own Trainer clock (synchronised at log points, as in training); the
+   doctor, which does not know the loop, times each iteration with `IterationClock` (the device synchronised at each
+   iteration's end, so its GPU work is inside the iteration it belongs to) and takes their median.
 
 The profiler's overhead is the profiled step time over the unprofiled one (`PhaseTable.overhead`); a gain is
 estimated by Amdahl's law on measured shares (`amdahl`).

@@ -32,8 +32,8 @@ from .history import METRICS, History
 from .losses import LOSSES, d_loss, g_loss, penalties  # noqa: F401 (d_loss, g_loss: public names)
 from .models import build_dcgan
 from .network_checks import check_networks, dataset_classes
-from .recovery import CompileStats, Rollback
-from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
+from .recovery import SCALE_COLLAPSE, CompileStats, Rollback  # noqa: F401 (SCALE_COLLAPSE: importable here)
+from .sampling import GRID_CLASSES, fixed_noise, generate, grid, save_png, seeded_noise  # noqa: F401 (GRID_CLASSES)
 from .state import CHECKPOINT_FORMAT, RunStreams, on_interrupt
 from .step import TrainStep
 from .step_clock import StepClock

@@ -44,12 +44,14 @@ The parts: `frames` (which code is yours), `observations` (what the hooks record
 front object, `Watch`).
 """
 from ..errors import DoctorError, ScriptError
-from .analysis import default_trace
+from .analysis import OTHER, default_trace
+from .hooks import SYNC_METHODS
 from .report import DoctorReport, Finding
-from .rules import RULES, MachineFacts, findings
-from .schedule import STEPS, WARMUP
+from .rules import MIN_GAIN, MIN_SHARE, RULES, SYNCS_PER_STEP, MachineFacts, findings
+from .schedule import PACING_LIMIT, STEPS, WARMUP
 from .script import TIMEOUT_S, check_script, run_script
 from .watch import Watch, run, watch
 
-__all__ = ["DoctorError", "DoctorReport", "Finding", "MachineFacts", "RULES", "STEPS", "ScriptError", "TIMEOUT_S",
-           "WARMUP", "Watch", "check_script", "default_trace", "findings", "run", "run_script", "watch"]
+__all__ = ["DoctorError", "DoctorReport", "Finding", "MIN_GAIN", "MIN_SHARE", "MachineFacts", "OTHER", "PACING_LIMIT",
+           "RULES", "STEPS", "SYNCS_PER_STEP", "SYNC_METHODS", "ScriptError", "TIMEOUT_S", "WARMUP", "Watch",
+           "check_script", "default_trace", "findings", "run", "run_script", "watch"]

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 
+from .. import measuring
 from ..errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..state import ProcessSnapshot, on_interrupt
 from .analysis import default_trace
@@ -152,11 +153,13 @@ def _interrupt_if_asked(doc: Watch):
 
 
 def _raised_in_doctor(error: BaseException) -> bool:
-    """Whether the innermost frame of the error is the doctor's own code (a hook), not the script or a library."""
+    """Whether the innermost frame of the error is the doctor's own code (a hook, or the measuring it runs), not the
+    script or a library."""
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(DOCTOR_DIR)
+    return tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(
+        (DOCTOR_DIR, os.path.realpath(measuring.__file__)))
 
 
 def _user_traceback(error: BaseException, path: Path) -> str:
