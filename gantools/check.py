@@ -35,7 +35,7 @@ import torch
 from . import distributed
 from . import techniques as techniques_  # `techniques` is this module's function, which tests replace
 from .checkpoint import atomic_write, load_checkpoint
-from .config import TrainConfig, cli_flags
+from .config import TrainConfig, cli_flags, uses_cuda_graphs
 from .data import ImageTensorDataset, data_root, render_glyphs
 from .errors import ConfigError
 from .hardware import machine_info, supports_bf16
@@ -140,7 +140,7 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
         elif graphs[-1] != graphs[0]:
             problems.append(f"torch.compile recompiled after warm-up ({graphs[0]} graphs, then {graphs[-1]})")
         skips = records[-1].get("cudagraph_skips", 0)
-        if cfg.compile == "reduce-overhead":
+        if uses_cuda_graphs(cfg.compile) and trainer.device.type == "cuda":
             checks["CUDA graphs used"] = skips == 0
             if skips:
                 problems.append(f"CUDA graphs were skipped for {skips} graph(s)")

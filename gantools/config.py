@@ -26,6 +26,18 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adam", "adamw")
 OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
+
+
+def uses_cuda_graphs(mode: str) -> bool:
+    """Whether a torch.compile mode turns CUDA graphs on (on a CUDA device; inductor applies none on a CPU): the one
+    place that decides it, from the mode's own inductor options (`torch._inductor.list_mode_options`, which
+    torch.compile's documentation names for this), so max-autotune, which "enables CUDA graphs by default on GPU",
+    gets the step mark, the background-thread refusal and the skipped-graphs warning as reduce-overhead does."""
+    if mode in ("off", "default"):
+        return False
+    import torch._inductor  # loaded by torch.compile anyway; not at import, so gantools imports light
+
+    return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs", False))
 LOSSES = ("bce", "hinge", "bce-sigmoid", "lsgan", "wgan-gp")
 LOADERS = ("dataloader", "device")
 NONFINITE = ("stop", "skip")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from . import techniques
-from .config import Knob, TrainConfig, differences, knobs, speed_knobs
+from .config import COMPILE_MODES, Knob, TrainConfig, differences, knobs, speed_knobs, uses_cuda_graphs
 from .display import LivePlot, LiveTune, comparison_chart, comparison_markdown, comparison_rows, figure_png
 from .errors import GantoolsError
 from .metrics import QualityCallback
@@ -204,8 +204,8 @@ class ControlPanel:
         final = result.final_config
         for name, w in self.controls.items():
             value = getattr(final, name)
-            if value in BACKGROUND_THREAD_UNSAFE.get(name, ()):
-                value = "default"  # the panel trains in a background thread (see BACKGROUND_THREAD_UNSAFE)
+            if value in background_thread_unsafe(name):
+                value = "default"  # the panel trains in a background thread (see background_thread_unsafe)
             w.value = AUTO if value is None else value
         moved = set(speed_knobs()) | set(result.changes())
         self.base = self.base.replace(**{k: getattr(final, k) for k in moved if k not in self.controls})
@@ -225,8 +225,11 @@ class ControlPanel:
 
 AUTO = "<auto>"  # what an optional switch's dropdown holds for None (no field has it as a choice)
 
-# Modes the panel cannot run: it trains in a background thread, where CUDA graphs are refused (see Trainer.fit).
-BACKGROUND_THREAD_UNSAFE = {"compile": ("reduce-overhead",)}
+def background_thread_unsafe(name: str) -> tuple:
+    """The values of a field the panel cannot run: it trains in a background thread, where CUDA graphs are refused
+    (see Trainer.fit). A function, not a constant: deciding it loads torch's inductor, which importing gantools
+    must not."""
+    return tuple(m for m in COMPILE_MODES if uses_cuda_graphs(m)) if name == "compile" else ()
 
 
 def _widget(name: str, knob: Knob, value):
@@ -236,7 +239,7 @@ def _widget(name: str, knob: Knob, value):
 
     desc = name.replace("_", " ")
     if knob.choices is not None:
-        options = [c for c in knob.choices if c not in BACKGROUND_THREAD_UNSAFE.get(name, ())]
+        options = [c for c in knob.choices if c not in background_thread_unsafe(name)]
         w = W.Dropdown(options=options, value=value, description=desc)
     elif knob.kind is bool and knob.optional:  # None (auto) as a value of its own: ipywidgets reads None as "unset"
         w = W.Dropdown(options=[("auto", AUTO), ("on", True), ("off", False)], value=AUTO if value is None else value,

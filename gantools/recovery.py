@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .config import uses_cuda_graphs
 from .errors import NonFiniteLossError, OutOfMemory
 
 SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
@@ -104,7 +105,7 @@ def check_scales(record: dict, step: int, warn) -> None:
 
 def check_compiles(records: list, step: int, compile_mode: str, warn) -> None:
     """torch.compile's surprises, said out loud: graphs compiled after the first log interval (a guard failed:
-    the step is recompiled, which costs seconds each time) and CUDA graphs skipped (reduce-overhead then runs
+    the step is recompiled, which costs seconds each time) and CUDA graphs skipped (the step then runs
     without them, silently in torch's default logging). `records`: the run's log records, the new one last."""
     if len(records) < 2:
         return
@@ -115,7 +116,7 @@ def check_compiles(records: list, step: int, compile_mode: str, warn) -> None:
              f"({record['compiled_graphs']} in all): a guard failed (a new shape, dtype or grad mode), and "
              f"each recompile costs time. TORCH_LOGS=recompiles says which guard.", stacklevel=4)
     skipped = record.get("cudagraph_skips", 0) - previous.get("cudagraph_skips", 0)
-    if skipped > 0 and compile_mode == "reduce-overhead":
+    if skipped > 0 and uses_cuda_graphs(compile_mode):
         warn(f"step {step}: torch.compile skipped CUDA graphs for {skipped} graph(s), which then run "
              f"without them (no launch-overhead saving). TORCH_LOGS=cudagraphs says why (e.g. a mutated "
              f"input, a CPU tensor, dynamic shapes).", stacklevel=4)

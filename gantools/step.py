@@ -49,7 +49,7 @@ class TrainStep:
         real images, or (images, labels) for a conditional run). No host sync here: metrics stay on the device.
         Under torchrun each batch is this rank's share; noise is drawn for the whole batch and sliced the same way."""
         cfg, phase = self.cfg, self.label_phase
-        if cfg.compile == "reduce-overhead":
+        if self.cuda_graphs:
             # One CUDA-graph generation per training step. Without the mark, CUDA Graph Trees start a new generation
             # at any compiled call made with no backward pending (torch.compiler.cudagraph_mark_step_begin docs), and
             # a new generation overwrites the outputs of the last: with accumulation G runs under no_grad, and D's

@@ -24,7 +24,7 @@ from torch import nn
 
 from . import distributed, hardware, recovery
 from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, uses_cuda_graphs
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
 from .errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
@@ -127,6 +127,7 @@ class Trainer(TrainStep):
         self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
         self.d_in_g_step = compiled(self.discriminator) if self.world.distributed else self.d
         self._compile_stats = CompileStats() if cfg.compile != "off" else None
+        self.cuda_graphs = dev.type == "cuda" and uses_cuda_graphs(cfg.compile)  # the step marks each step's start
 
         self.fixed_noise, self.fixed_labels = fixed_noise(cfg, self.classes, dev)
         self.step = 0
@@ -192,11 +193,11 @@ class Trainer(TrainStep):
         """Train `steps` more steps (default: up to cfg.steps). Returns the history of the whole run."""
         cfg = self.cfg
         end = self.step + steps if steps is not None else cfg.steps
-        if cfg.compile == "reduce-overhead" and threading.current_thread() is not threading.main_thread():
+        if self.cuda_graphs and threading.current_thread() is not threading.main_thread():
             # CUDA graph trees keep their state per thread and assert in threads Python started
             # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; its fix cannot be
             # assumed in the torch versions our users run). Refused rather than guessed.
-            raise ConfigError("compile='reduce-overhead' (CUDA graphs) cannot train in a background thread (the "
+            raise ConfigError(f"compile='{cfg.compile}' (CUDA graphs) cannot train in a background thread (the "
                               "widget panel trains in one): use compile='default' there, or train from the main "
                               "thread (a notebook cell, a script, the CLI)")
         self._stop_requested = self._stop_agreed = False

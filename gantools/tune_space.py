@@ -69,9 +69,9 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
     Values per knob: 16-bit precision (bf16 where the device has it, else fp16 on CUDA; fp16 never on a CPU);
     sync_every_step off; freeze_d on; the device loader; on-device normalisation (not with your own dataset,
     which brings its own transforms); workers doubled (from 0: 2) up to the cores, and halved; workers kept alive;
-    prefetch_factor 4; pinned memory (CUDA); channels_last either way; compile default (and max-autotune on CUDA;
-    reduce-overhead only where `gantools check` validated it and not in a background thread, where CUDA graphs are
-    refused), or off; each other optimizer implementation; cuDNN benchmark and TF32 (CUDA, TF32 on Ampere+);
+    prefetch_factor 4; pinned memory (CUDA); channels_last either way; compile default, or off (and on CUDA
+    max-autotune and reduce-overhead, which both use CUDA graphs, only where `gantools check` validated them and not
+    in a background thread, where CUDA graphs are refused); each other optimizer implementation; cuDNN benchmark and TF32 (CUDA, TF32 on Ampere+);
     fewer accumulation micro-batches (more never speeds a step up); and, only when `space` names it, batch_size x2
     with the learning rates scaled by sqrt 2 (`config.scale_batch`). batch_size is out of the default space: a
     bigger batch means fewer optimizer steps per image, so it changes what is learned (on glyphs, x2 cost 2.78x the
@@ -119,18 +119,19 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
             if not bench.can_compile(device):
                 skipped.append(("compile", "torch.compile needs a C++ compiler on the CPU"))
                 continue
-            modes = ["default"] + (["max-autotune"] if cuda else [])
-            for mode in modes if c.compile == "off" else ["off"]:
+            for mode in ["default"] if c.compile == "off" else ["off"]:
                 offer(name, mode)
-            if cuda and c.compile != "reduce-overhead":
-                # Measured interleaved with another trainer in this process: CUDA graph trees support "arbitrary trees
-                # of CUDA graph operations, not just sequences", and non-graph code between graphs (module docstring
-                # of torch/_inductor/cudagraph_trees.py); each step starts its own generation
-                # (step.TrainStep._train_step).
+            for mode in ("max-autotune", "reduce-overhead") if cuda else ():
+                if c.compile == mode:
+                    continue
+                # CUDA graphs (both modes use them: config.uses_cuda_graphs), measured interleaved with another
+                # trainer in this process: CUDA graph trees support "arbitrary trees of CUDA graph operations, not
+                # just sequences", and non-graph code between graphs (module docstring of
+                # torch/_inductor/cudagraph_trees.py); each step starts its own generation (step.TrainStep).
                 why = ("not validated by `python -m gantools check` on this GPU" if not validated(
-                    "compile reduce-overhead", device) else None if main_thread else
+                    f"compile {mode}", device) else None if main_thread else
                     "CUDA graphs are refused in a background thread")
-                offer(name, "reduce-overhead", why)
+                offer(name, mode, why)
         elif name == "optimizer_impl":
             for impl in OPTIMIZER_ORDER:
                 offer(name, impl)
