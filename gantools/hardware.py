@@ -11,6 +11,11 @@ import time
 import warnings
 
 import torch
+from torch.profiler import record_function
+
+# The profiler range around gantools' own device synchronisations: a profile counts the host syncs of the code it
+# profiles, not the ones its measuring makes (measuring.code_syncs).
+OWN_SYNC = "gantools: synchronize"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -30,9 +35,11 @@ def supports_bf16(device: torch.device) -> bool:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for queued device work: without this, GPU timings measure only the kernel launches."""
+    """Wait for queued device work: without this, GPU timings measure only the kernel launches. Inside an
+    `OWN_SYNC` profiler range, so a profile can tell its cudaDeviceSynchronize from the code's."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        with record_function(OWN_SYNC):
+            torch.cuda.synchronize(device)
 
 
 class Timer:

@@ -10,12 +10,16 @@
 
 The profiler's overhead is the profiled step time over the unprofiled one (`PhaseTable.overhead`); a gain is
 estimated by Amdahl's law on measured shares (`amdahl`).
+
+Host syncs are the `SYNC_EVENTS` the profiled code made (`code_syncs`): the measuring's own synchronisations
+(`hardware.synchronize`, inside its `hardware.OWN_SYNC` range) are left out, or every CUDA profile would show them.
 """
 from __future__ import annotations
 
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import ProfilerActivity, schedule
@@ -23,11 +27,48 @@ from torch.profiler import ProfilerActivity, schedule
 from . import hardware
 
 KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+# CUDA runtime calls in which the host waits for the GPU, as the profiler names them (kineto's names of the CUDA
+# runtime API callbacks). A blocking read (.item(), .to("cpu"), a boolean mask's nonzero) is a cudaMemcpyAsync then a
+# cudaStreamSynchronize (c10's memcpy_and_sync; seen in torch 2.14.1's _local_scalar_dense_cuda), so counting the
+# synchronisations alone counts each read once.
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+OWN_SYNC = hardware.OWN_SYNC
 
 
 def amdahl(step_ms: float, removed_ms: float) -> float:
     """The whole step's speed-up if `removed_ms` of its `step_ms` went away (Amdahl's law)."""
     return step_ms / max(step_ms - removed_ms, 1e-9)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One profiler event as the sync count reads it: its name and its host time range (microseconds)."""
+
+    name: str
+    start: float
+    end: float
+
+
+def spans(events) -> list:
+    """`Span`s of `prof.events()` (FunctionEvents)."""
+    return [Span(e.name, e.time_range.start, e.time_range.end) for e in events]
+
+
+def code_syncs(events, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> list:
+    """The events named in `names` whose middle lies outside every range named in `skip`: by default the host syncs
+    the profiled code made, gantools' own left out. Told apart by time, not by the profiler's parent links: a
+    cudaDeviceSynchronize called outside any ATen op (torch.cuda.synchronize) is linked to no CPU op, so it has no
+    parent there, and its thread id is the OS thread's, not the one torch gives its ops (torch/autograd/profiler.py,
+    _parse_kineto_results, re-threads only linked runtime events). The middle, not the ends: CUPTI's timestamps and
+    the profiler's own clock may disagree by a little at the edges."""
+    ranges = [(e.start, e.end) for e in events if e.name in skip]
+    found = []
+    for e in events:
+        if e.name in names:
+            middle = (e.start + e.end) / 2
+            if not any(start <= middle <= end for start, end in ranges):
+                found.append(e)
+    return found
 
 
 class IterationClock:
@@ -118,6 +159,10 @@ class ProfilerSession:
     def per_step(self, names) -> float:
         """How many events named one of `names` the profiled iterations recorded, per iteration."""
         return sum(e.count for e in self.averages if e.key in names) / self.steps
+
+    def code_syncs_per_step(self, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> float:
+        """Host syncs the profiled code made (`code_syncs`), per iteration."""
+        return len(code_syncs(spans(self.prof.events()), names, skip)) / self.steps
 
 
 class PhaseTable:

@@ -5,9 +5,9 @@ The verdict (`Verdict`) is decided by documented thresholds, in this order:
 1. **data-bound** when the step waits for its batch for at least `DATA_BOUND` (20%) of the step time.
    Fix: per-batch normalisation on the device, worker processes, or the device-resident loader (03_data_loading).
 2. **host-overhead-bound** (CUDA only) when the GPU is idle for at least `HOST_BOUND` (40%) of the step: kernel
-   launches and host syncs (`.item()`) leave it waiting. Fix: no per-step syncs, torch.compile (with
-   reduce-overhead, CUDA graphs, only once `gantools check` has validated it on this machine; else the default
-   mode), a larger batch (05_all_together).
+   launches and host syncs (`.item()`) leave it waiting. Fix: no per-step `.item()` where the config reads losses
+   every step (`sync_every_step`), else torch.compile (with reduce-overhead, CUDA graphs, only once `gantools
+   check` has validated it on this machine; else the default mode), a larger batch (05_all_together).
 3. Otherwise the device is busy. **compute-bound** when convolutions and matrix multiplies take at least
    `COMPUTE_SHARE` (50%) of the busy time; fix: 16-bit autocast, channels_last (02_mixed_precision).
    **memory-bound** when other ops (BatchNorm, activations, copies: bandwidth-limited) dominate; fix:
@@ -17,7 +17,9 @@ On a CPU there is no separate device to sit idle: the verdict rests on waiting f
 (compute-bound, naming the heaviest ops, whenever the step is not data-bound).
 
 On CUDA the profiled steps synchronise the device around each data wait (`Trainer.sync_data_wait`), so GPU work
-still queued from the step before is not counted as waiting for data (a false data-bound verdict).
+still queued from the step before is not counted as waiting for data (a false data-bound verdict). Those
+synchronisations are gantools' own: the host syncs per step count only the training code's
+(`measuring.code_syncs`).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from torch.profiler import record_function
 
 from . import techniques
 from .config import TrainConfig
-from .measuring import PhaseTable, ProfilerSession, amdahl
+from .measuring import SYNC_EVENTS, PhaseTable, ProfilerSession, amdahl
 from .train import Trainer
 
 PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
@@ -42,7 +44,6 @@ DATA_BOUND = 0.20      # share of the step spent waiting for data
 HOST_BOUND = 0.40      # share of the step the GPU sits idle
 COMPUTE_SHARE = 0.50   # share of busy time in convolutions / matmuls
 COMPUTE_OPS = ("conv", "mm", "gemm", "cudnn", "xmma", "cutlass", "linear", "matmul")
-SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")  # host waits for GPU
 
 
 @dataclass
@@ -141,8 +142,9 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     sort = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
     table = averages.table(sort_by=sort, row_limit=row_limit) if cuda else None
     cpu_table = averages.table(sort_by="self_cpu_time_total", row_limit=row_limit)
-    # On a CPU nothing waits for a device, so there are no host syncs to count.
-    syncs = session.per_step(SYNC_EVENTS) if cuda else 0.0
+    # On a CPU nothing waits for a device, so there are no host syncs to count; on CUDA the data waits' own
+    # synchronisations (sync_data_wait) are gantools', not the training code's
+    syncs = session.code_syncs_per_step() if cuda else 0.0
     report = ProfileReport(str(device), steps, cfg.images_per_step, step_ms, unprofiled_ms, phases, busy, h2d, syncs,
                            top[:10], trainer.history[-1]["peak_mem_mb"], table or cpu_table, cpu_table,
                            str(trace_path))
@@ -230,16 +232,20 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
                        technique, _taught(fix), fix, amdahl(step, wait))
     if verdict == "host-overhead-bound":
         graphs = _compile_mode_for_overhead(report.device)
-        fix = {"sync_every_step": False} if report.host_syncs_per_step >= 1 else {"compile": graphs}
         how = ("CUDA graphs via torch.compile mode='reduce-overhead' (validated here by gantools check)"
                if graphs == "reduce-overhead" else "torch.compile (mode='reduce-overhead', CUDA graphs, once "
                "`python -m gantools check` has validated it on this machine)")
+        # the per-step reads are the fix only where the config makes them: syncs it does not make (a GradScaler's,
+        # your own networks') are no reason to propose sync_every_step=False when it is already off
+        if cfg.sync_every_step and report.host_syncs_per_step >= 1:
+            fix, technique = {"sync_every_step": False}, f"remove per-step host syncs (.item()), then {how}"
+        else:
+            fix, technique = {"compile": graphs}, how
         return Verdict("host-overhead-bound",
                        {"GPU busy ms": report.device_busy_ms, "step ms": step,
                         "GPU idle share": 1 - report.device_busy_ms / step,
                         "host syncs per step": report.host_syncs_per_step},
-                       f"remove per-step host syncs (.item()), then {how}, or a larger batch", _taught(fix),
-                       fix, amdahl(step, step - report.device_busy_ms))
+                       f"{technique}, or a larger batch", _taught(fix), fix, amdahl(step, step - report.device_busy_ms))
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
     if verdict == "compute-bound":

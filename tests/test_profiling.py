@@ -65,7 +65,7 @@ def test_thresholds_decide_the_verdict():
     cfg = TrainConfig()
     assert diagnose(_report(wait=100 * DATA_BOUND + 1), cfg).bottleneck == "data-bound"
     assert diagnose(_report(wait=100 * DATA_BOUND - 1), cfg).bottleneck == "compute-bound"
-    idle = diagnose(_report("cuda", busy=100 * (1 - HOST_BOUND) - 1, syncs=4), cfg)
+    idle = diagnose(_report("cuda", busy=100 * (1 - HOST_BOUND) - 1, syncs=4), cfg.replace(sync_every_step=True))
     assert idle.bottleneck == "host-overhead-bound" and idle.fix == {"sync_every_step": False}
     assert idle.estimated_speedup == pytest.approx(100 / 59)
     busy = diagnose(_report("cuda", busy=100 * (1 - HOST_BOUND) + 1), cfg)
@@ -142,3 +142,46 @@ def test_device_busy_time_on_cuda_counts_each_kernel_once():
     busy, h2d, top = device_time(rows, steps=1, step_ms=20.0, wait_ms=0.0, cuda=True)
     assert busy == pytest.approx(8.0) and h2d == pytest.approx(1.0)
     assert [name for name, _ in top] == ["sm80_xmma_fprop", "multi_tensor_apply_kernel", "Memcpy HtoD"]
+
+
+def test_a_host_overhead_verdict_never_proposes_the_per_step_reads_that_are_already_off():
+    """Syncs the config does not make (GradScaler's, your own networks') are no reason to propose
+    sync_every_step=False when it is already off: that fix would change nothing (and tune would stop there)."""
+    idle = _report("cuda", busy=100 * (1 - HOST_BOUND) - 1, syncs=2)
+    v = diagnose(idle, TrainConfig(sync_every_step=False))
+    assert v.bottleneck == "host-overhead-bound" and v.fix == {"compile": "default"}
+    assert "sync_every_step" not in v.fix and ".item()" not in v.technique
+    assert diagnose(idle, TrainConfig(sync_every_step=True)).fix == {"sync_every_step": False}
+
+
+def test_host_syncs_leave_out_gantools_own_synchronisations():
+    """A cuda*Synchronize inside gantools' own range (hardware.synchronize) is not the training code's; the one
+    outside is, and so is one that only overlaps the range (its middle lies outside). Events built by hand."""
+    from gantools.measuring import OWN_SYNC, Span, code_syncs
+
+    events = [Span("ProfilerStep#1", 0, 100), Span(OWN_SYNC, 10, 20), Span("cudaDeviceSynchronize", 11, 19),
+              Span("aten::item", 40, 50), Span("cudaStreamSynchronize", 42, 48),
+              Span(OWN_SYNC, 60, 62), Span("cudaStreamSynchronize", 61, 90), Span("cudaLaunchKernel", 12, 13)]
+    assert [(e.name, e.start) for e in code_syncs(events)] == [("cudaStreamSynchronize", 42),
+                                                                ("cudaStreamSynchronize", 61)]
+    assert code_syncs(events, skip=()) == [e for e in events if e.name.endswith("Synchronize")]
+
+
+def test_a_profiled_step_counts_none_of_gantools_own_synchronisations(monkeypatch):
+    """On a real profile: hardware.synchronize marks its range, so the profiler's count is the code's alone. No GPU
+    here: torch.cuda.synchronize is replaced by a CPU op standing in for cudaDeviceSynchronize, which the code
+    also calls once per step outside gantools."""
+    from gantools import hardware
+    from gantools.measuring import ProfilerSession
+
+    stand_in = ("aten::fill_",)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: torch.empty(1).fill_(0))
+    session = ProfilerSession(torch.device("cpu"), steps=2)
+    with session:
+        for _ in range(3):  # the profiler's warm-up step, then 2 profiled
+            hardware.synchronize(torch.device("cuda"))  # gantools' own, twice a step
+            torch.empty(1).fill_(1)  # the code's own sync
+            hardware.synchronize(torch.device("cuda"))
+            session.step()
+    assert session.per_step(stand_in) == 3
+    assert session.code_syncs_per_step(stand_in) == 1

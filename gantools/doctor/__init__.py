@@ -25,8 +25,10 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
 - **Data wait.** Time inside DataLoader iteration (`_BaseDataLoaderIter.__next__`, patched), or inside `doc.data`.
   It is host time only: the batch's copy to the device happens in your code after it.
 - **Host syncs.** `Tensor.item`, `tolist`, `__bool__`, `__float__`, `__int__`, `__repr__`, `__format__` and
-  `.cpu()` of a device tensor, called from your code (not from torch's), each with its FILE:LINE; on CUDA also the
-  `cuda*Synchronize` calls the profiler records.
+  `.cpu()` of a device tensor, called from your code (not from torch's), each with its FILE:LINE. On CUDA, while
+  profiling, also every other sync your code makes (`.to("cpu")`, boolean masks, GradScaler's reads,
+  `torch.cuda.synchronize()`), placed on your line through PyTorch's sync debug mode (`syncs`); the profiler's
+  `cuda*Synchronize` calls, gantools' own left out, show whether any was not placed.
 - **Settings.** Conv/Linear output dtypes and autocast, conv input memory format, loss ops, D's last module,
   DataLoader knobs and per-image transforms, optimizer implementations, whether D's parameters receive gradients in
   G's step (post-accumulate-grad hooks), compiled modules, cudnn.benchmark, TF32, peak memory.
@@ -40,8 +42,8 @@ is ranked by its estimated gain (Amdahl on measured shares), or says "measure it
 (`rules`: one pure function per rule).
 
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
-`schedule`, `analysis`, `rules`, `pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the
-front object, `Watch`).
+`schedule`, `syncs` (the device syncs the hooks do not see), `analysis`, `rules`, `pipeline` (the DataLoader's
+per-image work), `report`, `script` and `watch` (the front object, `Watch`).
 """
 from ..errors import DoctorError, ScriptError
 from .analysis import OTHER, default_trace

@@ -13,14 +13,16 @@ from pathlib import Path
 import torch
 
 from .. import hardware
+from ..measuring import OWN_SYNC, code_syncs, spans
 from ..profiling import PHASES as ORDER  # the trainer's phase names, in the same order
-from ..profiling import SYNC_EVENTS, bottleneck, compute_ms, device_time, suggested_workers
-from .hooks import RANGE
+from ..profiling import bottleneck, compute_ms, device_time, suggested_workers
+from .hooks import COUNTED_READ, RANGE
 from .observations import Call, Observations, Optimizer
 from .pipeline import describe_loader
 from .report import DoctorReport
 from .rules import MachineFacts, findings
 from .schedule import Schedule
+from .syncs import NOT_LOCATED
 
 OTHER = "other (your code)"
 
@@ -148,13 +150,12 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
     r.settings["loss_ops_per_iteration"] = {e.key: e.count / n for e in averages
                                             if "binary_cross_entropy" in e.key and "backward" not in e.key}
     r.settings["h2d_copy_ms"] = h2d
-    if cuda:
-        r.settings["cuda_syncs_per_iteration"] = session.per_step(SYNC_EVENTS)
     r.peak_mem_mb = obs.peak_mem_mb
     w = obs.window
-    r.host_syncs_per_step = sum(w.syncs.values()) / n
     r.sync_sites = [{"where": where, "code": w.sites[where][0], "method": w.sites[where][1],
                      "per_step": round(count / n, 2)} for where, count in w.syncs.most_common()]
+    unplaced = _unplaced_syncs(r, spans(events), w.located, n) if cuda else 0.0
+    r.host_syncs_per_step = sum(w.syncs.values()) / n + unplaced
     if not r.images_per_step:
         _images_without_loader(r, obs, n)
     v = bottleneck(r.step_time_ms, wait, busy, r.compute_share, cuda)
@@ -168,6 +169,18 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
         r.trace_path = _export_trace(session.prof, obs, run)
     except OSError as e:  # the measurements stand without the trace: say why there is none
         r.note = (r.note + " " if r.note else "") + f"no trace written ({e})"
+
+
+def _unplaced_syncs(r: DoctorReport, events: list, located: int, n: int) -> float:
+    """The profiler's cuda*Synchronize calls per iteration that are your loop's but that neither the Tensor-method
+    patches (their reads are inside "host sync" or COUNTED_READ ranges) nor the sync watch placed (`located` of
+    them): a site of their own, "not located". gantools' own synchronisations are never counted."""
+    mine = code_syncs(events)
+    r.settings["cuda_syncs_per_iteration"] = len(mine) / n
+    unplaced = max(len(code_syncs(events, skip=(OWN_SYNC, "host sync", COUNTED_READ))) - located, 0) / n
+    if unplaced:
+        r.sync_sites.append({"where": "elsewhere", "code": "", "method": NOT_LOCATED, "per_step": round(unplaced, 2)})
+    return unplaced
 
 
 def _images_without_loader(r: DoctorReport, obs: Observations, n: int) -> None:

@@ -21,6 +21,9 @@ from .observations import Call, Model, Observations, Optimizer
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
 RANGE = "gantools-doctor#"  # provisional profiler range names, renamed to phases once the loop is understood
+# A read counted here is inside a profiler range: "host sync" (a phase) at the top level, this one inside a model's
+# forward (whose phase it stays part of), so the profiler's syncs can be told from those counted already.
+COUNTED_READ = "gantools-doctor: value read"
 _ACTIVE: list = []  # the doctor running now (hooks are global: one at a time)
 
 
@@ -293,7 +296,8 @@ class Hooks:
             if tensor.device.type == "cpu" and hooks.obs.device_in_use().type != "cpu":  # a host value: no wait
                 return original(tensor, *args, **kwargs)
             hooks.in_sync = True
-            rf = record_function("host sync") if hooks.profiling and hooks.depth == 0 else contextlib.nullcontext()
+            rf = (record_function("host sync" if hooks.depth == 0 else COUNTED_READ) if hooks.profiling
+                  else contextlib.nullcontext())
             try:
                 with rf:
                     return original(tensor, *args, **kwargs)

@@ -71,8 +71,9 @@ class Window:
     batches: int = 0
     batch_sizes: Counter = field(default_factory=Counter)
     inputs: Counter = field(default_factory=Counter)   # (Model, made by a model) -> images fed to it
-    syncs: Counter = field(default_factory=Counter)    # FILE:LINE -> value reads from the device
+    syncs: Counter = field(default_factory=Counter)    # FILE:LINE -> value reads from the device, and other syncs
     sites: dict = field(default_factory=dict)          # FILE:LINE -> (source line, method)
+    located: int = 0                                   # of the syncs, those the sync watch placed (syncs.SyncWatch)
     dtypes: Counter = field(default_factory=Counter)   # (Conv/Linear output dtype, autocast) -> outputs
     formats: Counter = field(default_factory=Counter)  # conv input memory format -> inputs
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from .. import hardware
 from ..measuring import PhaseTable
+from .hooks import SYNC_METHODS
+
+READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them
 
 
 @dataclass
@@ -49,8 +52,8 @@ class DoctorReport(PhaseTable):
     phases_ms: dict = field(default_factory=dict)
     device_busy_ms: float = 0.0
     compute_share: float = 0.0           # of busy time, in convolutions and matmuls
-    host_syncs_per_step: float = 0.0     # value reads in your code (a GPU wait each)
-    sync_sites: list = field(default_factory=list)  # {"where", "code", "method", "per_step"}
+    host_syncs_per_step: float = 0.0     # value reads and other device waits in your code (a GPU wait each)
+    sync_sites: list = field(default_factory=list)  # {"where", "code", "method", "per_step"}: `describe_site`
     top_ops: list = field(default_factory=list)
     peak_mem_mb: float = 0.0
     models: dict = field(default_factory=dict)      # role or name -> what it is
@@ -96,7 +99,7 @@ class DoctorReport(PhaseTable):
                   "  evidence: " + ", ".join(f"{k} {_fmt(val)}" for k, val in v["evidence"].items()), "",
                   "where an iteration's time goes (profiled, ms per iteration):"]
         lines += self.phase_lines(22)
-        syncs = "; ".join(f"{s['where']} {s['code']} ({s['per_step']:g}/it)" for s in self.sync_sites[:4])
+        syncs = "; ".join(_site_line(s) for s in self.sync_sites[:4])
         lines.append(f"  host syncs in your code: {self.host_syncs_per_step:.1f} per iteration"
                      + (f": {syncs}" if syncs else ""))
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, convolutions and matmuls "
@@ -108,6 +111,20 @@ class DoctorReport(PhaseTable):
         if self.trace_path:
             lines += ["", f"trace (open in https://ui.perfetto.dev): {self.trace_path}"]
         return "\n".join(lines)
+
+
+def describe_site(x: dict) -> str:
+    """One host-sync site: FILE:LINE `source` (what it called, per iteration); a site without source (the
+    profiler's syncs that no site was found for) is its place and kind alone."""
+    code = f" `{x['code']}`" if x["code"] else ""
+    return f"{x['where']}{code} ({x['method']}, {x['per_step']:g}/it)"
+
+
+def _site_line(x: dict) -> str:
+    """A site in the report's summary line: a value read's method goes without saying (it is in the source)."""
+    code = f" {x['code']}" if x["code"] else ""
+    called = "" if x["method"] in READ_METHODS else f"{x['method']}, "
+    return f"{x['where']}{code} ({called}{x['per_step']:g}/it)"
 
 
 def _jsonable(value):

@@ -12,7 +12,8 @@ import torch
 
 from ..measuring import amdahl
 from ..techniques import YOUR_OWN_GAN, notebook
-from .report import DoctorReport, Finding
+from .report import READ_METHODS, DoctorReport, Finding, describe_site
+from .syncs import NOT_LOCATED, SYNC_OP
 
 MIN_SHARE = 0.05        # a cost under 5% of the step (data wait, copies, optimizer steps) is not worth a finding
 MIN_GAIN = 1.02         # a finding whose whole estimated gain is under 2% would be noise
@@ -110,7 +111,7 @@ def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     if r.host_syncs_per_step < SYNCS_PER_STEP:
         return None
     step = r.step_time_ms
-    sites = "; ".join(f"{x['where']} `{x['code']}` ({x['method']}, {x['per_step']:g}/it)" for x in r.sync_sites[:5])
+    sites = "; ".join(describe_site(x) for x in r.sync_sites[:5])
     sync_ms = r.phases_ms.get("host sync", 0.0)
     if facts.cuda:
         idle = 1 - r.device_busy_ms / step
@@ -120,17 +121,34 @@ def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         gain = None
         cost = (f"on this CPU they cost {sync_ms:.2f} ms (no device to wait for); on a GPU each one waits for "
                 "all queued work")
+    reads_only = all(x["method"] in READ_METHODS for x in r.sync_sites)
+    title = (f"your code reads values from the device {r.host_syncs_per_step:g} times per iteration" if reads_only
+             else f"your code waits for the device {r.host_syncs_per_step:g} times per iteration")
     return Finding(
-        "host-sync", f"your code reads values from the device {r.host_syncs_per_step:g} times per iteration",
-        f"{sites}; {cost}",
-        "every read (.item(), .tolist(), printing or comparing a tensor) makes the host wait until the device "
-        "has finished all queued work; meanwhile no new kernels are queued, so the GPU idles between steps",
+        "host-sync", title, f"{sites}; {cost}",
+        "every read (.item(), .tolist(), printing or comparing a tensor, .to('cpu')) and every explicit "
+        "synchronize makes the host wait until the device has finished all queued work; meanwhile no new kernels "
+        "are queued, so the GPU idles between steps",
         "# keep the numbers on the device, read them once every N iterations\n"
         "stats = torch.zeros(3, device=device)  # before the loop\n"
         "stats += torch.stack([errD.detach(), errG.detach(), D_x.detach()])  # D_x = output.mean(), no .item()\n"
         "if i % 50 == 0:\n"
-        "    print((stats / 50).tolist()); stats.zero_()  # one sync per 50 iterations",
+        "    print((stats / 50).tolist()); stats.zero_()  # one sync per 50 iterations"
+        + "".join(f"\n{_WAITS[m]}" for m in dict.fromkeys(x["method"] for x in r.sync_sites) if m in _WAITS),
         YOUR_LOOP, gain if gain is None or gain >= MIN_GAIN else None)
+
+
+# What removes each kind of wait the sync watch and the profiler find beside value reads (`syncs`)
+_WAITS = {
+    "GradScaler.step": "# GradScaler.step reads found_inf (one sync per optimizer step): on an Ampere or newer GPU,\n"
+                       "# torch.autocast(device.type, dtype=torch.bfloat16) needs no GradScaler",
+    "torch.cuda.synchronize": "# torch.cuda.synchronize() in the loop: remove it (time with the profiler, or CUDA "
+                              "events read after the loop)",
+    SYNC_OP: "# a boolean mask or nonzero (x[mask]) reads the result's size: torch.where(mask, x, 0) keeps the shape;\n"
+             "# .to('cpu') of a value: keep it on the device and read it every N iterations, as above",
+    NOT_LOCATED: "# the profiler saw more waits than it could place (torch.cuda.Event.synchronize, a library's own "
+                 "sync): look for them around the sites above",
+}
 
 
 def _bce_ops(r: DoctorReport) -> dict:

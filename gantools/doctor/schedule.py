@@ -12,6 +12,7 @@ from ..errors import ScriptMeasured
 from ..measuring import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .observations import Observations, Optimizer
+from .syncs import SyncWatch
 
 STEPS, WARMUP = 5, 2
 PACING_LIMIT = 64  # optimizer steps after which the loop's rhythm is decided from the optimizers seen so far
@@ -35,6 +36,7 @@ class Schedule:
         self.pacer: Optimizer | None = None
         self.clock: IterationClock | None = None
         self.session: ProfilerSession | None = None
+        self.syncs: SyncWatch | None = None  # while profiling on CUDA: the syncs the Tensor patches do not see
 
     @property
     def done(self) -> bool:
@@ -57,6 +59,8 @@ class Schedule:
             self.session = ProfilerSession(device, self.steps)
             self.session.start()
             self.hooks.profiling = True
+            if SyncWatch.wanted(device):
+                self.syncs = SyncWatch(self.obs, self.hooks).start()
         elif b == w + 1:  # the profiler's warm-up iteration is over: the counted window starts
             self.session.step()
             self.obs.open_window()
@@ -84,8 +88,12 @@ class Schedule:
 
     def stop_profiler(self) -> None:
         self.hooks.profiling = False
-        if self.session is not None:
-            self.session.stop()
+        try:
+            if self.syncs is not None:
+                self.syncs.stop()
+        finally:
+            if self.session is not None:
+                self.session.stop()
 
     @property
     def timed_ms(self) -> float:
