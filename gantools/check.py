@@ -6,8 +6,9 @@ For each technique (`techniques.TECHNIQUES`' check rows, in its order: each prec
 device loader, a DataLoader with worker processes (pinned on CUDA), fused and foreach Adam, gradient accumulation,
 channels_last, torch.compile (default; reduce-overhead on CUDA), TF32 and cudnn.benchmark on CUDA), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
-penalty also with fp16 + GradScaler and with CUDA graphs), and DDP with 2 processes (gloo on a CPU, NCCL where 2 GPUs
-exist) it checks:
+penalty also with fp16 + GradScaler and with CUDA graphs), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
+no host sync, so `gantools profile` must count none, its own synchronisations left out), and DDP with 2 processes
+(gloo on a CPU, NCCL where 2 GPUs exist) it checks:
 - every logged loss is finite;
 - no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
 - torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
@@ -46,6 +47,7 @@ from .train import METRICS, Trainer
 BASE = dict(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, log_interval=2, sample_interval=0,
             checkpoint_interval=0, loader="dataloader", num_workers=0)
 STEPS = 2  # per segment: 2 steps, checkpoint, 2 steps; then back to the checkpoint and the same 2 steps again
+PROFILE_ROW = "profile: no host syncs in the step"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
 
 
@@ -153,6 +155,20 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     return {"ok": not problems, "reason": "; ".join(problems) or None, "images_per_sec": speed, "checks": checks}
 
 
+def check_profile_syncs(cfg: TrainConfig, dataset) -> dict:
+    """Profile 2 steps of `cfg` (fp32, no per-step reads, no log point among the profiled steps: the loss reads of a
+    log are the trainer's only syncs) and the report must count no host sync. On CUDA it synchronises around every
+    data wait, inside its own range; counting those, or a sync the step should not make, fails the row."""
+    from .profiling import profile
+
+    quiet = cfg.replace(precision="fp32", sync_every_step=False, log_interval=1000)  # logs only at each fit's end
+    report = profile(Trainer(quiet, dataset=dataset), steps=2, warmup=1)
+    syncs = report.host_syncs_per_step
+    return {"ok": syncs == 0, "images_per_sec": report.images_per_sec, "checks": {"host syncs per step": syncs == 0},
+            "reason": None if syncs == 0 else f"the profile counted {syncs:g} host syncs per step in a step that "
+                                              "makes none"}
+
+
 def check_ddp(device: torch.device, dataset: ImageTensorDataset, work: Path, timeout: float = 300) -> dict:
     """2 processes under torchrun train the base config through the CLI, on the check's images written out as a
     folder of PNGs (so nothing waits for a dataset cache): every rank must finish, and rank 0's history must hold
@@ -182,6 +198,13 @@ def check_ddp(device: torch.device, dataset: ImageTensorDataset, work: Path, tim
     return {"ok": ok, "reason": reason, "images_per_sec": speed, "checks": {"finished": True, "finite losses": finite}}
 
 
+def row_names(plan: dict, device: torch.device, gpus: int) -> list:
+    """The rows of a check: the techniques, the profiled step on CUDA (on a CPU there is no host sync to count),
+    then DDP (last)."""
+    ddp = "DDP, 2 processes (NCCL)" if gpus >= 2 else "DDP, 2 processes (gloo, CPU)"
+    return [*plan, *([PROFILE_ROW] if device.type == "cuda" else []), ddp]
+
+
 def run(device: str = "auto", progress=print, only=None) -> dict:
     """Check every technique (or those named in `only`) on `device`. Never raises for a technique that fails: its
     row says FAILED and why. A bad `device` is a ConfigError before anything runs."""
@@ -192,8 +215,8 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
     dataset = ImageTensorDataset(*render_glyphs(64, 32, 1, seed=0))  # 4 batches of 16: runs cross an epoch
     plan = techniques(dev, can_compile(dev))
     gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
-    ddp_name = "DDP, 2 processes (NCCL)" if gpus >= 2 else "DDP, 2 processes (gloo, CPU)"
-    names = [*plan, ddp_name]
+    names = row_names(plan, dev, gpus)
+    ddp_name = names[-1]
     unknown = set(only or ()) - set(names)
     if unknown:
         raise ConfigError(f"unknown technique(s) {sorted(unknown)}; choose from {names}")
@@ -207,6 +230,8 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
             try:
                 if name == ddp_name:
                     row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), dataset, work)
+                elif name == PROFILE_ROW:
+                    row = check_profile_syncs(base.replace(out_dir=str(work)).validate(), dataset)
                 else:
                     cfg = base.replace(**plan[name], out_dir=str(work))
                     row = check_technique(cfg.validate(), dataset, work)
