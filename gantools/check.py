@@ -159,12 +159,14 @@ def check_profile_syncs(cfg: TrainConfig, dataset) -> dict:
     """Profile 2 steps of `cfg` (fp32, no per-step reads, no log point among the profiled steps: the loss reads of a
     log are the trainer's only syncs) and the report must count no host sync. On CUDA it synchronises around every
     data wait, inside its own range; counting those, or a sync the step should not make, fails the row."""
-    from .profiling import profile
+    from .measuring import profile_trainer  # profile()'s protocol; profiling imports check (validated)
 
     quiet = cfg.replace(precision="fp32", sync_every_step=False, log_interval=1000)  # logs only at each fit's end
-    report = profile(Trainer(quiet, dataset=dataset), steps=2, warmup=1)
-    syncs = report.host_syncs_per_step
-    return {"ok": syncs == 0, "images_per_sec": report.images_per_sec, "checks": {"host syncs per step": syncs == 0},
+    trainer = Trainer(quiet, dataset=dataset)
+    trainer.fit(1)
+    syncs = profile_trainer(trainer, steps=2).code_syncs_per_step()
+    return {"ok": syncs == 0, "images_per_sec": trainer.history[-1]["images_per_sec"],
+            "checks": {"host syncs per step": syncs == 0},
             "reason": None if syncs == 0 else f"the profile counted {syncs:g} host syncs per step in a step that "
                                               "makes none"}
 

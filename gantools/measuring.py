@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import ProfilerActivity, schedule
+from torch.profiler import ProfilerActivity, record_function, schedule
 
 from . import hardware
 
@@ -163,6 +163,25 @@ class ProfilerSession:
     def code_syncs_per_step(self, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> float:
         """Host syncs the profiled code made (`code_syncs`), per iteration."""
         return len(code_syncs(spans(self.prof.events()), names, skip)) / self.steps
+
+
+def profile_trainer(trainer, steps: int, on_trace_ready=None) -> ProfilerSession:
+    """A gantools Trainer's next 1 + `steps` steps under the profiler (its warm-up step, then `steps` profiled), the
+    phases labelled and each data wait synchronised, so it measures waiting for data, not GPU work queued before it
+    (`Trainer.instrument`). The stopped session, for `profiling.profile` and `gantools check`."""
+    session = ProfilerSession(trainer.device, steps, on_trace_ready=on_trace_ready)
+
+    class StepProfiler:
+        def on_step_end(self, t):
+            session.step()
+
+    trainer.callbacks.append(stepper := StepProfiler())
+    try:
+        with trainer.instrument(label_phase=record_function, sync_data_wait=True), session:
+            trainer.fit(1 + steps)
+    finally:
+        trainer.callbacks.remove(stepper)
+    return session
 
 
 class PhaseTable:

@@ -30,11 +30,10 @@ from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import record_function
 
 from . import techniques
 from .config import TrainConfig
-from .measuring import SYNC_EVENTS, PhaseTable, ProfilerSession, amdahl
+from .measuring import PhaseTable, amdahl, profile_trainer
 from .train import Trainer
 
 PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
@@ -119,18 +118,7 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     trainer.fit(warmup)
     trace_path = Path(trace_path or trainer.out_dir / "trace.json")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
-    session = ProfilerSession(device, steps, on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))
-
-    class StepProfiler:
-        def on_step_end(self, t):
-            session.step()
-
-    trainer.callbacks.append(stepper := StepProfiler())
-    try:  # the data wait synchronised: it measures waiting for data, not GPU work queued before it
-        with trainer.instrument(label_phase=record_function, sync_data_wait=True), session:
-            trainer.fit(1 + steps)
-    finally:
-        trainer.callbacks.remove(stepper)
+    session = profile_trainer(trainer, steps, on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)))
     unprofiled_ms = _unprofiled_ms(trainer, steps)
 
     averages = session.averages

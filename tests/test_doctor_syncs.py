@@ -135,3 +135,15 @@ def test_the_host_sync_finding_names_what_each_kind_of_wait_needs():
                    sync_sites=[{"where": "train.py:60", "code": "loss.item()", "method": "item", "per_step": 2.0}])
     only_reads = rules.host_sync(reads, A100)
     assert "reads values from the device 2 times" in only_reads.title and "GradScaler" not in only_reads.change
+
+
+def test_where_the_sync_debug_mode_cannot_be_set_the_watch_stays_off(monkeypatch):
+    def refuse(mode):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", refuse)
+    synchronize, showwarning = torch.cuda.synchronize, warnings.showwarning
+    watch = SyncWatch(Observations(), Hooks(Observations())).start()
+    assert torch.cuda.synchronize is synchronize and warnings.showwarning is showwarning
+    watch.stop()  # nothing to put back
+    assert torch.cuda.synchronize is synchronize
