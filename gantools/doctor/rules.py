@@ -126,9 +126,11 @@ def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
              else f"your code waits for the device {r.host_syncs_per_step:g} times per iteration")
     return Finding(
         "host-sync", title, f"{sites}; {cost}",
-        "every read (.item(), .tolist(), printing or comparing a tensor, .to('cpu')) and every explicit "
-        "synchronize makes the host wait until the device has finished all queued work; meanwhile no new kernels "
-        "are queued, so the GPU idles between steps",
+        ("every read (.item(), .tolist(), printing or comparing a tensor)" if reads_only else
+         "every read (.item(), .tolist(), printing or comparing a tensor, .to('cpu'), a boolean mask's size) and "
+         "every explicit synchronize")
+        + " makes the host wait until the device has finished all queued work; meanwhile no new kernels are "
+        "queued, so the GPU idles between steps",
         "# keep the numbers on the device, read them once every N iterations\n"
         "stats = torch.zeros(3, device=device)  # before the loop\n"
         "stats += torch.stack([errD.detach(), errG.detach(), D_x.detach()])  # D_x = output.mean(), no .item()\n"
