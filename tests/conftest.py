@@ -1,5 +1,7 @@
 """Shared fixtures: tiny configs and datasets so the whole suite runs in minutes on a 2-core CPU."""
 import os
+import signal
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,18 @@ cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.fixture(autouse=True)
 def _quiet_threads():
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_interrupts():
+    """Each test starts as an interactive Python does: Ctrl-C raises KeyboardInterrupt. A shell starts a background
+    job (`make test &`) with SIGINT ignored, which the Ctrl-C tests would otherwise see as the process's handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")
