@@ -472,32 +472,26 @@ def scaling_markdown(result: dict) -> str:
 
 
 def chart(result: dict, path) -> None:
-    """Speed bars, or speed against FID when quality was measured."""
+    """Speed bars against the reference (the first row); under them speed against FID when quality was measured,
+    the quality target a dashed line (`display.speed_chart`)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .display import speed_chart
 
     rows = result["rows"]
-    fig, ax = plt.subplots(figsize=(8, 0.6 + 0.4 * len(rows)) if "fid" not in rows[0] else (7, 5))
-    if "fid" in rows[0]:
-        for i, r in enumerate(rows):
-            ax.scatter(r["images_per_sec"], r["fid"], color=f"C{i % 10}")
-            ax.annotate(r["variant"], (r["images_per_sec"], r["fid"]), fontsize=7, xytext=(4, 6 * (i % 3) - 6),
-                        textcoords="offset points")
-        ax.axhline(QUALITY_TARGET * rows[0]["fid"], color="grey", ls="--", lw=1,
-                   label=f"{QUALITY_TARGET}x the reference's FID (the quality target)")
-        ax.set_xlim(0, max(r["images_per_sec"] for r in rows) * 1.35)
-        ax.legend(loc="upper left", fontsize=8)
-        ax.set_xlabel("images / s (right is faster)")
-        ax.set_ylabel(f"FID after {rows[0]['images_trained']:,} training images (lower is better)")
-    else:
-        ax.barh([r["variant"] for r in rows][::-1], [r["images_per_sec"] for r in rows][::-1])
-        ax.set_xlabel("images / s")
-    ax.set_title(f"{result['machine']['device_name']}: speed" + (" against quality" if "fid" in rows[0] else ""))
-    fig.tight_layout()
+    scored = "fid" in rows[0]
+    ref = rows[0]["images_per_sec"]
+    fig = speed_chart([r["variant"] for r in rows], [r["images_per_sec"] for r in rows],
+                      notes=[f"{r['images_per_sec'] / ref:.2f}x" for r in rows],
+                      fids=[r.get("fid") for r in rows] if scored else None,
+                      fid_line=(QUALITY_TARGET * rows[0]["fid"], f"{QUALITY_TARGET}x the reference's FID (the "
+                                                                 "quality target)") if scored else None,
+                      title=f"{result['machine']['device_name']}: speed" + (" against quality" if scored else ""),
+                      speed_label="images / s; beside each bar: its speed against the reference (the first)",
+                      fid_label=f"FID after {rows[0]['images_trained']:,} training images (lower is better)"
+                      if scored else "FID")
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def save(result: dict, json_path=None, png_path=None) -> None:

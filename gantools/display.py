@@ -6,11 +6,15 @@ import time
 
 import numpy as np
 
+from .chart_layout import (SCALE_NOTE, WIDTH_IN, fit_scale, label_line_ends, legend_below, legend_height, make_room,
+                           place_labels, wrap, wrap_names, wrap_to)
+
 
 def _figure(*args, **kwargs):
+    """A figure laid out by constrained layout: titles, labels and legends get room instead of overlapping."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(*args, **kwargs)
+    fig, axes = plt.subplots(*args, layout="constrained", **kwargs)
     plt.close(fig)  # we display it ourselves; this stops the inline backend from showing it a second time
     return fig, axes
 
@@ -36,8 +40,10 @@ class LivePlot:
         self._last = 0.0
 
     def on_fit_start(self, trainer):
-        self.fig, (self.ax_loss, self.ax_img) = _figure(1, 2, figsize=(10, 3.8),
-                                                        gridspec_kw={"width_ratios": [1.5, 1]})
+        self.fig, (self.ax_loss, self.ax_img) = _figure(1, 2, figsize=(WIDTH_IN, 3.8),
+                                                        gridspec_kw={"width_ratios": [1.6, 1]})
+        if self.title:
+            self.fig.suptitle(wrap_to(self.title, WIDTH_IN, 11), fontsize=11)
         self._draw(trainer)
 
     def on_log(self, trainer, record):
@@ -59,9 +65,10 @@ class LivePlot:
             steps = h.column("step")
             ax.plot(steps, h.column("loss_d"), label="D loss")
             ax.plot(steps, h.column("loss_g"), label="G loss")
-            ax.legend(loc="upper right")
+            ax.set_ylabel("loss" + SCALE_NOTE[fit_scale(ax, h.column("loss_d") + h.column("loss_g"))], fontsize=9)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)  # off the curves
             last = h[-1]
-            ax.set_title(f"{self.title}  step {last['step']}: {last['images_per_sec']:.0f} img/s", fontsize=10)
+            ax.set_title(f"step {last['step']}: {last['images_per_sec']:.0f} img/s", fontsize=10)
         ax.set_xlabel("step")
         self.ax_img.clear()
         self.ax_img.axis("off")
@@ -119,21 +126,34 @@ def show_images(images, nrow: int = 8, title: str = ""):
     """Show a batch of images (uint8 or [-1, 1]) as one grid."""
     fig, ax = _figure(figsize=(5, 5))
     ax.imshow(image_grid(images, nrow))
-    ax.set_title(title, fontsize=10)
+    ax.set_title(wrap_to(title, 5, 10), fontsize=10)
     ax.axis("off")
     return _display(fig)
 
 
+SAMPLES_PER_ROW = 6  # grids in a row at a notebook's width, each still wide enough for its name
+
+
 def show_samples(grids: dict, title: str = "", per_row: int = 6):
-    """Sample grids side by side, e.g. {'fp32': grid, 'bf16': grid}; `per_row` of them in a row."""
+    """Sample grids side by side, e.g. {'fp32': grid, 'bf16': grid}; `per_row` of them in a row (at most
+    SAMPLES_PER_ROW: more would leave no room for their names), the row as wide as a notebook, each grid's name
+    wrapped to its width."""
+    per_row = max(1, min(per_row, SAMPLES_PER_ROW))
     rows, cols = -(-len(grids) // per_row), min(len(grids), per_row)
-    fig, axes = _figure(rows, cols, figsize=(4 * cols, 4.2 * rows), squeeze=False)
+    panel = min(4.0, WIDTH_IN / cols)
+    width = max(panel * cols, 4.5)
+    names = wrap_names(grids, width=int(panel * 72 / (0.72 * 9)), lines=3)  # 0.72 em: room for capitals
+    name_in = max(name.count("\n") + 1 for name in names) * 0.17 + 0.1
+    title = wrap_to(title, width, 11) if title else ""
+    fig, axes = _figure(rows, cols, figsize=(width, rows * (panel + name_in) + 0.2 * (title.count("\n") + 1)),
+                        squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, (name, grid) in zip(axes.flat, grids.items()):
+    for ax, name, grid in zip(axes.flat, names, grids.values()):
         ax.imshow(grid)
-        ax.set_title(name, fontsize=10)
-    fig.suptitle(title)
+        ax.set_title(name, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=11)
     return _display(fig)
 
 
@@ -174,31 +194,69 @@ def comparison_markdown(rows: list[dict]) -> str:
 
 
 def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per second against the baseline"):
-    """Speed bars against the baseline; beside them, speed against FID when the runs were scored for quality."""
-    scored = [r for r in rows if r.get("FID") is not None]
-    fig, axes = _figure(1, 2 if scored else 1, figsize=(12 if scored else 7, 0.8 + 0.45 * max(len(rows), 6)),
-                        squeeze=False)
+    """Speed bars against the baseline; under them, speed against FID when the runs were scored for quality."""
+    scored = any(r.get("FID") is not None for r in rows)
+    return speed_chart([r["run"] for r in rows], [r["images/s"] for r in rows],
+                       notes=[f"{r['speed-up']:.2f}x" for r in rows], baseline=baseline["images_per_sec"],
+                       fids=[r.get("FID") for r in rows] if scored else None, baseline_fid=baseline.get("fid"),
+                       title=title, speed_label="images / s; beside each bar: its speed-up on the baseline")
+
+
+def speed_chart(names: list, speeds: list, *, notes: list | None = None, baseline: float | None = None,
+                fids: list | None = None, baseline_fid: float | None = None, fid_line: tuple | None = None,
+                title: str = "", speed_label: str = "images / s", fid_label: str = "FID (lower is better)"):
+    """One bar per run, its note (e.g. the speed-up) at the bar's end, the baseline's speed a dashed line; under
+    them, when `fids` are given, speed against FID, each point numbered as its bar (names would cover each other
+    and the points). `fid_line`: (FID, what it is) drawn dashed, e.g. a quality target. Log axes where values
+    span decades; at a notebook's width whatever the names."""
+    n = len(names)
+    scored = [i for i, f in enumerate(fids or []) if f is not None]
+    labels = wrap_names([f"{i + 1}. {name}" if scored else name for i, name in enumerate(names)])
+    row_in = 0.12 + 0.16 * max(label.count("\n") + 1 for label in labels)
+    bars_in, quality_in = 0.9 + row_in * max(n, 3), 3.6 if scored else 0.0
+    title = wrap_to(title, WIDTH_IN, 11) if title else ""
+    fig, axes = _figure(2 if scored else 1, 1, squeeze=False,
+                        figsize=(WIDTH_IN, bars_in + quality_in + 0.22 * (title.count("\n") + 1)),
+                        gridspec_kw={"height_ratios": [bars_in, quality_in] if scored else [1]})
+    if title:
+        fig.suptitle(title, fontsize=11)
     ax = axes[0][0]
-    bars = ax.barh([r["run"] for r in rows][::-1], [r["images/s"] for r in rows][::-1], color="tab:blue")
-    ax.axvline(baseline["images_per_sec"], color="grey", ls="--", label="baseline")
-    for bar, r in zip(bars, rows[::-1]):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['speed-up']:.2f}x", va="center")
-    ax.set_xlim(0, max(r["images/s"] for r in rows) * 1.2)
-    ax.set_xlabel("images / s")
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="lower right")
-    if scored:
-        ax = axes[0][1]
-        for i, r in enumerate(scored):
-            ax.scatter(r["images/s"], r["FID"], color=f"C{i}")
-            ax.annotate(f" {r['run']}", (r["images/s"], r["FID"]), fontsize=8)
-        if "fid" in baseline:
-            ax.scatter(baseline["images_per_sec"], baseline["fid"], color="grey", marker="x", label="baseline")
-            ax.legend(loc="upper right")
-        ax.set_xlabel("images / s (right is faster)")
-        ax.set_ylabel("FID (lower is better)")
-        ax.set_title("speed against image quality", fontsize=10)
-    fig.tight_layout()
+    y = np.arange(n)[::-1]  # the first run on top
+    ax.barh(y, speeds, height=0.6, color=[f"C{i % 10}" for i in range(n)] if scored else "tab:blue")
+    ax.set_yticks(y, labels, fontsize=8)
+    pad = max(0.0, (3 - n) / 2)  # a lone bar as thick as one of three
+    ax.set_ylim(-0.6 - pad, n - 0.4 + pad)
+    marks = [v for v in list(speeds) + [baseline] if v]
+    log = fit_scale(ax, marks, "x") == "log"
+    ax.set_xlim(min(v for v in marks if v > 0) / 1.6 if log else 0, max(marks + [1e-9]) * 1.05)
+    if baseline:
+        ax.axvline(baseline, color="grey", ls="--", lw=1)
+    texts = [ax.text(v, yy, f" {note}", va="center", fontsize=8) for v, yy, note in zip(speeds, y, notes or [])]
+    ax.set_xlabel(speed_label + (f"; dashed line: the baseline, {baseline:.0f}" if baseline else "") +
+                  ("; log scale" if log else ""))
+    make_room(ax, texts)
+    if not scored:
+        return fig
+    ax = axes[1][0]
+    points, numbers = [], []
+    for i in scored:
+        ax.scatter(speeds[i], fids[i], color=f"C{i % 10}", s=30, zorder=3)
+        points.append((speeds[i], fids[i]))
+        numbers.append(str(i + 1))
+    if baseline and baseline_fid is not None:
+        ax.scatter(baseline, baseline_fid, color="grey", marker="x", s=40, zorder=3)
+        points.append((baseline, baseline_fid))
+        numbers.append("baseline")
+    if fid_line:
+        ax.axhline(fid_line[0], color="grey", ls="--", lw=1)
+    xlog = fit_scale(ax, [x for x, _ in points], "x") == "log"
+    ylog = fit_scale(ax, [f for _, f in points] + ([fid_line[0]] if fid_line else []), "y") == "log"
+    ax.margins(0.15)  # room around the points for their numbers
+    ax.set_xlabel("images / s (right is faster)" + (", log scale" if xlog else ""))
+    ax.set_ylabel(wrap_to(fid_label + (", log scale" if ylog else ""), quality_in - 0.8, 10), fontsize=10)
+    what = "speed against image quality: each point numbered as its bar above"
+    ax.set_title(wrap_to(what + (f"; dashed: {fid_line[1]}" if fid_line else ""), WIDTH_IN - 3, 10), fontsize=10)
+    place_labels(ax, points, numbers, fontsize=8)
     return fig
 
 
@@ -211,109 +269,169 @@ def show_comparison(results: dict, baseline: dict, title: str = "images per seco
     return _display(comparison_chart(rows, baseline, title))
 
 
+def _line_style(i: int) -> dict:
+    """Run i's colour, and past ten runs another dash, so no two runs look alike."""
+    return {"color": f"C{i % 10}", "ls": ("-", "--", ":", "-.")[i // 10 % 4]}
+
+
 def compare_losses(histories: dict, title: str = "losses"):
-    """Loss curves of several runs on shared axes (D solid, G dashed), e.g. {'fp32': history, 'bf16': history}."""
-    fig, axes = _figure(1, 2, figsize=(11, 3.5))
-    for i, (name, h) in enumerate(histories.items()):
-        color = f"C{i}"
-        axes[0].plot(h.column("step"), h.column("loss_d"), color=color, label=f"{name}")
-        axes[1].plot(h.column("step"), h.column("loss_g"), color=color, ls="--", label=f"{name}")
-    for ax, what in zip(axes, ("discriminator loss", "generator loss")):
-        ax.set_title(f"{title}: {what}", fontsize=10)
+    """D's and G's loss curves of several runs side by side (a run the same colour in both, one legend under
+    them), e.g. {'fp32': history, 'bf16': history}; log axes where the losses span decades."""
+    labels = wrap_names(histories)
+    fig, axes = _figure(1, 2, figsize=(WIDTH_IN, 3.6 + legend_height(WIDTH_IN, labels)))
+    for i, h in enumerate(histories.values()):
+        axes[0].plot(h.column("step"), h.column("loss_d"), **_line_style(i))
+        axes[1].plot(h.column("step"), h.column("loss_g"), **_line_style(i))
+    for ax, what, column in zip(axes, ("discriminator loss", "generator loss"), ("loss_d", "loss_g")):
+        scale = fit_scale(ax, [v for h in histories.values() for v in h.column(column)])
+        ax.set_title(wrap_to(what + SCALE_NOTE[scale], WIDTH_IN / 2 - 0.7, 10), fontsize=10)
         ax.set_xlabel("step")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.suptitle(wrap_to(title, WIDTH_IN, 11), fontsize=11)
+    legend_below(fig, axes[0].get_lines(), labels)
     return _display(fig)
 
 
 def plot_column(histories: dict, column: str, title: str = "", x: str = "step"):
-    """One logged column (e.g. 'penalty') of several runs on shared axes, e.g. {'fp32': history, 'bf16': history}."""
-    fig, ax = _figure(figsize=(7, 3.2))
-    for i, (name, h) in enumerate(histories.items()):
-        ax.plot(h.column(x), h.column(column), color=f"C{i}", label=name)
+    """One logged column (e.g. 'penalty') of several runs on shared axes, e.g. {'fp32': history, 'bf16': history};
+    a log axis where the values span decades."""
+    labels = wrap_names(histories)
+    fig, ax = _figure(figsize=(WIDTH_IN, 3.4 + legend_height(WIDTH_IN, labels)))
+    for i, h in enumerate(histories.values()):
+        ax.plot(h.column(x), h.column(column), **_line_style(i))
+    scale = fit_scale(ax, [v for h in histories.values() for v in h.column(column)])
     ax.set_xlabel(x)
-    ax.set_title(title or column, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.set_ylabel(column + SCALE_NOTE[scale])
+    ax.set_title(wrap_to(title or column, WIDTH_IN - 1, 10), fontsize=10)
+    legend_below(fig, ax.get_lines(), labels)
     return _display(fig)
 
 
-def plot_phases(report, title: str = "where one training step's time goes"):
-    """Horizontal bar chart of a ProfileReport's per-phase milliseconds."""
-    fig, ax = _figure(figsize=(7, 3))
-    names = list(report.phases_ms)[::-1]
-    ms = [report.phases_ms[n] for n in names]
-    ax.barh(names, ms, color="tab:orange")
-    for y, v in enumerate(ms):
-        ax.text(v, y, f" {v:.1f} ms ({100 * v / report.step_time_ms:.0f}%)", va="center", fontsize=8)
-    ax.set_xlabel(f"ms per step (step: {report.step_time_ms:.1f} ms on {report.device})")
-    ax.set_title(title, fontsize=10)
-    ax.set_xlim(0, max(ms) * 1.35 if ms else 1)
-    fig.tight_layout()
+def _ms(v: float) -> str:
+    return f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def plot_phases(report, title: str = "where one training step's time goes", before=None):
+    """Horizontal bars of a ProfileReport's (or DoctorReport's) milliseconds per phase. With `before` (another
+    report), both on one axis, its bar above each of this one's: two reports compared share one scale."""
+    reports = [("before", before), ("after", report)] if before is not None else [("", report)]
+    names = list(dict.fromkeys([p for _, r in reports for p in r.phases_ms]))
+    n, k = len(names), len(reports)
+    fig, ax = _figure(figsize=(WIDTH_IN, 1.2 + (0.26 + 0.2 * (k - 1)) * max(n, 3) + 0.35 * (k - 1)))
+    y = np.arange(n)[::-1]
+    height = 0.8 / k
+    texts = []
+    for j, (which, r) in enumerate(reports):
+        at = y + (k - 1 - 2 * j) * height / 2  # the first report on top
+        ms = [r.phases_ms.get(p, 0.0) for p in names]
+        step = f"{which}: {_ms(r.step_time_ms)} ms a step" if which else ""
+        ax.barh(at, ms, height=height * 0.9, color="tab:grey" if which == "before" else "tab:orange", label=step)
+        texts += [ax.text(v, yy, f" {_ms(v)} ms ({100 * v / r.step_time_ms:.0f}%)", va="center", fontsize=8)
+                  for p, v, yy in zip(names, ms, at) if p in r.phases_ms]
+    ax.set_yticks(y, names, fontsize=9)
+    ax.set_ylim(-0.6, n - 0.4)
+    ax.set_xlim(0, max([v for _, r in reports for v in r.phases_ms.values()] + [1e-3]) * 1.05)
+    on = f"on {report.device}"
+    ax.set_xlabel(f"ms per step ({on})" if before is not None else
+                  f"ms per step (step: {_ms(report.step_time_ms)} ms {on})")
+    ax.set_title(wrap_to(title, WIDTH_IN - 2.5, 10), fontsize=10)
+    if before is not None:
+        legend_below(fig, *ax.get_legend_handles_labels())
+    make_room(ax, texts)
     return _display(fig)
 
 
 class LiveRuns:
     """One figure for runs trained side by side (`workbook.train_side_by_side`), updated in place after each
-    round: D's loss against the real images each run has trained, and each run's images/s so far."""
+    round: each run's images/s so far (a bar, its name beside it) and, under them, D's loss against the real images
+    each run has trained, each curve in its bar's colour and numbered as its bar in the right margin."""
 
     def __init__(self):
         self.handle = None
-        self.fig, (self.ax_loss, self.ax_speed) = _figure(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1.4, 1]})
+        self.fig, (self.ax_speed, self.ax_loss) = _figure(2, 1, figsize=(WIDTH_IN, 7))
 
     def update(self, trainers: dict, done: int, total: int) -> None:
-        ax = self.ax_loss
-        ax.clear()
-        for i, (name, t) in enumerate(trainers.items()):
-            h = t.history
-            if len(h):
-                per_step = t.cfg.images_per_step
-                ax.plot([s * per_step for s in h.column("step")], h.column("loss_d"), color=f"C{i % 10}", label=name)
-        ax.set_xlabel("real images trained")
-        ax.set_yscale("symlog")  # a critic's loss (wgan-gp) lives on another scale than BCE's
-        ax.set_title(f"D loss (penalty included): {done:,} of {total:,} images", fontsize=10)
-        ax.legend(fontsize=7, loc="upper right")
+        from matplotlib.ticker import EngFormatter
+
+        names = list(trainers)
+        labels = wrap_names([f"{i + 1}. {name}" for i, name in enumerate(names)])
+        bars_in = 0.8 + (0.12 + 0.16 * max(label.count("\n") + 1 for label in labels)) * max(len(names), 3)
+        self.fig.set_size_inches(WIDTH_IN, bars_in + 3.6)
+        self.ax_loss.get_gridspec().set_height_ratios([bars_in, 3.6])
         ax = self.ax_speed
         ax.clear()
-        names = list(trainers)[::-1]
+        y = np.arange(len(names))[::-1]
         speeds = [trainers[n].history.summary().get("images_per_sec", 0) for n in names]
-        ax.barh(names, speeds, color="tab:blue")
-        for y, v in enumerate(speeds):
-            ax.text(v, y, f" {v:.0f}", va="center", fontsize=8)
-        ax.set_xlim(0, max(speeds + [1]) * 1.2)
-        ax.set_xlabel("images / s (median of the chunks after the first)")
-        ax.tick_params(axis="y", labelsize=8)
-        self.fig.tight_layout()
+        ax.barh(y, speeds, height=0.6, color=[f"C{i % 10}" for i in range(len(names))])
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_ylim(-0.6, len(names) - 0.4)
+        log = fit_scale(ax, [v for v in speeds if v > 0], "x") == "log"
+        ax.set_xlim(min(v for v in speeds if v > 0) / 1.6 if log else 0, max(speeds + [1]) * 1.05)
+        texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y)]
+        ax.set_xlabel("images / s (median of the chunks after the first)" + (", log scale" if log else ""))
+        ax.set_title(f"{done:,} of {total:,} real images trained", fontsize=10)
+        make_room(ax, texts)
+        ax = self.ax_loss
+        ax.clear()
+        ends, numbers, colors, losses = [], [], [], []
+        for i, t in enumerate(trainers.values()):
+            h = t.history
+            if len(h):
+                x = [s * t.cfg.images_per_step for s in h.column("step")]
+                ax.plot(x, h.column("loss_d"), **_line_style(i))
+                ends.append((x[-1], h[-1]["loss_d"]))
+                numbers.append(str(i + 1))
+                colors.append(_line_style(i)["color"])
+                losses += h.column("loss_d")
+        scale = fit_scale(ax, losses)  # a critic's loss (wgan-gp) lives on another scale than BCE's
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.2M: no offset text to look for
+        ax.set_xlabel("real images trained")
+        ax.set_title(wrap_to("D loss (penalty included)" + SCALE_NOTE[scale] + ": each curve coloured and "
+                             "numbered as its bar", WIDTH_IN - 3, 10), fontsize=10)
+        label_line_ends(ax, ends, numbers, colors)
         self.handle = _display(self.fig, self.handle)
 
 
 def tune_chart(result, title: str = "tune: every candidate against the start"):
     """The tune path: each step's speed against the start (kept: green; not kept: grey; rejected before measuring:
-    a red mark on the axis) and the incumbent's speed-up as a line, stepping up at each change kept."""
-    fig, ax = _figure(figsize=(9, 3.6))
+    a red mark on the axis) and the incumbent's speed-up as a line, stepping up at each change kept, which is named
+    beside its point (every step is in the path table, numbered as on the x-axis)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    kinds = {"kept": dict(color="tab:green", marker="o", s=40), "not kept": dict(color="tab:grey", marker=".", s=30),
+             "kept, then backed off for quality": dict(color="tab:grey", marker="s", s=30),
+             "rejected before measuring": dict(color="tab:red", marker="x", s=30)}
+    fig, ax = _figure(figsize=(WIDTH_IN, 4.4))
     xs = list(range(1, len(result.path) + 1))
-    best, incumbent = 1.0, []
+    best, incumbent, ratios, kept_points, kept_names = 1.0, [], [], [], []
     for x, step in zip(xs, result.path):
         if step.ratio_to_start is None:
-            ax.scatter(x, 1.0, marker="x", color="tab:red", zorder=3)
+            ax.scatter(x, 1.0, zorder=3, **kinds["rejected before measuring"])
         else:
             kept = step.accepted and not step.backed_off
-            ax.scatter(x, step.ratio_to_start, color="tab:green" if kept else "tab:grey", zorder=3,
-                       marker="o" if kept else ("s" if step.backed_off else "."), s=40 if kept else 30)
-            best = step.ratio_to_start if kept else best
+            kind = "kept" if kept else ("kept, then backed off for quality" if step.backed_off else "not kept")
+            ax.scatter(x, step.ratio_to_start, zorder=3, **kinds[kind])
+            ratios.append(step.ratio_to_start)
+            if kept:
+                best = step.ratio_to_start
+                kept_points.append((x, best))
+                # tune_space.describe's form; importing it would close a cycle (tune_space -> bench -> display)
+                kept_names.append(wrap(", ".join(f"{k}={v}" for k, v in step.change.items()), 24))
         incumbent.append(best)
-        ax.annotate(" " + ", ".join(f"{k}={v}" for k, v in list(step.change.items())[:2]), (x, incumbent[-1]),
-                    fontsize=7, rotation=35, xytext=(0, 6), textcoords="offset points")
-    ax.step([0] + xs, [1.0] + incumbent, where="post", color="tab:green", lw=1.5, label="the incumbent (kept so far)")
-    ax.axhline(1.0, color="grey", ls="--", lw=1, label="the start")
-    ax.set_xlabel("step")
-    ax.set_ylabel("images/s against the start")
-    ax.set_xlim(0, max(xs, default=0) + 1.5)
-    ax.set_ylim(min([0.8] + [s.ratio_to_start for s in result.path if s.ratio_to_start]) * 0.95,
-                max([1.2] + incumbent + [s.ratio_to_start for s in result.path if s.ratio_to_start]) * 1.25)
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+    ax.step([0] + xs, [1.0] + incumbent, where="post", color="tab:green", lw=1.5)
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    log = fit_scale(ax, ratios + incumbent + [1.0]) == "log"
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(0, max(xs, default=0) + 1)
+    ax.margins(y=0.3)  # room above and below the points for the changes' names
+    ax.set_xlabel("step (numbered as in the table)")
+    ax.set_ylabel("images/s against the start" + (", log scale" if log else ""))
+    ax.set_title(wrap_to(title, WIDTH_IN - 1, 10), fontsize=10)
+    handles = [Line2D([], [], ls="", markersize=6 if k != "kept" else 7, color=v["color"], marker=v["marker"])
+               for k, v in kinds.items()]
+    handles += [Line2D([], [], color="tab:green", lw=1.5), Line2D([], [], color="grey", ls="--", lw=1)]
+    legend_below(fig, handles, list(kinds) + ["the incumbent (kept so far)", "the start"])
+    place_labels(ax, kept_points, kept_names, fontsize=8)
     return fig
 
 
