@@ -83,3 +83,15 @@ def test_an_unknown_technique_is_a_config_error():
 
     with pytest.raises(ConfigError, match="unknown technique"):
         check.run("cpu", only=["warp drive"])
+
+
+def test_on_cuda_a_dataset_returning_gpu_tensors_is_checked_with_the_defaults(glyphs64, monkeypatch):
+    from gantools import TrainConfig, make_loader
+
+    monkeypatch.setattr(check, "supports_bf16", lambda d: True)
+    assert check.techniques(torch.device("cuda"), True)[check.CUDA_TENSORS] == {}  # pin_memory auto, no workers
+    assert check.CUDA_TENSORS not in check.techniques(torch.device("cpu"), True)
+    data = check.ROW_DATASETS[check.CUDA_TENSORS](glyphs64, torch.device("meta"))  # the GPU's stand-in here
+    assert len(data) == 64 and all(t.device.type == "meta" for t in data[0])
+    loader = make_loader(data, TrainConfig(**check.BASE), torch.device("cuda")).loader
+    assert loader.pin_memory is False and loader.num_workers == 0
