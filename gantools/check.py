@@ -7,8 +7,9 @@ device loader, a DataLoader with worker processes (pinned on CUDA), fused and fo
 channels_last, torch.compile (default; reduce-overhead on CUDA), TF32 and cudnn.benchmark on CUDA), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
 penalty also with fp16 + GradScaler and with CUDA graphs), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
-no host sync, so `gantools profile` must count none, its own synchronisations left out), and DDP with 2 processes
-(gloo on a CPU, NCCL where 2 GPUs exist) it checks:
+no host sync, so `gantools profile` must count none, its own synchronisations left out) and a dataset of your own
+that returns its images already on the GPU (trained with the defaults: nothing pinned, no workers), and DDP with
+2 processes (gloo on a CPU, NCCL where 2 GPUs exist) it checks:
 - every logged loss is finite;
 - no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
 - torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
@@ -40,6 +41,7 @@ from .config import TrainConfig, cli_flags, uses_cuda_graphs
 from .data import ImageTensorDataset, data_root, render_glyphs
 from .errors import ConfigError
 from .hardware import machine_info, supports_bf16
+from .recovery import is_out_of_memory
 from .train import METRICS, Trainer
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
@@ -49,6 +51,25 @@ BASE = dict(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, log_in
 STEPS = 2  # per segment: 2 steps, checkpoint, 2 steps; then back to the checkpoint and the same 2 steps again
 PROFILE_ROW = "profile: no host syncs in the step"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
+CUDA_TENSORS = "a dataset returning CUDA tensors"
+
+
+class DeviceTensors(torch.utils.data.Dataset):
+    """The check's images as a dataset of your own that returns them already on `device`, as one that moves each
+    image to the GPU in __getitem__ does: the DataLoader must neither pin its batches (a CUDA tensor cannot be pinned)
+    nor fork workers for it (`data.make_loader`)."""
+
+    def __init__(self, dataset: ImageTensorDataset, device: torch.device):
+        self.images, self.labels = dataset.images.to(device), dataset.labels.to(device)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return self.images[i], self.labels[i]
+
+
+ROW_DATASETS = {CUDA_TENSORS: DeviceTensors}  # rows trained on their own dataset: name -> (images, device) -> dataset
 
 
 def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
@@ -65,6 +86,7 @@ def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
     if cuda:  # the penalty's AMP recipe (scaled input gradients), and its eager D beside CUDA graphs
         rows["WGAN-GP, fp16 + GradScaler"] = {"loss": "wgan-gp", "precision": "fp16"}
         rows["WGAN-GP + compile reduce-overhead"] = {"loss": "wgan-gp", "compile": "reduce-overhead"}
+        rows[CUDA_TENSORS] = {}  # the defaults (pin_memory auto, no workers), on ROW_DATASETS' dataset
     return rows
 
 
@@ -236,11 +258,12 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
                     row = check_profile_syncs(base.replace(out_dir=str(work)).validate(), dataset)
                 else:
                     cfg = base.replace(**plan[name], out_dir=str(work))
-                    row = check_technique(cfg.validate(), dataset, work)
+                    data = ROW_DATASETS[name](dataset, dev) if name in ROW_DATASETS else dataset
+                    row = check_technique(cfg.validate(), data, work)
             except Exception as e:  # a technique that crashes is a FAILED row, not the end of the check
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                row = {"ok": False, "reason": f"{type(e).__name__}: {first}"[:300], "images_per_sec": None,
-                       "checks": {}}
+                kind = "OutOfMemory" if is_out_of_memory(e) else type(e).__name__  # cuDNN's and cuBLAS's too
+                row = {"ok": False, "reason": f"{kind}: {first}"[:300], "images_per_sec": None, "checks": {}}
             rows.append({"technique": name, **row, "seconds": round(time.perf_counter() - t0, 1)})
             progress(f"{name}: {'ok' if row['ok'] else 'FAILED'} ({rows[-1]['seconds']} s)")
     result = {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,

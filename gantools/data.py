@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .checkpoint import atomic_save
 from .distributed import World
-from .errors import DataError, OutOfMemory
+from .errors import ConfigError, DataError, OutOfMemory
+from .recovery import is_out_of_memory
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -270,6 +271,25 @@ def num_classes(dataset: Dataset) -> int:
     return int(torch.as_tensor(labels).max()) + 1
 
 
+def returns_cpu_tensors(dataset: Dataset) -> bool:
+    """Whether the dataset's items hold only CPU tensors (or none: numbers, arrays), judged from its first item, as
+    `network_checks` judges its shape. A dataset of your own may return tensors already on the GPU; those cannot be
+    pinned, nor made in a forked DataLoader worker (see `make_loader`)."""
+    if len(dataset) == 0:
+        return True
+    pending = [dataset[0]]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                return False
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (tuple, list)):
+            pending.extend(value)
+    return True
+
+
 # -- loaders --------------------------------------------------------------------------------------------------
 
 class EpochBatchSampler(Sampler):
@@ -427,7 +447,9 @@ class DeviceLoader:
         try:
             self.images = dataset.images.to(self.device)
             self.labels = torch.as_tensor(dataset.labels).to(self.device) if labels else None
-        except torch.OutOfMemoryError:
+        except RuntimeError as e:
+            if not is_out_of_memory(e):
+                raise
             raise OutOfMemory(f"the dataset ({dataset.images.numel() / 2**20:.0f} MB as uint8) does not fit in "
                               f"{self.device.type} memory next to the model: use loader='dataloader', which holds "
                               "one batch at a time there") from None
@@ -451,16 +473,33 @@ class DeviceLoader:
 def make_loader(dataset: Dataset, cfg, device, world: World = World(),
                 generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
     """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share.
-    `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA: only then is the non-blocking copy
-    asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation when asked).
+    `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA from the CPU: only then is the
+    non-blocking copy asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation
+    when asked), and impossible for a dataset whose tensors are already on the GPU (`returns_cpu_tensors`): the
+    DataLoader pins every tensor of a batch (torch/utils/data/_utils/pin_memory.py: `data.pin_memory()`), and
+    pinning a CUDA tensor raises "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned". Such a
+    dataset gets no workers either: its __getitem__ would use CUDA in a worker forked (Linux's default) from a
+    process that already did, which the CUDA runtime does not support (PyTorch docs, notes/multiprocessing, "CUDA in
+    multiprocessing"; torch.cuda's lazy init raises "Cannot re-initialize CUDA in forked subprocess"). Asking for
+    either is one ConfigError here, before training.
     With `cfg.conditional` every batch is an (images, labels) pair, else the images alone."""
     common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
                   world=world, generator=generator, labels=cfg.conditional)
     if cfg.loader == "device":
         return DeviceLoader(dataset, cfg.batch_size, device, **common)
-    pin = cfg.pin_memory if cfg.pin_memory is not None else True
-    return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers,
-                      pin_memory=pin and torch.device(device).type == "cuda",
+    cuda = torch.device(device).type == "cuda"
+    on_cpu = returns_cpu_tensors(dataset) if cfg.num_workers or cfg.pin_memory or (cuda and cfg.pin_memory is None) \
+        else True  # the probe reads an item: only where workers or pinning hang on it
+    problems = []
+    if not on_cpu and cfg.num_workers:
+        problems.append(f"num_workers={cfg.num_workers}: a forked DataLoader worker cannot use CUDA; set num_workers=0")
+    if not on_cpu and cfg.pin_memory:
+        problems.append("pin_memory=True: only CPU tensors can be pinned; set pin_memory=None (auto) or False")
+    if problems:
+        raise ConfigError("your dataset returns tensors that are not on the CPU (already on the GPU?): "
+                          + "; ".join(problems))
+    pin = cfg.pin_memory if cfg.pin_memory is not None else on_cpu
+    return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers, pin_memory=pin and cuda,
                       persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor, **common)
 
 

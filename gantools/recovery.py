@@ -12,9 +12,17 @@ from pathlib import Path
 import torch
 
 from .config import uses_cuda_graphs
-from .errors import NonFiniteLossError, OutOfMemory
+from .errors import GantoolsError, NonFiniteLossError, OutOfMemory
 
 SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
+# How the CUDA libraries say "no memory" in the RuntimeError (torch.AcceleratorError on newer torch) that torch raises
+# for them, where it is not a torch.OutOfMemoryError (which only the caching allocator raises): cuBLAS
+# ("CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), cuDNN, cuFFT and cuSOLVER (..._ALLOC_FAILED);
+# cuDNN 9 (CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED); and cuDNN's CUDNN_STATUS_NOT_INITIALIZED, which is
+# what creating its handle reports when the GPU is full (pytorch/pytorch#12256: raised only above a batch size;
+# JuliaGPU/CUDA.jl#264: "Library handle creation close to OOM fails with ERROR_NOT_INITIALIZED", and CUDA.jl retries
+# it after freeing memory). A raw cudaErrorMemoryAllocation reads "CUDA error: out of memory", matched apart.
+LIBRARY_ALLOCATION_FAILURES = ("ALLOC_FAILED", "ALLOCATION_FAILED", "CUDNN_STATUS_NOT_INITIALIZED")
 
 
 class Rollback:
@@ -73,6 +81,19 @@ def weights_finite(*modules) -> bool:
     return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())  # one sync
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether `e` says the device ran out of memory: torch.OutOfMemoryError, gantools' own OutOfMemory, or a
+    RuntimeError whose text says "out of memory" or names a CUDA library's allocation failure
+    (`LIBRARY_ALLOCATION_FAILURES`). The one test fit(), tune, the device loader and check use. Other GantoolsErrors
+    already say what to do; the host's MemoryError is not the device's."""
+    if isinstance(e, (torch.OutOfMemoryError, OutOfMemory)):
+        return True
+    if isinstance(e, GantoolsError) or not isinstance(e, RuntimeError):
+        return False
+    text = str(e)
+    return "out of memory" in text.lower() or any(marker in text for marker in LIBRARY_ALLOCATION_FAILURES)
+
+
 def out_of_memory(detail: str, cfg, device: torch.device, step: int, checkpoint: Path) -> OutOfMemory:
     """The error for a step that ran out of device memory, saying what to change; the memory the failed step held
     (its gradients already dropped by the caller) goes back first."""
@@ -85,10 +106,12 @@ def out_of_memory(detail: str, cfg, device: torch.device, step: int, checkpoint:
     if cfg.precision == "fp32":
         tips.append("precision='bf16' (or 'fp16' on GPUs without bf16): about half the activation memory")
     where = f"the last checkpoint is {checkpoint}" if checkpoint.is_file() else "no checkpoint was written yet"
+    handle = (" (cuDNN says a full GPU this way; if a much smaller batch fails alike, suspect the cuDNN install)"
+              if "CUDNN_STATUS_NOT_INITIALIZED" in detail else "")
     return OutOfMemory(f"out of {device.type} memory at step {step + 1} (micro-batch "
                        f"{cfg.batch_size // cfg.grad_accum_steps}, {cfg.image_size} px, precision {cfg.precision}). "
                        f"Try {'; or '.join(tips)}. This step was not completed; {where}. "
-                       f"Detail: {detail}")
+                       f"Detail: {detail}{handle}")
 
 
 def check_scales(record: dict, step: int, warn) -> None:

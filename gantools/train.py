@@ -224,7 +224,12 @@ class Trainer(TrainStep):
                     try:  # fetching a batch can run out of device memory too (its copy to the GPU)
                         reals = self._next_batches(batches)  # one real batch per D step
                         self._train_step(*reals)
-                    except torch.OutOfMemoryError as e:
+                    except BaseException as e:
+                        # a generator that raised is finished (its next() is StopIteration), and one that did not
+                        # is past this unfinished step's batches: the next fit() starts a fresh stream at them
+                        self.close()
+                        if isinstance(e, OutOfMemory) or not recovery.is_out_of_memory(e):
+                            raise
                         oom = str(e).splitlines()[0] if str(e) else "out of memory"
                     if oom is not None:  # outside the except block, so the failed step's tensors can be freed
                         self.opt_d.zero_grad(set_to_none=True)

@@ -51,16 +51,19 @@ def complete(cfg: TrainConfig, change: dict) -> dict:
     return {k: v for k, v in change.items() if getattr(cfg, k) != v}
 
 
-def allowed(change: dict, cfg: TrainConfig, space: tuple) -> bool:
+def allowed(change: dict, cfg: TrainConfig, space: tuple, cpu_tensors: bool = True) -> bool:
     """Only speed knobs (and batch_size when in the space) may change, plus bce-sigmoid -> bce; at least one
-    field of the change must be in the space."""
+    field of the change must be in the space. With a dataset whose tensors are not on the CPU (`cpu_tensors`
+    False: `data.returns_cpu_tensors`), never workers or pinned memory (`data.make_loader` says why)."""
     fine = set(speed_knobs()) | set(space)
     ok = all(k in fine or (k == "loss" and cfg.loss == "bce-sigmoid" and v == "bce") for k, v in change.items())
+    if not cpu_tensors and (change.get("num_workers") or change.get("pin_memory")):
+        return False
     return ok and any(k in space for k in change)
 
 
 def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset: bool = False,
-                 main_thread: bool = True) -> tuple[list, list]:
+                 main_thread: bool = True, cpu_tensors: bool = True) -> tuple[list, list]:
     """(candidates, skipped): every change of the speed knobs in `space` worth trying from `cfg` on `device`,
     likeliest gain first (`PRIOR`; among equals, `techniques.TECHNIQUES`' order), each completed to a valid config
     (`complete`); and the values left out because
@@ -69,7 +72,8 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
     Values per knob: 16-bit precision (bf16 where the device has it, else fp16 on CUDA; fp16 never on a CPU);
     sync_every_step off; freeze_d on; the device loader; on-device normalisation (not with your own dataset,
     which brings its own transforms); workers doubled (from 0: 2) up to the cores, and halved; workers kept alive;
-    prefetch_factor 4; pinned memory (CUDA); channels_last either way; compile default, or off (and on CUDA
+    prefetch_factor 4; pinned memory (CUDA) (workers and pinning only for a dataset of CPU tensors, `cpu_tensors`:
+    `data.make_loader` says why); channels_last either way; compile default, or off (and on CUDA
     max-autotune and reduce-overhead, which both use CUDA graphs, only where `gantools check` validated them and not
     in a background thread, where CUDA graphs are refused); each other optimizer implementation; cuDNN benchmark and TF32 (CUDA, TF32 on Ampere+);
     fewer accumulation micro-batches (more never speeds a step up); and, only when `space` names it, batch_size x2
@@ -106,13 +110,15 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
         elif name == "num_workers" and c.loader == "dataloader":
             n = c.num_workers
             for value in sorted({min(cores, 2 * n if n else 2), n // 2}):
-                offer(name, value)
+                offer(name, value, None if cpu_tensors or not value else
+                      "your dataset's tensors are not on the CPU: a forked worker cannot use CUDA")
         elif name == "persistent_workers" and c.num_workers > 0:
             offer(name, True)
         elif name == "prefetch_factor" and c.num_workers > 0 and c.prefetch_factor is None:
             offer(name, 4)
         elif name == "pin_memory" and c.loader == "dataloader":
-            offer(name, True, None if cuda else "pinned memory only helps copies to a GPU")
+            offer(name, True, "pinned memory only helps copies to a GPU" if not cuda else None if cpu_tensors else
+                  "your dataset's tensors are not on the CPU: only CPU tensors can be pinned")
         elif name == "channels_last":
             offer(name, not c.channels_last)
         elif name == "compile":

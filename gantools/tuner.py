@@ -13,7 +13,9 @@ import torch
 from . import bench
 from .bench import decide
 from .config import TrainConfig, differences
+from .data import returns_cpu_tensors
 from .errors import ConfigError, GantoolsError
+from .recovery import is_out_of_memory
 from .state import on_interrupt
 from .tune_result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
 from .tune_space import Candidate, allowed, complete, describe, search_space
@@ -49,13 +51,6 @@ def _room_to_recompile():
         yield
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """Out of memory without torch.OutOfMemoryError: cuBLAS/cuDNN report a failed workspace allocation as a
-    RuntimeError ("CUBLAS_STATUS_ALLOC_FAILED", cuDNN's "CUDNN_STATUS_ALLOC_FAILED" / "ALLOC_FAILED")."""
-    text = str(e)
-    return "out of memory" in text.lower() or "ALLOC_FAILED" in text
-
-
 def _reason(e: BaseException) -> str:
     text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
     return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
@@ -79,6 +74,8 @@ class Tuner:
         self.kept = []          # the Step that made each chain entry after the first
         self.incumbent = None   # the incumbent's trainer, kept warm between measurements
         self.compiled = o.cfg.compile != "off"  # whether a config with torch.compile has been built yet
+        # your dataset's items already on the GPU: no workers, no pinning tried (tune_space.search_space)
+        self.cpu_tensors = o.dataset is None or returns_cpu_tensors(o.dataset)
 
     def _say(self, line: str, now: str | None = None) -> None:
         if line:
@@ -144,7 +141,9 @@ class Tuner:
         instead of losing the path found."""
         try:
             phase()
-        except (GantoolsError, torch.OutOfMemoryError) as e:
+        except Exception as e:  # noqa: BLE001 - a user's error or out of memory is noted; anything else is a bug
+            if not (isinstance(e, GantoolsError) or is_out_of_memory(e)):
+                raise
             self.result.quality.setdefault("note", f"not checked: the {name} failed: {_reason(e)}")
 
     def _search(self) -> None:
@@ -156,8 +155,7 @@ class Tuner:
         t = time.perf_counter()
         self.incumbent = self.trials.trainer(cfg, "start")  # the start must run: its errors are the caller's to see
         self.trials.build_s = time.perf_counter() - t
-        candidates, r.skipped = search_space(cfg, o.device, o.space, o.dataset is not None,
-                                             threading.current_thread() is threading.main_thread())
+        candidates, r.skipped = self._space(cfg)
         verdict, ratio_to_start, header = None, 1.0, False
         while True:
             if self.options.stop.is_set():
@@ -213,11 +211,16 @@ class Tuner:
     def _next(self, verdict, cfg: TrainConfig) -> Candidate | None:
         o = self.options
         fix = complete(cfg, verdict.fix) if verdict.fix else {}
-        if fix and allowed(fix, cfg, o.space) and key(fix) not in self.tried:
+        if fix and allowed(fix, cfg, o.space, self.cpu_tensors) and key(fix) not in self.tried:
             return Candidate(fix, f"verdict: {verdict.bottleneck}")
-        candidates, _ = search_space(cfg, o.device, o.space, o.dataset is not None,
-                                     threading.current_thread() is threading.main_thread())
+        candidates, _ = self._space(cfg)
         return next((c for c in candidates if key(c.change) not in self.tried), None)
+
+    def _space(self, cfg: TrainConfig) -> tuple[list, list]:
+        """`search_space` from `cfg` for this tune's device, space, dataset and thread."""
+        o = self.options
+        return search_space(cfg, o.device, o.space, o.dataset is not None,
+                            threading.current_thread() is threading.main_thread(), self.cpu_tensors)
 
     def _try(self, cand: Candidate, inc_cfg: TrainConfig, ratio_to_start: float) -> Step:
         """Measure one candidate against the incumbent; keep it or not."""
@@ -236,16 +239,15 @@ class Tuner:
             measured = self.trials.measure(contenders, {"incumbent": inc_cfg, "candidate": cfg})
         except bench.Stopped:
             raise
-        except (GantoolsError, torch.OutOfMemoryError, *_compile_errors()) as e:
+        except (GantoolsError, *_compile_errors()) as e:
             failure = _reason(e)
-        except RuntimeError as e:  # allocation failures torch raises as plain errors (cuBLAS, cuDNN workspaces)
-            if not _out_of_memory(e) and self.options.own is None:
-                raise
-            failure = _reason(e) if _out_of_memory(e) else f"your networks failed with this change: {_reason(e)}"
         except Exception as e:  # noqa: BLE001 - with your own networks, their errors under a setting reject it
-            if self.options.own is None:
+            if is_out_of_memory(e):  # as torch.OutOfMemoryError, or a CUDA library's allocation failure
+                failure = _reason(e)
+            elif self.options.own is None:
                 raise
-            failure = f"your networks failed with this change: {_reason(e)}"
+            else:
+                failure = f"your networks failed with this change: {_reason(e)}"
         step.seconds = time.perf_counter() - t
         if failure is not None:
             self.trials.discard_failed()

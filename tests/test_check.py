@@ -101,3 +101,15 @@ def test_a_profiled_step_on_cuda_must_count_no_host_syncs(glyphs64, tmp_path, mo
     monkeypatch.setattr(ProfilerSession, "code_syncs_per_step", lambda self: 2.0)
     row = check.check_profile_syncs(cfg, glyphs64)
     assert not row["ok"] and "counted 2 host syncs per step" in row["reason"]
+
+
+def test_on_cuda_a_dataset_returning_gpu_tensors_is_checked_with_the_defaults(glyphs64, monkeypatch):
+    from gantools import TrainConfig, make_loader
+
+    monkeypatch.setattr(check, "supports_bf16", lambda d: True)
+    assert check.techniques(torch.device("cuda"), True)[check.CUDA_TENSORS] == {}  # pin_memory auto, no workers
+    assert check.CUDA_TENSORS not in check.techniques(torch.device("cpu"), True)
+    data = check.ROW_DATASETS[check.CUDA_TENSORS](glyphs64, torch.device("meta"))  # the GPU's stand-in here
+    assert len(data) == 64 and all(t.device.type == "meta" for t in data[0])
+    loader = make_loader(data, TrainConfig(**check.BASE), torch.device("cuda")).loader
+    assert loader.pin_memory is False and loader.num_workers == 0

@@ -193,6 +193,35 @@ def test_make_loader_follows_the_config(glyphs64):
     assert isinstance(make_loader(glyphs64, cfg.replace(loader="dataloader"), "cpu"), HostLoader)
 
 
+class OffHostImages(torch.utils.data.Dataset):
+    """A dataset of your own whose items are already on an accelerator (as a dataset that moves its images to the GPU
+    in __getitem__ would return). No GPU here: "meta" tensors stand in, since what counts is that they are not on the
+    CPU."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.empty(1, 32, 32, dtype=torch.uint8, device="meta"), torch.tensor(i % 2, device="meta")
+
+
+def test_only_a_dataset_of_cpu_tensors_is_pinned_or_given_workers(glyphs64):
+    from gantools import ConfigError
+
+    cfg = TrainConfig(batch_size=16)  # the defaults: loader='dataloader', pin_memory auto, no workers
+    assert make_loader(glyphs64, cfg, "cuda").loader.pin_memory is True  # host batches bound for CUDA: pinned
+    # pinning a batch pins every tensor in it, and a GPU tensor cannot be pinned ("only dense CPU tensors can be
+    # pinned"): auto leaves such a dataset unpinned
+    assert make_loader(OffHostImages(), cfg, "cuda").loader.pin_memory is False
+    with pytest.raises(ConfigError, match=r"not on the CPU.*pin_memory=True: .*pin_memory=None"):
+        make_loader(OffHostImages(), cfg.replace(pin_memory=True), "cuda")
+    with pytest.raises(ConfigError, match=r"not on the CPU.*num_workers=2: .*num_workers=0"):
+        make_loader(OffHostImages(), cfg.replace(num_workers=2, persistent_workers=True), "cuda")
+    with pytest.raises(ConfigError, match=r"num_workers=1: "):  # whatever the device trained on
+        make_loader(OffHostImages(), cfg.replace(num_workers=1), "cpu")
+    assert gdata.returns_cpu_tensors(glyphs64) and not gdata.returns_cpu_tensors(OffHostImages())
+
+
 @pytest.mark.parametrize("loader", ["device", "dataloader"])
 def test_under_torchrun_the_ranks_batches_together_are_the_one_process_batch(glyphs64, loader):
     from gantools.distributed import World

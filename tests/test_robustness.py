@@ -213,6 +213,68 @@ def test_out_of_memory_is_one_clear_error_with_what_to_change(tiny, glyphs64, mo
     assert err.startswith("gantools: error: out of cpu memory") and "Traceback" not in err
 
 
+@pytest.mark.parametrize("error, oom", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA error: out of memory"), True),  # a raw cudaErrorMemoryAllocation (a context, a handle)
+    (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED"), True),  # cuDNN's handle or workspace, memory full
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"), True),  # cuDNN 9
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+    (OutOfMemory("out of cuda memory at step 3"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x8 and 9x64)"), False),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"), False),
+    (DataError("cannot read image a.png: out of memory decoding it"), False),  # ours: already says what to do
+    (MemoryError(), False),  # the host's memory: nothing a smaller batch on the device fixes
+])
+def test_one_classifier_tells_out_of_device_memory(error, oom):
+    from gantools.recovery import is_out_of_memory
+
+    assert is_out_of_memory(error) is oom
+
+
+def test_an_allocation_failure_torch_raises_as_a_plain_error_is_out_of_memory_in_fit(tiny, glyphs64, monkeypatch):
+    def fails(message):
+        def step(self, *reals):
+            raise RuntimeError(message)
+        return step
+
+    trainer = Trainer(tiny, dataset=glyphs64)
+    monkeypatch.setattr(Trainer, "_train_step", fails("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED"))
+    with pytest.raises(OutOfMemory, match=r"at step 1 .*batch_size \(now 16\).*Detail: cuDNN error: "
+                                          r"CUDNN_STATUS_NOT_INITIALIZED"):
+        trainer.fit()
+    monkeypatch.setattr(Trainer, "_train_step", fails("mat1 and mat2 shapes cannot be multiplied"))
+    with pytest.raises(RuntimeError, match="mat1") as raised:  # any other error is left as it is
+        trainer.fit()
+    assert not isinstance(raised.value, OutOfMemory)
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "device"])
+def test_out_of_memory_copying_a_batch_leaves_the_next_fit_a_fresh_batch_stream(tiny, glyphs64, monkeypatch, loader,
+                                                                               tmp_path):
+    import gantools.data as data
+
+    cfg = tiny.replace(loader=loader, steps=4, log_interval=1)
+    full = Trainer(cfg.replace(out_dir=str(tmp_path / "full")), dataset=glyphs64)
+    full.fit()
+    real, calls = data.prepare_batch, []
+
+    def copy_runs_out_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the third batch's copy to the device
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data, "prepare_batch", copy_runs_out_once)
+    run = Trainer(cfg.replace(out_dir=str(tmp_path / "cut")), dataset=glyphs64)
+    with pytest.raises(OutOfMemory, match="at step 3"):
+        run.fit()
+    assert run.step == run.batches_seen == 2
+    run.fit()  # the batch stream that raised is finished: a fresh one starts at the failed step's batch
+    assert run.step == run.batches_seen == 4
+    _same_run(full, run)
+
+
 def _png(path, size=(40, 30)):
     from PIL import Image
 

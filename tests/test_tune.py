@@ -57,6 +57,22 @@ def test_the_search_space_holds_what_applies_here_likeliest_first(tmp_path):
         {"grad_accum_steps": 2}, "fewer, larger micro-batches only: more never makes a step faster"
 
 
+def test_workers_and_pinning_are_offered_only_for_a_dataset_of_cpu_tensors(tiny):
+    """A dataset whose items are already on the GPU: a forked worker cannot use CUDA, and such tensors cannot be
+    pinned, so neither is tried (nor the profiler's fix of more workers)."""
+    from gantools.tune_space import allowed
+
+    cuda, space = torch.device("cuda"), ("num_workers", "persistent_workers", "pin_memory")
+    offered = {k for c in search_space(tiny, cuda, space, own_dataset=True)[0] for k in c.change}
+    assert offered >= {"num_workers", "pin_memory"}
+    candidates, skipped = search_space(tiny, cuda, space, own_dataset=True, cpu_tensors=False)
+    assert candidates == []
+    reasons = dict(skipped)
+    assert "not on the CPU" in reasons["pin_memory=True"] and "CUDA" in reasons[f"num_workers={min(os.cpu_count(), 2)}"]
+    fix = {"num_workers": 2, "persistent_workers": True}
+    assert allowed(fix, tiny, space) and not allowed(fix, tiny, space, cpu_tensors=False)
+
+
 def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
     """The tutorial's per-image PIL transforms in the training process feeding a tiny model: the step waits for its
     data, the verdict says so, and tune's first kept change is the verdict's data-loading fix."""
@@ -133,18 +149,24 @@ class OutOfMemoryAbove(BatchFreeG):
     the sample grid's 64 images, drawn without gradients, still fit)."""
 
     calls = 0
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     def forward(self, z):
         self.calls += 1
         if z.shape[0] > 16 and torch.is_grad_enabled():
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise self.error
         return super().forward(z)
 
 
-def test_your_own_networks_and_candidates_that_raise(tiny, big_images):
-    """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory, the device
-    loader on a folder of files (an invalid combination): both rejected with their reasons, and the loop goes on."""
+@pytest.mark.parametrize("error", [None, RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED")],
+                         ids=["OutOfMemoryError", "cuDNN's allocation failure"])
+def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
+    """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory (as torch
+    says it, or as cuDNN does), the device loader on a folder of files (an invalid combination): both rejected with
+    their reasons, and the loop goes on."""
     g, d = OutOfMemoryAbove(), BatchFreeD()
+    if error is not None:
+        g.error = error
     before = weights(g), weights(d)
     cfg = tiny.replace(dataset="folder", data_path=str(big_images), sync_every_step=True)
     result = tune(cfg, minutes=5, generator=g, discriminator=d, plan=dict(PLAN, images_per_repeat=64),
