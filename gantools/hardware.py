@@ -29,6 +29,13 @@ def supports_bf16(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def autocast_precision(device: torch.device) -> str:
+    """The 16-bit precision to train in on `device`: 'bf16' where it is fast (`supports_bf16`: every CPU, Ampere and
+    newer GPUs), else 'fp16' (a T4, V100 or P100), which the trainer pairs with a GradScaler per network. What the
+    benchmark ladder, the profiler's verdict and tune propose, so none of them offers what validation refuses here."""
+    return "bf16" if supports_bf16(device) else "fp16"
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work: without this, GPU timings measure only the kernel launches."""
     if device.type == "cuda":
