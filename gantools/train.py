@@ -383,7 +383,7 @@ class Trainer(TrainStep):
         if self._compile_stats is not None:
             record.update(self._compile_stats.read())
         self.history.records.append(record)
-        recovery.check_scales(record, self.step, self._warn)
+        recovery.check_scales(record, self.step, self._warn, self.device)
         if self._compile_stats is not None:
             recovery.check_compiles(self.history.records, self.step, self.cfg.compile, self._warn)
         bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
