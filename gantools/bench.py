@@ -29,7 +29,7 @@ import torch
 from . import distributed, techniques
 from .config import TrainConfig, cli_flags, preset, scale_batch
 from .errors import ConfigError, GantoolsError, ScalingCrash, Stopped
-from .hardware import machine_info, resolve_device
+from .hardware import autocast_precision, machine_info, resolve_device
 from .quick import QUICK
 
 # bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
@@ -86,7 +86,8 @@ def matmul_peak(device: torch.device, dtype=torch.bfloat16, n: int = 2048, repea
 
 def ladder(device: torch.device, compile_variants: bool) -> dict:
     """name -> config changes from the reference. Each technique alone (`techniques.TECHNIQUES`' ladder rows, in
-    their order), then all together, then max throughput."""
+    their order, as they apply on `device`), then all together (in the device's 16-bit precision: bf16, or fp16
+    on a GPU without fast bf16), then max throughput."""
     steps, together = {"reference (tutorial loop)": {}}, {}
     for row in techniques.rows("ladder", device, compile_variants):
         steps[row.name] = dict(row.change)
@@ -320,7 +321,9 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
     builders = {name: (lambda cfg=cfg: measurement_trainer(cfg, plan)) for name, cfg in configs.items()}
     measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
     peak = peak_flops(dev)
-    matmul = {"fp32": matmul_peak(dev, torch.float32), "bf16": matmul_peak(dev, torch.bfloat16)}
+    half = autocast_precision(dev)  # a GPU without fast bf16 has fast fp16
+    matmul = {"fp32": matmul_peak(dev, torch.float32),
+              half: matmul_peak(dev, torch.bfloat16 if half == "bf16" else torch.float16)}
     reference = measured[next(iter(measured))].images_per_sec
     rows, trainers = {}, {name: m.trainer for name, m in measured.items()}
     for name, m in measured.items():
@@ -356,12 +359,13 @@ def markdown(result: dict) -> str:
     head = ["variant", "images/s", "spread", "vs reference", "peak MB", "warm-up s", "TFLOP/s", "of matmul peak",
             "MFU"]
     head += ["FID", "KID", "classes"] if quality else []
+    half = next(k for k in result["measured_matmul_flops"] if k != "fp32")  # the device's 16-bit precision
     lines = [f"{m['device_name']} ({m['device']}), torch {m['torch']}, {result['date']}, preset {result['size']}: "
              f"DCGAN {result['config']['image_size']} px, {result['config']['channels']} ch, "
              f"{result['config']['dataset']}, batch {result['config']['batch_size']}, median of "
              f"{result['plan']['repeats']} interleaved repeats. A large square matmul runs here at "
              f"{result['measured_matmul_flops']['fp32'] / 1e12:.2f} TFLOP/s in fp32 and "
-             f"{result['measured_matmul_flops']['bf16'] / 1e12:.2f} in bf16 (\"of matmul peak\": a row's TFLOP/s "
+             f"{result['measured_matmul_flops'][half] / 1e12:.2f} in {half} (\"of matmul peak\": a row's TFLOP/s "
              f"against the faster of the two); MFU is against the GPU's published bf16 dense peak.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:

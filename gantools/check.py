@@ -3,7 +3,8 @@ The first thing to run on a new GPU: gantools' own tests run on a CPU, so this i
 minute or two, which techniques work with their driver, GPU and torch.
 
 For each technique (`techniques.TECHNIQUES`' check rows, in its order: each precision the device supports, the
-device loader, a DataLoader with worker processes (pinned on CUDA), fused and foreach Adam, gradient accumulation,
+device loader, a DataLoader with worker processes (pinned on CUDA), fused and foreach Adam (on CUDA also fp16 with
+each optimizer implementation), gradient accumulation,
 channels_last, torch.compile (default; reduce-overhead on CUDA), TF32 and cudnn.benchmark on CUDA), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
 penalty also with fp16 + GradScaler and with CUDA graphs), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
@@ -15,7 +16,10 @@ that returns its images already on the GPU (trained with the defaults: nothing p
 - torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
   accumulating; D twice: its inputs with and without gradients) and none after warm-up, and skipped no CUDA graphs;
 - on a CPU, resuming from a checkpoint gives bit-identical weights (the EMA generator's too) and losses (on a GPU
-  kernels need not be deterministic, so there it is not required).
+  kernels need not be deterministic, so there it is not required);
+- with a GradScaler (fp16, CUDA), the host syncs in the optimizer steps, counted and shown (`counting_syncs`): none
+  with fused Adam, else GradScaler.step's `.item()` on found_inf, one per optimizer step (the fp16 rows with each
+  optimizer implementation show both).
 
 Techniques that pass on a CUDA device are recorded under data/check/ (keyed by GPU name and torch version):
 `validated()` reads that record, so the profiler recommends CUDA graphs only where they ran here.
@@ -30,6 +34,7 @@ import re
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,7 +45,7 @@ from .checkpoint import atomic_write, load_checkpoint
 from .config import TrainConfig, cli_flags, uses_cuda_graphs
 from .data import ImageTensorDataset, data_root, render_glyphs
 from .errors import ConfigError
-from .hardware import machine_info, supports_bf16
+from .hardware import SYNC_WARNING, machine_info
 from .recovery import is_out_of_memory
 from .train import METRICS, Trainer
 
@@ -70,6 +75,8 @@ class DeviceTensors(torch.utils.data.Dataset):
 
 
 ROW_DATASETS = {CUDA_TENSORS: DeviceTensors}  # rows trained on their own dataset: name -> (images, device) -> dataset
+OPTIMIZER_PHASES = ("D optimizer step", "G optimizer step")
+SYNC_MODE_NOTICE = "Synchronization debug mode is a prototype feature"  # said once, when the mode is first set
 
 
 def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
@@ -77,7 +84,7 @@ def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
     (`techniques.TECHNIQUES`, in its order), then the GAN family."""
     cuda = device.type == "cuda"
     rows = {"fp32": {}}
-    for row in techniques_.rows("checks", device, compile_ok, bf16_ok=supports_bf16(device)):
+    for row in techniques_.rows("checks", device, compile_ok):
         rows[row.name] = dict(row.change)
     # the GAN family: the penalties' double backward, n_critic's data position, the EMA copy, labels in the loader
     rows["WGAN-GP, 2 D steps"] = {"loss": "wgan-gp", "d_steps": 2}
@@ -97,18 +104,41 @@ def expected_graphs(cfg: TrainConfig) -> int:
     return 1 + (cfg.grad_accum_steps > 1 or cfg.d_steps > 1) + 2
 
 
-class _Probe:
-    """Tells which phase of the step is running (as the trainer labels them) and counts gradients that reach D's
-    weights during G's step."""
+@contextlib.contextmanager
+def counting_syncs(counts: list):
+    """Count the synchronizing CUDA operations in the block (appended to `counts`) with torch.cuda's sync debug mode
+    (`torch.cuda.set_sync_debug_mode('warn')`, documented): each `.item()`, `.cpu()`, nonzero or stream sync then warns
+    "called a synchronizing CUDA operation" (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync). The mode is
+    process-wide, so the previous one is put back; other warnings are passed on."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    counts.append(sum(SYNC_WARNING in str(w.message) for w in seen))
+    for w in seen:
+        if SYNC_WARNING not in str(w.message) and SYNC_MODE_NOTICE not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
-    def __init__(self):
-        self.phase, self.leaks = None, 0
+
+class _Probe:
+    """Tells which phase of the step is running (as the trainer labels them), counts gradients that reach D's
+    weights during G's step and, with `count_syncs`, the host syncs in each optimizer step (`syncs`, one entry per
+    optimizer step)."""
+
+    def __init__(self, count_syncs: bool = False):
+        self.phase, self.leaks, self.count_syncs, self.syncs = None, 0, count_syncs, []
 
     @contextlib.contextmanager
     def label(self, name: str):
         outer, self.phase = self.phase, name
+        counted = self.count_syncs and name in OPTIMIZER_PHASES
         try:
-            yield
+            with counting_syncs(self.syncs) if counted else contextlib.nullcontext():
+                yield
         finally:
             self.phase = outer
 
@@ -130,8 +160,8 @@ def _weights(trainer: Trainer) -> dict:
 def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     """Train `cfg` for 2 + 2 steps, go back to the checkpoint taken in between and train the same 2 steps again;
     verify as the module docstring says. Returns the row: ok, reason (what failed), images_per_sec, checks."""
-    probe = _Probe()
     trainer = Trainer(cfg, dataset=dataset)
+    probe = _Probe(count_syncs=trainer.scaler_d.is_enabled())
     probe.watch(trainer.discriminator)
     with trainer.instrument(label_phase=probe.label):
         trainer.fit(STEPS)
@@ -152,6 +182,12 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     checks["no gradients into frozen D"] = probe.leaks == 0
     if probe.leaks:
         problems.append(f"{probe.leaks} weight gradient(s) reached the frozen D in G's step")
+    if probe.count_syncs:  # one G optimizer step per training step, after its d_steps D steps
+        per_step = sum(probe.syncs) * (1 + cfg.d_steps) / max(1, len(probe.syncs))
+        checks["host syncs per step (optimizer)"] = per_step
+        if per_step and trainer.opt_d.defaults.get("fused"):
+            problems.append(f"fused Adam synced the host {per_step:g} times per step in its GradScaler step "
+                            "(expected none)")
     if cfg.compile != "off":
         graphs = [r["compiled_graphs"] for r in records]
         limit = expected_graphs(cfg)
@@ -281,7 +317,9 @@ def table(result: dict) -> str:
              f"{'technique':<{width}}  {'images/s':>9}  result"]
     for r in result["rows"]:
         speed = f"{r['images_per_sec']:9.0f}" if r["images_per_sec"] else f"{'-':>9}"
-        lines.append(f"{r['technique']:<{width}}  {speed}  {'ok' if r['ok'] else 'FAILED: ' + r['reason']}")
+        syncs = r["checks"].get("host syncs per step (optimizer)")
+        note = f" ({syncs:g} host syncs per step in the optimizer steps)" if syncs is not None else ""
+        lines.append(f"{r['technique']:<{width}}  {speed}  {'ok' + note if r['ok'] else 'FAILED: ' + r['reason']}")
     failed = sum(not r["ok"] for r in result["rows"])
     lines.append("every technique works here" if not failed else f"{failed} technique(s) FAILED")
     return "\n".join(lines)

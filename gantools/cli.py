@@ -316,11 +316,13 @@ COMMANDS = {
               _bench_flags, _bench, False),
     "check": ("run every technique for a few steps on this machine and say which work (the first thing to run on "
               "a new GPU)",
-              "Every precision the device supports, fused and foreach Adam, channels_last, torch.compile, the device "
+              "Every precision the device supports, fused and foreach Adam (on CUDA also fp16 with each optimizer "
+              "implementation), channels_last, torch.compile, the device "
               "loader, a DataLoader with workers (pinned on CUDA), accumulation, WGAN-GP, lazy R1 with EMA, a "
               "conditional GAN and DDP with 2 processes, a few "
               "steps each: finite losses, no gradients into a frozen D, recompiles within bounds, exact resume "
-              "(CPU). Prints a table, writes JSON, exits 1 if anything failed.", _check_flags, _check, False),
+              "(CPU), host syncs in a GradScaler's optimizer steps (none with fused Adam). Prints a table, writes "
+              "JSON, exits 1 if anything failed.", _check_flags, _check, False),
     "doctor": ("diagnose YOUR training script: where its time goes, what to change in it",
                "Run your own GAN training script, unmodified, find its iterations (optimizer steps), time and "
                "profile a few, stop it, and say what to change in your code, with the numbers that justify it. "

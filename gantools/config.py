@@ -28,6 +28,18 @@ OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 
 
+def optimizer_kernels(impl: str, precision: str, device: torch.device) -> str:
+    """The optimizer implementation a run builds: `impl` as asked, but 'auto' with fp16 on CUDA is 'fused'. For any
+    optimizer that does not take the loss scale itself, GradScaler.step reads found_inf back with `.item()`
+    (`_maybe_opt_step` in torch/amp/grad_scaler.py), a host sync per optimizer step (pytorch/pytorch#80167); fused
+    Adam and AdamW set `_step_supports_amp_scaling` and get the scale and found_inf as device tensors instead, for
+    float parameters on CUDA (and on the CPU). Every other 'auto' stays PyTorch's own default (returned as 'auto':
+    foreach for CUDA tensors, the for-loop on a CPU), so bf16, fp32 and CPU runs build what they always did."""
+    if impl == "auto" and precision == "fp16" and device.type == "cuda":
+        return "fused"
+    return impl
+
+
 def uses_cuda_graphs(mode: str) -> bool:
     """Whether a torch.compile mode turns CUDA graphs on (on a CUDA device; inductor applies none on a CPU): the one
     place that decides it, from the mode's own inductor options (`torch._inductor.list_mode_options`, which
@@ -177,8 +189,9 @@ class TrainConfig:
                                speed=True)
     # optimisation
     optimizer: str = _f("adam", "adam or adamw", OPTIMIZERS)
-    optimizer_impl: str = _f("auto", "optimizer kernels: auto, for-loop, foreach or fused", OPTIMIZER_IMPLS,
-                             speed=True)
+    optimizer_impl: str = _f("auto", "optimizer kernels: auto (fused with fp16 on CUDA, whose GradScaler step then "
+                             "reads nothing back; else PyTorch's default), for-loop, foreach or fused",
+                             OPTIMIZER_IMPLS, speed=True)
     lr_g: float = _f(2e-4, "generator learning rate")
     lr_d: float = _f(2e-4, "discriminator learning rate")
     betas: tuple = _f((0.5, 0.999), "Adam betas (DCGAN: 0.5, 0.999)", metavar=("BETA1", "BETA2"))
@@ -195,7 +208,8 @@ class TrainConfig:
     conditional: bool = _f(False, "class-conditional: the dataset's labels go to G (an embedding joined to z) and "
                            "D (a projection head); samples show one row per class")
     # output
-    log_interval: int = _f(25, "steps between loss/speed records (the only host syncs)")
+    log_interval: int = _f(25, "steps between loss/speed records (the only host syncs, but with fp16 and "
+                           "optimizer_impl for-loop or foreach GradScaler reads back once per optimizer step)")
     sample_interval: int = _f(100, "steps between fixed-noise sample grids (0: only at the end)")
     checkpoint_interval: int = _f(200, "steps between checkpoints, so a crash loses at most this many "
                                   "(0: only at the end or on a clean stop)")

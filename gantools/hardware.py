@@ -16,6 +16,9 @@ from torch.profiler import record_function
 # The profiler range around gantools' own device synchronisations: a profile counts the host syncs of the code it
 # profiles, not the ones its measuring makes (measuring.code_syncs).
 OWN_SYNC = "gantools: synchronize"
+# What torch.cuda's sync debug mode (`torch.cuda.set_sync_debug_mode("warn")`) warns at each synchronizing CUDA
+# operation (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync): how check and the doctor count syncs torch makes.
+SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -32,6 +35,13 @@ def supports_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device)[0] >= 8
     return device.type == "cpu"
+
+
+def autocast_precision(device: torch.device) -> str:
+    """The 16-bit precision to train in on `device`: 'bf16' where it is fast (`supports_bf16`: every CPU, Ampere and
+    newer GPUs), else 'fp16' (a T4, V100 or P100), which the trainer pairs with a GradScaler per network. What the
+    benchmark ladder, the profiler's verdict and tune propose, so none of them offers what validation refuses here."""
+    return "bf16" if supports_bf16(device) else "fp16"
 
 
 def synchronize(device: torch.device) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 
-from . import techniques
+from . import hardware, techniques
 from .config import TrainConfig
 from .measuring import PhaseTable, amdahl, profile_trainer
 from .train import Trainer
@@ -239,10 +239,12 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
     if verdict == "compute-bound":
         if cfg.precision == "fp32":
             # 16-bit halves the convolution time at best (measured 1.95x for the whole step on the 2-core CPU);
-            # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too
-            fix = {"precision": "bf16", **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
-            return Verdict("compute-bound", evidence, "bf16 autocast (fp16 + GradScaler on older GPUs)",
-                           _taught(fix), fix, amdahl(step, compute / 2))
+            # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too. bf16 where the device has
+            # it fast, else fp16 (validation refuses bf16 on a GPU before Ampere)
+            half = hardware.autocast_precision(torch.device(report.device))
+            fix = {"precision": half, **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
+            how = "bf16 autocast" if half == "bf16" else "fp16 autocast + GradScaler (no fast bf16 on this GPU)"
+            return Verdict("compute-bound", evidence, how, _taught(fix), fix, amdahl(step, compute / 2))
         fix = {"channels_last": True}
         return Verdict("compute-bound", evidence, "channels_last, then torch.compile", _taught(fix), fix,
                        None)  # no model of its gain: measure it

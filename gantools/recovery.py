@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from . import hardware
 from .config import uses_cuda_graphs
 from .errors import GantoolsError, NonFiniteLossError, OutOfMemory
 
@@ -23,6 +24,12 @@ SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients over
 # JuliaGPU/CUDA.jl#264: "Library handle creation close to OOM fails with ERROR_NOT_INITIALIZED", and CUDA.jl retries
 # it after freeing memory). A raw cudaErrorMemoryAllocation reads "CUDA error: out of memory", matched apart.
 LIBRARY_ALLOCATION_FAILURES = ("ALLOC_FAILED", "ALLOCATION_FAILED", "CUDNN_STATUS_NOT_INITIALIZED")
+
+
+def _instead_of_fp16(device: torch.device) -> str:
+    """Where fp16 overflows: bf16 (fp32's range) where the device has it fast, else fp32 (validation refuses bf16 on
+    a GPU before Ampere)."""
+    return "precision='bf16'" if hardware.supports_bf16(device) else "precision='fp32' (no fast bf16 on this GPU)"
 
 
 class Rollback:
@@ -55,8 +62,10 @@ class Rollback:
         NonFiniteLossError (on_nonfinite='stop', or too many skips in a row), else restore the last healthy
         interval's state, mark the record skipped and warn; the step count and the data go on."""
         scaled = [n for n in ("d", "g") if record.get(f"scale_{n}", math.inf) < SCALE_COLLAPSE]
-        cause = ("fp16 overflow: the GradScaler scale collapsed (try precision='bf16')" if scaled else
-                 "fp16 overflow (try precision='bf16')" if cfg.precision == "fp16" else
+        fp16 = bool(scaled) or cfg.precision == "fp16"  # on CUDA: validation refuses fp16 elsewhere
+        instead = _instead_of_fp16(hardware.resolve_device(cfg.device)) if fp16 else ""
+        cause = (f"fp16 overflow: the GradScaler scale collapsed (try {instead})" if scaled else
+                 f"fp16 overflow (try {instead})" if fp16 else
                  "a learning rate too high for this model and batch")
         message = (f"step {step}: the {' and '.join(bad)} loss is not finite (loss_d={record['loss_d']}, "
                    f"loss_g={record['loss_g']}) in the {steps} steps since the last log. "
@@ -104,7 +113,7 @@ def out_of_memory(detail: str, cfg, device: torch.device, step: int, checkpoint:
     if cfg.batch_size % (cfg.grad_accum_steps * 2) == 0:
         tips.append(f"the same batch in micro-batches: grad_accum_steps={cfg.grad_accum_steps * 2}")
     if cfg.precision == "fp32":
-        tips.append("precision='bf16' (or 'fp16' on GPUs without bf16): about half the activation memory")
+        tips.append(f"precision='{hardware.autocast_precision(device)}': about half the activation memory")
     where = f"the last checkpoint is {checkpoint}" if checkpoint.is_file() else "no checkpoint was written yet"
     handle = (" (cuDNN says a full GPU this way; if a much smaller batch fails alike, suspect the cuDNN install)"
               if "CUDNN_STATUS_NOT_INITIALIZED" in detail else "")
@@ -114,8 +123,9 @@ def out_of_memory(detail: str, cfg, device: torch.device, step: int, checkpoint:
                        f"Detail: {detail}{handle}")
 
 
-def check_scales(record: dict, step: int, warn) -> None:
-    """An fp16 GradScaler scale that fell below SCALE_COLLAPSE: that network's steps are being skipped."""
+def check_scales(record: dict, step: int, warn, device: torch.device) -> None:
+    """An fp16 GradScaler scale that fell below SCALE_COLLAPSE (a run on `device`): that network's steps are being
+    skipped."""
     for name in ("d", "g"):
         scale = record.get(f"scale_{name}")
         if scale is not None and scale < SCALE_COLLAPSE:
@@ -123,7 +133,7 @@ def check_scales(record: dict, step: int, warn) -> None:
             net = "discriminator" if name == "d" else "generator"
             warn(f"step {step}: the {net}'s fp16 GradScaler scale fell to {scale:.3g}: its "
                  f"gradients overflow fp16 even unscaled, so its steps are being skipped. Lower lr_{name} "
-                 f"or use precision='bf16'.", stacklevel=4)
+                 f"or use {_instead_of_fp16(device)}.", stacklevel=4)
 
 
 def check_compiles(records: list, step: int, compile_mode: str, warn) -> None:

@@ -42,11 +42,14 @@ class TrainStep:
     """The step of `Trainer` (its base class). It works on the trainer's networks (`g`, `d`, `d_in_g_step` as the step
     calls them; `generator`, `discriminator` themselves), optimizers, scalers, `autocast`, `loss`, `penalties`,
     `ema`, its random generator `rng` and the metric sums on the device; it never reads a value back to the host,
-    except with `sync_every_step` (the tutorial's way)."""
+    except with `sync_every_step` (the tutorial's way) and with fp16 and an optimizer that is not fused (an explicit
+    optimizer_impl 'for-loop' or 'foreach'): GradScaler.step then reads found_inf back once per optimizer step
+    (`config.optimizer_kernels`, which makes 'auto' fused for fp16 on CUDA, says why)."""
 
     def _train_step(self, *batches) -> None:
         """One optimizer step of G after one of D per batch (`d_steps` of them in training, each batch its own
-        real images, or (images, labels) for a conditional run). No host sync here: metrics stay on the device.
+        real images, or (images, labels) for a conditional run). No host sync here: metrics stay on the device
+        (fp16 with a non-fused optimizer aside: see the class docstring).
         Under torchrun each batch is this rank's share; noise is drawn for the whole batch and sliced the same way."""
         cfg, phase = self.cfg, self.label_phase
         if self.cuda_graphs:

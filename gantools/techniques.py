@@ -8,9 +8,12 @@ read from `TECHNIQUES`, in its order: a technique added here shows up in each of
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+
+from . import hardware
 
 BOTH = ("cpu", "cuda")
 
@@ -19,8 +22,10 @@ BOTH = ("cpu", "cuda")
 class Row:
     """A named config change that exercises a technique: a row of the benchmark ladder or of `gantools check`.
     `devices` narrows the technique's own; `needs` names what the machine must have besides: "compile" (a compiler
-    torch.compile can use) or "bf16" (bf16 kernels); `together` puts the change into the ladder's 'all together'
-    (not fp16, which bf16 replaces there, nor pinned memory, which the device loader leaves nothing to do)."""
+    torch.compile can use) or "bf16" (fast bf16: `hardware.supports_bf16`; validation refuses it elsewhere);
+    `together` puts the change into the ladder's 'all together' (not pinned memory, which the device loader leaves
+    nothing to do). A row that sets a 16-bit precision joins 'all together' only where that precision is the
+    device's own (`hardware.autocast_precision`): bf16, or fp16 on a GPU without fast bf16 (`rows` decides it)."""
 
     name: str
     change: dict
@@ -54,8 +59,8 @@ YOUR_OWN_GAN = "06_your_own_gan.ipynb"  # the doctor's findings about a hand-wri
 # equal priors it decides what tune tries first.
 TECHNIQUES = (
     Technique("precision", "16-bit autocast", MIXED_PRECISION, (1.53, 2.0),
-              ladder=(Row("bf16 autocast", {"precision": "bf16", "loss": "bce"}),
-                      Row("fp16 + GradScaler", {"precision": "fp16", "loss": "bce"}, ("cuda",), together=False)),
+              ladder=(Row("bf16 autocast", {"precision": "bf16", "loss": "bce"}, needs="bf16"),
+                      Row("fp16 + GradScaler", {"precision": "fp16", "loss": "bce"}, ("cuda",))),
               checks=(Row("bf16 autocast", {"precision": "bf16"}, needs="bf16"),
                       Row("fp16 autocast + GradScaler", {"precision": "fp16"}, ("cuda",))),
               panel=("precision",)),
@@ -79,8 +84,12 @@ TECHNIQUES = (
     Technique("prefetch_factor", "batches prefetched per worker", DATA_LOADING, (1.0, 1.01)),
     Technique("optimizer_impl", "fused or foreach optimizer kernels", OPTIMIZERS, (0.97, 1.05),
               ladder=(Row("fused Adam", {"optimizer_impl": "fused"}),),
+              # with fp16 `check` counts the host syncs in the optimizer steps: GradScaler.step reads found_inf back
+              # (.item()) for every optimizer but a fused one, so the fused row must have none
               checks=(Row("Adam fused", {"optimizer_impl": "fused"}),
-                      Row("Adam foreach", {"optimizer_impl": "foreach"})),
+                      Row("Adam foreach", {"optimizer_impl": "foreach"}),
+                      *(Row(f"fp16 + Adam {impl}", {"optimizer_impl": impl, "precision": "fp16"}, ("cuda",))
+                        for impl in ("fused", "foreach", "for-loop"))),
               panel=("optimizer", "optimizer_impl")),
     Technique("grad_accum_steps", "gradient accumulation", OPTIMIZERS, (1.0, 1.1),
               checks=(Row("accumulation, 2 micro-batches", {"grad_accum_steps": 2}),),
@@ -126,11 +135,14 @@ def priors() -> dict[str, tuple]:
     return {t.knob: t.prior for t in TECHNIQUES}
 
 
-def rows(kind: str, device: torch.device, compile_ok: bool, bf16_ok: bool = True) -> list[Row]:
-    """The benchmark's (`kind='ladder'`) or the check's (`kind='checks'`) rows that apply on `device`, in order."""
-    return [row for t in TECHNIQUES for row in getattr(t, kind)
-            if device.type in (row.devices or t.devices)
-            and (row.needs != "compile" or compile_ok) and (row.needs != "bf16" or bf16_ok)]
+def rows(kind: str, device: torch.device, compile_ok: bool) -> list[Row]:
+    """The benchmark's (`kind='ladder'`) or the check's (`kind='checks'`) rows that apply on `device`, in order, each
+    with `together` decided for this device (a 16-bit row only with the device's own 16-bit precision)."""
+    have = {None: True, "compile": compile_ok, "bf16": hardware.supports_bf16(device)}
+    own = ("fp32", hardware.autocast_precision(device))
+    return [dataclasses.replace(row, together=row.together and row.change.get("precision", "fp32") in own)
+            for t in TECHNIQUES for row in getattr(t, kind)
+            if device.type in (row.devices or t.devices) and have[row.needs]]
 
 
 def panel_fields() -> tuple[str, ...]:

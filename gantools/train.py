@@ -24,7 +24,7 @@ from torch import nn
 
 from . import distributed, hardware, recovery
 from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
-from .config import TrainConfig, uses_cuda_graphs
+from .config import TrainConfig, optimizer_kernels, uses_cuda_graphs
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
 from .errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
@@ -39,10 +39,12 @@ from .step import TrainStep
 from .step_clock import StepClock
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
-    """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused)."""
+    """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused; 'auto' as
+    `config.optimizer_kernels` resolves it on the config's device: fused for fp16 on CUDA)."""
     cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
     impl = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-    return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[cfg.optimizer_impl])
+    kernels = optimizer_kernels(cfg.optimizer_impl, cfg.precision, hardware.resolve_device(cfg.device))
+    return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[kernels])
 
 
 def _import_cpp_extension_quietly() -> None:
@@ -386,7 +388,7 @@ class Trainer(TrainStep):
         if self._compile_stats is not None:
             record.update(self._compile_stats.read())
         self.history.records.append(record)
-        recovery.check_scales(record, self.step, self._warn)
+        recovery.check_scales(record, self.step, self._warn, self.device)
         if self._compile_stats is not None:
             recovery.check_compiles(self.history.records, self.step, self.cfg.compile, self._warn)
         bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from . import bench, hardware, techniques
-from .config import TrainConfig, scale_batch, speed_knobs
+from .config import TrainConfig, optimizer_kernels, scale_batch, speed_knobs
 
 PRIOR = techniques.priors()  # knob: (cpu, cuda), the expected speed-up of each change on its own
 OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches
@@ -69,13 +69,15 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
     (`complete`); and the values left out because
     they do not apply here, each with its reason.
 
-    Values per knob: 16-bit precision (bf16 where the device has it, else fp16 on CUDA; fp16 never on a CPU);
+    Values per knob: 16-bit precision (`hardware.autocast_precision`: bf16 where the device has it fast, else fp16
+    on CUDA; fp16 never on a CPU);
     sync_every_step off; freeze_d on; the device loader; on-device normalisation (not with your own dataset,
     which brings its own transforms); workers doubled (from 0: 2) up to the cores, and halved; workers kept alive;
     prefetch_factor 4; pinned memory (CUDA) (workers and pinning only for a dataset of CPU tensors, `cpu_tensors`:
     `data.make_loader` says why); channels_last either way; compile default, or off (and on CUDA
     max-autotune and reduce-overhead, which both use CUDA graphs, only where `gantools check` validated them and not
-    in a background thread, where CUDA graphs are refused); each other optimizer implementation; cuDNN benchmark and TF32 (CUDA, TF32 on Ampere+);
+    in a background thread, where CUDA graphs are refused); each other optimizer implementation (than the one built:
+    'auto' is fused with fp16 on CUDA, `config.optimizer_kernels`); cuDNN benchmark and TF32 (CUDA, TF32 on Ampere+);
     fewer accumulation micro-batches (more never speeds a step up); and, only when `space` names it, batch_size x2
     with the learning rates scaled by sqrt 2 (`config.scale_batch`). batch_size is out of the default space: a
     bigger batch means fewer optimizer steps per image, so it changes what is learned (on glyphs, x2 cost 2.78x the
@@ -98,7 +100,7 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
         if name == "precision" and c.precision == "fp32":
             if not cuda:
                 offer("precision", "fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)")
-            offer("precision", "bf16" if hardware.supports_bf16(device) else "fp16")
+            offer("precision", hardware.autocast_precision(device))
         elif name == "sync_every_step":
             offer(name, False)
         elif name == "freeze_d":
@@ -139,8 +141,10 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
                     "CUDA graphs are refused in a background thread")
                 offer(name, mode, why)
         elif name == "optimizer_impl":
+            built = optimizer_kernels(c.optimizer_impl, c.precision, device)  # 'auto' may already be fused
             for impl in OPTIMIZER_ORDER:
-                offer(name, impl)
+                if impl != built:
+                    offer(name, impl)
         elif name == "cudnn_benchmark":
             offer(name, True, None if cuda else "cuDNN is CUDA's")
         elif name == "tf32":

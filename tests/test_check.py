@@ -3,12 +3,13 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from gantools import check
+from gantools import TrainConfig, check
 from gantools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,10 +107,60 @@ def test_a_profiled_step_on_cuda_must_count_no_host_syncs(glyphs64, tmp_path, mo
 def test_on_cuda_a_dataset_returning_gpu_tensors_is_checked_with_the_defaults(glyphs64, monkeypatch):
     from gantools import TrainConfig, make_loader
 
-    monkeypatch.setattr(check, "supports_bf16", lambda d: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
     assert check.techniques(torch.device("cuda"), True)[check.CUDA_TENSORS] == {}  # pin_memory auto, no workers
     assert check.CUDA_TENSORS not in check.techniques(torch.device("cpu"), True)
     data = check.ROW_DATASETS[check.CUDA_TENSORS](glyphs64, torch.device("meta"))  # the GPU's stand-in here
     assert len(data) == 64 and all(t.device.type == "meta" for t in data[0])
     loader = make_loader(data, TrainConfig(**check.BASE), torch.device("cuda")).loader
     assert loader.pin_memory is False and loader.num_workers == 0
+
+
+FP16_ADAM = {"fp16 + Adam fused": "fused", "fp16 + Adam foreach": "foreach", "fp16 + Adam for-loop": "for-loop"}
+
+
+def test_fp16_is_checked_with_each_optimizer_implementation_on_cuda_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a T4
+    on_cuda = check.techniques(torch.device("cuda"), True)
+    for name, impl in FP16_ADAM.items():
+        assert on_cuda[name] == {"optimizer_impl": impl, "precision": "fp16"}
+    assert not set(FP16_ADAM) & set(check.techniques(torch.device("cpu"), True))
+
+
+def test_the_check_counts_host_syncs_in_the_optimizer_steps_and_fails_fused_adam_that_syncs(tmp_path, monkeypatch,
+                                                                                           glyphs64):
+    """On a GPU the check counts what torch.cuda's sync debug mode reports ("called a synchronizing CUDA operation",
+    c10/cuda/CUDAFunctions.cpp) during the optimizer steps of a run with a GradScaler. Played here on the CPU: the
+    GradScaler is turned on for fp32, the debug mode is a flag, and GradScaler's `.item()` on found_inf (in
+    `_maybe_opt_step`, which only a non-fused optimizer goes through) warns as it does on a GPU."""
+    real_scaler, mode, fused_syncs = torch.amp.GradScaler, ["default"], []
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: real_scaler(device, enabled=True))
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: {"default": 0, "warn": 1}[mode[0]])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: mode.__setitem__(0, {0: "default"}.get(m, m)))
+
+    def sync_if_watched():
+        if mode[0] == "warn":
+            warnings.warn("called a synchronizing CUDA operation")
+
+    opt_step, adam_step = real_scaler._maybe_opt_step, torch.optim.Adam.step
+    monkeypatch.setattr(real_scaler, "_maybe_opt_step", lambda self, *a, **k: sync_if_watched() or
+                        opt_step(self, *a, **k))
+    monkeypatch.setattr(torch.optim.Adam, "step", lambda self, *a, **k: (sync_if_watched() if fused_syncs else None)
+                        or adam_step(self, *a, **k))
+    rows = {}
+    for impl in ("fused", "foreach", "for-loop"):
+        cfg = TrainConfig(**check.BASE, optimizer_impl=impl, out_dir=str(tmp_path / impl)).validate()
+        rows[impl] = check.check_technique(cfg, glyphs64, tmp_path / impl)
+    assert mode == ["default"], "the debug mode is put back"
+    syncs = {impl: row["checks"]["host syncs per step (optimizer)"] for impl, row in rows.items()}
+    assert syncs == {"fused": 0, "foreach": 2, "for-loop": 2}  # D's step and G's: one .item() each
+    assert all(row["ok"] for row in rows.values()), rows
+    fused_syncs.append(True)  # a fused Adam that syncs after all (a torch where its kernel reads found_inf back)
+    cfg = TrainConfig(**check.BASE, optimizer_impl="fused", out_dir=str(tmp_path / "again")).validate()
+    row = check.check_technique(cfg, glyphs64, tmp_path / "again")
+    assert not row["ok"] and "fused Adam synced the host 2 times per step" in row["reason"]
+    result = {"machine": {"device_name": "NVIDIA T4"}, "device": "cuda:0", "torch": torch.__version__,
+              "date": "today", "rows": [{"technique": f"fp16 + Adam {impl}", **r} for impl, r in rows.items()]}
+    text = check.table(result)
+    assert "ok (0 host syncs per step in the optimizer steps)" in text
+    assert "ok (2 host syncs per step in the optimizer steps)" in text

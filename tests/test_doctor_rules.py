@@ -125,3 +125,15 @@ def test_the_machine_facts_shape_the_advice():
     fp32 = dataclasses.replace(nchw, settings={**nchw.settings, "autocast": False,
                                                "conv_linear_outputs": {"float32": 10.0}})
     assert rules.channels_last(fp32, CPU) is None and rules.fp32_convolutions(fp32, CPU)  # 16-bit comes first
+
+
+def test_fp16_advice_names_fused_optimizers_whose_gradscaler_step_needs_no_host_sync():
+    """GradScaler.step reads found_inf with `.item()` (a host sync per optimizer step) unless the optimizer is fused
+    (pytorch/pytorch#80167): the fp16 snippet says so for optimizers that are not, and not for fused ones."""
+    r = FIRES["fp32-convolutions"][0]
+    foreach = dataclasses.replace(r, optimizers={role: {**o, "implementation": "foreach (default)"}
+                                                 for role, o in r.optimizers.items()})
+    change = rules.fp32_convolutions(foreach, T4).change
+    assert "optimizerD = optim.Adam(..., fused=True)" in change and "optimizerG" in change
+    assert "fused=True" not in rules.fp32_convolutions(r, T4).change  # already fused
+    assert "fused=True" not in rules.fp32_convolutions(foreach, A100).change  # bf16: no GradScaler

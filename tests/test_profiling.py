@@ -61,7 +61,8 @@ def _report(device="cpu", step=100.0, wait=0.0, busy=None, syncs=0.0, top=(("ate
     return ProfileReport(device, 5, 64, step, step, {"data wait": wait}, busy, 0.0, syncs, list(top))
 
 
-def test_thresholds_decide_the_verdict():
+def test_thresholds_decide_the_verdict(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # a compute-bound A100: bf16
     cfg = TrainConfig()
     assert diagnose(_report(wait=100 * DATA_BOUND + 1), cfg).bottleneck == "data-bound"
     assert diagnose(_report(wait=100 * DATA_BOUND - 1), cfg).bottleneck == "compute-bound"

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import gantools.checkpoint as ck
-from gantools import (DataError, ImageFolderDataset, NonFiniteLossError, OutOfMemory, Trainer, load_checkpoint,
-                      load_glyphs)
+from gantools import (DataError, ImageFolderDataset, NonFiniteLossError, OutOfMemory, Trainer, TrainConfig,
+                      load_checkpoint, load_glyphs)
 from gantools.cli import main
 
 from conftest import BatchFreeG, FlakyD, weights
@@ -312,3 +312,23 @@ def test_two_processes_filling_the_same_cache_at_once_do_not_corrupt_it(tmp_path
     import hashlib
     assert hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest() in digests
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_fp16_trouble_on_a_gpu_without_fast_bf16_is_not_told_to_use_bf16(monkeypatch, tmp_path):
+    """An fp16 overflow or an out-of-memory step suggests the device's own way out: bf16 where it is fast, on a T4
+    (no fast bf16, refused by validation) fp32 after an overflow and fp16 to save memory."""
+    from gantools import recovery
+
+    for capability, way_out, smaller in (((7, 5), "precision='fp32'", "precision='fp16'"),
+                                         ((8, 0), "precision='bf16'", "precision='bf16'")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        cuda, seen = torch.device("cuda"), []
+        cfg = TrainConfig(device="cuda", precision="fp16", lr_d=1e-3, lr_g=1e-3)
+        record = {"loss_d": 0.5, "loss_g": math.nan, "scale_g": 0.01}
+        with pytest.raises(NonFiniteLossError) as stopped:
+            recovery.Rollback(dict).non_finite(record, ["generator"], cfg, 10, 10, None)
+        assert way_out in str(stopped.value) and str(stopped.value).count("precision=") == 1
+        oom = recovery.out_of_memory("CUDA out of memory", cfg.replace(precision="fp32"), cuda, 3, tmp_path / "c.pt")
+        assert smaller in str(oom) and str(oom).count("precision=") == 1
+        recovery.check_scales({"scale_g": 0.01}, 10, lambda message, stacklevel: seen.append(message), cuda)
+        assert way_out in seen[0] and seen[0].count("precision=") == 1

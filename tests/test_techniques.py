@@ -36,24 +36,26 @@ def test_every_speed_field_is_one_technique_with_a_notebook_that_exists():
 
 @pytest.mark.parametrize("device", [CPU, CUDA])
 @pytest.mark.parametrize("compile_ok", [True, False])
-def test_the_ladder_is_each_techniques_rows_in_order_then_the_presets(device, compile_ok):
+def test_the_ladder_is_each_techniques_rows_in_order_then_the_presets(device, compile_ok, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100: bf16
     steps = bench.ladder(device, compile_ok)
     names = list(steps)
-    expected = [r.name for r in techniques.rows("ladder", device, compile_ok)]
-    assert names == ["reference (tutorial loop)", *expected, "all together", "max throughput (batch x2)"]
+    rows = techniques.rows("ladder", device, compile_ok)
+    assert names == ["reference (tutorial loop)", *[r.name for r in rows], "all together", "max throughput (batch x2)"]
     owners = {r.name: t.knob for t in TECHNIQUES for r in t.ladder}
-    assert _in_list_order(expected, owners)
+    assert _in_list_order([r.name for r in rows], owners)
     for t in TECHNIQUES:  # a technique for this device has its rows here
         for row in t.ladder:
             if device.type in (row.devices or t.devices) and (row.needs != "compile" or compile_ok):
                 assert steps[row.name] == row.change
-                if row.together:
-                    assert row.change.items() <= steps["all together"].items()
+    for row in rows:  # 'all together' holds every row that joins it, and fp16 only where bf16 is missing
+        assert (row.change.items() <= steps["all together"].items()) == row.together
+        assert row.together == (row.name not in ("pinned memory", "fp16 + GradScaler"))
 
 
 @pytest.mark.parametrize("device", [CPU, CUDA])
 def test_checks_rows_follow_the_list_then_the_gan_family(device, monkeypatch):
-    monkeypatch.setattr(check, "supports_bf16", lambda d: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100: bf16
     rows = list(check.techniques(device, True))
     owners = {r.name: t.knob for t in TECHNIQUES for r in t.checks}
     own = [name for name in rows if name in owners]
@@ -96,3 +98,48 @@ def test_the_verdict_names_the_notebook_that_teaches_its_fix(wait, busy, ops, cf
     verdict = diagnose(report, cfg)
     assert next(iter(verdict.fix)) == knob
     assert verdict.notebook == techniques.notebook(knob) == techniques.by_knob(knob).notebook.removesuffix(".ipynb")
+
+
+
+GPUS = [((7, 5), "fp16"), ((8, 0), "bf16")]  # a T4 (a V100 or P100 alike): no fast bf16; an A100
+
+
+@pytest.fixture
+def gpu(monkeypatch, request):
+    """A GPU given by its compute capability (what `hardware.supports_bf16` reads), and its 16-bit precision."""
+    capability, half = request.param
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    return half
+
+
+@pytest.mark.parametrize("gpu", GPUS, indirect=True)
+def test_the_ladder_benchmarks_bf16_where_the_gpu_has_it_and_fp16_with_a_gradscaler_where_not(gpu):
+    """Validation refuses bf16 on a GPU before Ampere: there the ladder has no bf16 row, and 'all together' (which
+    the max-throughput row and `bench.scaling` train) uses fp16."""
+    steps = bench.ladder(CUDA, False)
+    sixteen = {change["precision"] for change in steps.values() if change.get("precision", "fp32") != "fp32"}
+    assert ("bf16 autocast" in steps) == (gpu == "bf16") and "fp16 + GradScaler" in steps
+    assert sixteen == ({"fp16"} if gpu == "fp16" else {"bf16", "fp16"})
+    assert steps["all together"]["precision"] == steps["max throughput (batch x2)"]["precision"] == gpu
+    assert steps["all together"]["loss"] == "bce"  # the reference's Sigmoid + BCELoss is unsafe in 16-bit
+
+
+@pytest.mark.parametrize("gpu", GPUS, indirect=True)
+def test_the_verdict_proposes_the_16_bit_precision_the_gpu_has(gpu):
+    report = ProfileReport("cuda", 5, 128, 100.0, 100.0, {"data wait": 0.0}, 100.0,
+                           top_ops=[("aten::convolution", 80.0)])
+    verdict = diagnose(report, TrainConfig(loss="bce-sigmoid"))
+    assert verdict.bottleneck == "compute-bound" and verdict.fix == {"precision": gpu, "loss": "bce"}
+    assert verdict.technique.startswith(f"{gpu} autocast")
+
+
+@pytest.mark.parametrize("gpu", GPUS, indirect=True)
+def test_tune_tries_the_16_bit_precision_the_gpu_has(gpu):
+    candidates, skipped = tuning.search_space(TrainConfig(), CUDA)
+    assert [c.change["precision"] for c in candidates if "precision" in c.change] == [gpu]
+    assert not any(c.startswith("precision") for c, _ in skipped)
+    # with fp16 'auto' already builds fused Adam there (config.optimizer_kernels): only the others are worth a try
+    impls = lambda cfg: [c.change["optimizer_impl"] for c in tuning.search_space(cfg, CUDA)[0]  # noqa: E731
+                         if "optimizer_impl" in c.change]
+    assert impls(TrainConfig(precision="fp16")) == ["foreach", "for-loop"]
+    assert impls(TrainConfig(precision=gpu, optimizer_impl="foreach")) == ["fused", "for-loop"]

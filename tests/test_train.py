@@ -545,3 +545,39 @@ def test_on_cuda_the_data_wait_is_timed_between_synchronisations(tiny, glyphs64,
     with trainer.instrument(sync_data_wait=True):  # profiling: every step, synchronised
         trainer._next_batches(batches)
     assert len(syncs) == 4 and clock.waits == 2
+
+
+def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(monkeypatch):
+    """GradScaler.step on an optimizer that does not take the scale itself calls `_maybe_opt_step`, which reads
+    found_inf with `.item()`: on a GPU a host sync per optimizer step (torch/amp/grad_scaler.py;
+    pytorch/pytorch#80167). Fused Adam (`_step_supports_amp_scaling`) takes the scale and found_inf as tensors.
+    optimizer_impl='auto' builds it for fp16 on CUDA; an explicit choice is kept, and every other 'auto' stays
+    PyTorch's default. The CUDA configs build optimizers over CPU parameters here (fused Adam runs on both), and a CPU
+    GradScaler takes the same path through `step` as a CUDA one."""
+    from gantools import TrainConfig
+    from gantools.train import make_optimizer
+
+    net = nn.Linear(4, 1)
+
+    def optimizer(**changes):
+        return make_optimizer(net.parameters(), TrainConfig(**changes), 1e-3)
+
+    assert optimizer(device="cuda", precision="fp16").defaults["fused"] is True
+    assert optimizer(device="cuda:1", precision="fp16").defaults["fused"] is True
+    assert optimizer(device="cuda", precision="fp16", optimizer_impl="foreach").defaults["foreach"] is True
+    for changes in (dict(device="cuda", precision="bf16"), dict(device="cuda"), dict(device="cpu", precision="bf16")):
+        defaults = optimizer(**changes).defaults
+        assert defaults["fused"] is None and defaults["foreach"] is None, changes  # PyTorch's own choice
+
+    reads, opt_step = [], torch.amp.GradScaler._maybe_opt_step  # the would-be syncs: one .item() per call
+    monkeypatch.setattr(torch.amp.GradScaler, "_maybe_opt_step",
+                        lambda self, *a, **k: reads.append(1) or opt_step(self, *a, **k))
+    for impl, syncs in (("auto", 0), ("fused", 0), ("foreach", 3), ("for-loop", 3)):
+        reads.clear()
+        opt, scaler = optimizer(device="cuda", precision="fp16", optimizer_impl=impl), torch.amp.GradScaler("cpu")
+        for _ in range(3):
+            opt.zero_grad()
+            scaler.scale(net(torch.randn(8, 4)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert len(reads) == syncs, impl

@@ -191,6 +191,12 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     first = (f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n"
              if _bce_ops(r) else "")
     bf16 = facts.bf16  # a GPU before Ampere: fp16, with a GradScaler
+    # GradScaler.step reads found_inf back (.item(), a host sync) for every optimizer but a fused one
+    # (torch/amp/grad_scaler.py, pytorch/pytorch#80167)
+    unfused = [o for o in r.optimizers.values() if o.get("role") and not o["implementation"].startswith("fused")
+               and _faster_impl(o["class"]) == "fused=True"]
+    fused = ("\n# fused optimizers: GradScaler.step then reads nothing back (with any other, a host sync per step)"
+             + "".join(f"\n{o['name']} = optim.{o['class']}(..., fused=True)" for o in unfused)) if unfused else ""
     return Finding(
         "fp32-convolutions", "convolutions and matmuls run in fp32",
         f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and "
@@ -202,7 +208,7 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "    errD_real = criterion(output.float(), label)\n"
         + ("errD_real.backward()  # backward and optimizer steps stay outside" if bf16 else
            "scalerD.scale(errD_real).backward()  # fp16: one torch.amp.GradScaler('cuda') per network\n"
-           f"scalerD.step({opt_d}); scalerD.update()"),
+           f"scalerD.step({opt_d}); scalerD.update(){fused}"),
         notebook("precision"), gain16)
 
 

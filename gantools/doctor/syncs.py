@@ -28,7 +28,7 @@ import torch
 from .. import hardware
 from .frames import site, yours
 
-SYNC_WARNING = "called a synchronizing CUDA operation"  # c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync
+SYNC_WARNING = hardware.SYNC_WARNING
 SYNC_OP = "a synchronizing op"        # a sync with no Python frame of torch's between it and your line
 EXPLICIT = "torch.cuda.synchronize"
 NOT_LOCATED = "not located"           # the profiler's syncs this watch did not place (analysis)
