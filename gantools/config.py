@@ -50,6 +50,8 @@ def uses_cuda_graphs(mode: str) -> bool:
     import torch._inductor  # loaded by torch.compile anyway; not at import, so gantools imports light
 
     return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs", False))
+
+
 LOSSES = ("bce", "hinge", "bce-sigmoid", "lsgan", "wgan-gp")
 LOADERS = ("dataloader", "device")
 NONFINITE = ("stop", "skip")
