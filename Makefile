@@ -1,10 +1,10 @@
-# The two commands of the README: `make lab` and `make test`. Both set up .venv first.
+# The two commands of the README: `make lab` and `make test`. Both set up .venv first (so does `make book`).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-browser setup chromium clean
+.PHONY: lab test test-browser book setup chromium clean
 
 # Create .venv if missing, then install the project with pinned versions.
 # Re-runs only when pyproject.toml or constraints.txt change.
@@ -42,9 +42,18 @@ chromium:
 test: setup chromium
 	$(PY) -m pytest -q
 
-# Only the browser test: each notebook run in JupyterLab, the widget panel clicked; screenshots in artifacts/browser/.
+# Only the browser tests: each notebook run in JupyterLab, the widget panel clicked (screenshots in artifacts/browser/);
+# the book built and every page read (artifacts/book/).
 test-browser: setup chromium
-	$(PY) -m pytest -q -m browser tests/test_browser.py
+	$(PY) -m pytest -q -m browser tests/test_browser.py tests/test_book.py
+
+# The book: the stored notebooks (their outputs as saved, nothing executed) and docs/ as a static site, built with
+# Sphinx + myst-nb from book/conf.py. Offline, and warnings are errors. tests/test_book.py builds it with BOOK_OPTS.
+BOOK      ?= build/book
+BOOK_OPTS := -q -W --keep-going -b html -c book
+book: setup
+	$(PY) -m sphinx $(BOOK_OPTS) -d $(BOOK)/doctrees . $(BOOK)/html
+	@echo "The book is in $(BOOK)/html: open $(BOOK)/html/index.html in a browser"
 
 clean:
-	rm -rf $(VENV) runs notebooks/runs .pytest_cache artifacts
+	rm -rf $(VENV) runs notebooks/runs .pytest_cache artifacts build

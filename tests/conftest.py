@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs and datasets so the whole suite runs in minutes on a 2-core CPU."""
 import os
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -17,6 +18,8 @@ CUDA = torch.cuda.is_available()
 PRECISIONS = ["fp32", "bf16"] + (["fp16"] if CUDA else [])
 
 cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+CHROMIUM_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--disable-quic", "--no-first-run"]  # a closed network: ask it for nothing
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +37,31 @@ def _ctrl_c_interrupts():
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, before)
+
+
+def chromium_path() -> str | None:
+    """$GANTOOLS_CHROMIUM, else a Chromium or Chrome on PATH."""
+    if os.environ.get("GANTOOLS_CHROMIUM"):
+        return os.environ["GANTOOLS_CHROMIUM"]
+    names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven by Playwright (tests/test_browser.py, tests/test_book.py); the system's browser,
+    since Playwright's own download needs the internet. Skips, saying how to get one, where none is found."""
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no Chromium found, so the browser test cannot run: install Debian's package "
+                    "(sudo apt-get install chromium; `make test` does this where it runs as root or with sudo) "
+                    "or point $GANTOOLS_CHROMIUM at a Chromium or Chrome binary")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,9 @@ the run's loss plot and sample grid must update in place and its result must rea
 pressed with a budget of seconds, its path must appear in the panel, and Load tuned must take its result.
 Screenshots land in artifacts/browser/ for a person to look at.
 
-Needs Chromium (Debian's `chromium`; `make test` installs it where it can) or $GANTOOLS_CHROMIUM. Playwright's own
-browser download is not used: it does not work offline.
+Needs Chromium (Debian's `chromium`; `make test` installs it where it can) or $GANTOOLS_CHROMIUM: the `browser`
+fixture in conftest.py, shared with tests/test_book.py. Playwright's own browser download is not used: it does not
+work offline.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from gantools.panel import TECHNIQUES
 from gantools.workbook import workbook_config
@@ -37,8 +38,6 @@ from gantools.workbook import workbook_config
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "artifacts" / "browser"
-CHROMIUM_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--disable-quic", "--no-first-run"]  # a closed network: ask it for nothing
 # JupyterLab settings: every cell in the DOM (no virtual scrolling), no news or update checks (offline).
 LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
                 "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False}}
@@ -48,14 +47,6 @@ RUN_TIMEOUT_S = 240
 BASE = workbook_config("default")  # what 05's panel starts from; its run names list what differs from this
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def chromium_path() -> str | None:
-    """$GANTOOLS_CHROMIUM, else a Chromium or Chrome on PATH."""
-    if os.environ.get("GANTOOLS_CHROMIUM"):
-        return os.environ["GANTOOLS_CHROMIUM"]
-    names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-    return next((path for path in map(shutil.which, names) if path), None)
 
 
 def _free_port() -> int:
@@ -105,19 +96,6 @@ def lab(tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    path = chromium_path()
-    if path is None:
-        pytest.skip("no Chromium found, so the browser test cannot run: install Debian's package "
-                    "(sudo apt-get install chromium; `make test` does this where it runs as root or with sudo) "
-                    "or point $GANTOOLS_CHROMIUM at a Chromium or Chrome binary")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
 
 
 class Notebook:
