@@ -11,7 +11,7 @@ import numpy as np
 WIDTH_IN = 9.5    # a notebook cell's width at the default dpi: a wider figure is scaled down, its text with it
 LOG_SPAN = 30     # values spanning more than this ratio get a log axis: on a linear one the small ones vanish
 NAME_WIDTH = 26   # characters per line of a run's name beside a bar or in a legend
-SCALE_NOTE = {"linear": "", "log": ", log scale", "symlog": ", symlog scale (linear near 0)"}
+SCALE_NOTE = {"linear": "", "log": ", log scale", "symlog": ", symlog scale"}  # symmetric log: linear near 0
 CHAR_EM = 0.62    # a character's mean width in em (DejaVu Sans, a little over): for wrapping to a width in inches
 
 
