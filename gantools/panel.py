@@ -33,10 +33,11 @@ class ControlPanel:
     """ipywidgets bound to TrainConfig fields, Run, Tune and Stop buttons, a progress bar, a live plot and the table
     of runs against the baseline. `run()` is what the Run button does, `tune()` the Tune button (the auto-tuner on
     the controls' config, its path drawn live) and `load()` the Load button (the tuned config into the controls),
-    all blocking: notebooks and tests call them."""
+    all blocking: notebooks and tests call them. With a few `techniques` and `tune=False` it is a notebook's "try
+    it" widget: that notebook's technique alone, against the baseline it measured."""
 
     def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES, quality: bool = True,
-                 tune_minutes: float | None = None):
+                 tune_minutes: float | None = None, tune: bool = True):
         import ipywidgets as W
 
 
@@ -65,10 +66,11 @@ class ControlPanel:
         self.table = W.Output()
         grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 330px)"))
         buttons = W.HBox([self.run_button, self.stop_button, self.progress])
-        tune = W.HBox([self.tune_button, self.minutes, self.load_button])
+        tune_row = W.HBox([self.tune_button, self.minutes, self.load_button])
         self.tune_table, self.tune_plot = W.Output(), W.Image(format="png")
         self.tune_view = W.VBox([self.tune_table, self.tune_plot])  # shown once Tune is pressed
-        self.widget = W.VBox([grid, buttons, tune, self.status, self.plot, self.table])
+        rows = [grid, buttons, *([tune_row] if tune else []), self.status, self.plot, self.table]
+        self.widget = W.VBox(rows)
         self._show_table()
 
     def _ipython_display_(self):

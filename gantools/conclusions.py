@@ -1,0 +1,65 @@
+"""Conclusions computed from a notebook's own numbers, so the sentence under a result stays true on any machine (a
+GPU included): "here bf16 ran 1.62x as fast as fp32 and FID moved 1.03x: keep it". One place decides what counts as
+faster and what counts as quality kept."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPEED_BAND = 0.05  # a speed ratio within 5% of 1 reads as "no faster": timed chunks on a busy machine spread this much
+FID_BAND = 1.10    # FID up by less than 10% reads as "quality kept"; a second seed moves FID too (see the exercises)
+
+
+@dataclass
+class Conclusion:
+    """A sentence in Markdown (shown as such in a notebook) and the decision it states, for code and tests."""
+    text: str
+    keep: bool
+
+    def _repr_markdown_(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def speed_words(ratio: float) -> str:
+    """'1.62x as fast', 'no faster (1.02x)' or '0.80x: slower'."""
+    if abs(ratio - 1) < SPEED_BAND:
+        return f"no faster ({ratio:.2f}x, within {100 * SPEED_BAND:.0f}%)"
+    return f"{ratio:.2f}x as fast" if ratio > 1 else f"slower ({ratio:.2f}x)"
+
+
+def verdict(change: str, start: str, speedup: float, fid: float | None = None,
+            fid_start: float | None = None) -> Conclusion:
+    """Whether to keep `change` over `start`, from the speed-up measured in one run and, where the change can
+    affect images, the two FIDs at the same number of training images."""
+    text = f"Here **{change}** ran {speed_words(speedup)} against **{start}**"
+    quality_kept = True
+    if fid is not None and fid_start is not None:
+        moved = fid / fid_start
+        quality_kept = moved < FID_BAND
+        text += f", and FID went from {fid_start:.1f} to {fid:.1f} ({moved:.2f}x)"
+    faster = speedup >= 1 + SPEED_BAND
+    if faster and quality_kept:
+        decision = "keep it"
+    elif faster:
+        decision = (f"faster, but FID rose by more than {100 * (FID_BAND - 1):.0f}%: look at the samples and try "
+                    "a second seed before keeping it")
+    elif speedup > 1 - SPEED_BAND:
+        decision = ("no gain on this machine: the time goes elsewhere (01 finds where)" if quality_kept else
+                    "no gain, and quality fell: leave it off")
+    else:
+        decision = "slower here: leave it off on this machine"
+    return Conclusion(f"{text}: **{decision}**.", faster and quality_kept)
+
+
+def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: float = 0.10) -> Conclusion:
+    """Whether the plain loop's measured `what` and gantools' switch's agree within `tolerance` (a share)."""
+    gap = abs(plain / switch - 1)
+    text = f"The lines in your own loop gave a {what} of {plain:.2f}x, gantools' switch {switch:.2f}x: "
+    if gap <= tolerance:
+        text += f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines."
+    else:
+        text += (f"they differ by {100 * gap:.0f}%. The two loops differ in more than this technique (gantools' "
+                 "step also does the work listed above), so the same change weighs differently in each.")
+    return Conclusion(text, gap <= tolerance)

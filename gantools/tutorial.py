@@ -1,0 +1,162 @@
+"""The plain PyTorch GAN loop the workbook teaches on. It is written out once, here, the way the PyTorch DCGAN tutorial
+writes it (but with logits, so 16-bit autocast is safe), so that each notebook can print it, show the few lines its
+technique adds as a cell of its own, and time the two against each other in the same kernel with `race`."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .data import make_dataset
+from .hardware import Timer, resolve_device, seeded
+from .models import build_dcgan
+from .sampling import generate
+
+
+@dataclass
+class PlainGAN:
+    """Everything the tutorial's loop keeps between steps: two networks, their optimizers, and its real images."""
+    G: torch.nn.Module
+    D: torch.nn.Module
+    opt_g: torch.optim.Optimizer
+    opt_d: torch.optim.Optimizer
+    batches: Iterator[torch.Tensor]
+    nz: int
+    device: torch.device
+
+
+def adam(params) -> torch.optim.Optimizer:
+    """DCGAN's optimizer: Adam, lr 2e-4, betas (0.5, 0.999)."""
+    return torch.optim.Adam(params, lr=2e-4, betas=(0.5, 0.999))
+
+
+def tutorial_size() -> dict:
+    """The workbook's model and batch size for the mode: tiny in quick mode (tests), DCGAN's standard otherwise."""
+    from .quick import QUICK
+    from .workbook import QUICK_SIZE, real_size
+
+    size = QUICK_SIZE if QUICK else real_size()
+    return {k: size[k] for k in ("nz", "ngf", "ndf", "batch_size")}
+
+
+def plain_gan(device="auto", seed: int = 0, optimizer: Callable = adam, batches: Iterator | None = None,
+              **size) -> PlainGAN:
+    """A fresh DCGAN pair (initialised from `seed`, without touching the caller's random numbers), an optimizer
+    for each built by `optimizer(params)`, and `batches` (default: `device_batches`). `size` overrides
+    nz, ngf, ndf, batch_size."""
+    size = {**tutorial_size(), **size}
+    device = resolve_device(device) if isinstance(device, str) else device
+    with seeded(seed):
+        G, D = build_dcgan(32, 1, size["nz"], size["ngf"], size["ndf"])
+    G, D = G.to(device), D.to(device)
+    batches = batches if batches is not None else device_batches(size["batch_size"], device, seed)
+    return PlainGAN(G, D, optimizer(G.parameters()), optimizer(D.parameters()), batches, size["nz"], device)
+
+
+def device_batches(batch_size: int, device, seed: int = 0) -> Iterator[torch.Tensor]:
+    """Real glyphs without end: the whole set normalised to [-1, 1] once and kept on the device, a new random
+    order each epoch (drawn from a generator of its own)."""
+    images = make_dataset("glyphs", 32, 1).images.to(device).float().div_(127.5).sub_(1)
+    order_rng = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(images), generator=order_rng).to(device)
+        for i in range(0, len(images) - batch_size + 1, batch_size):
+            yield images[order[i:i + batch_size]]
+
+
+def train_step(gan: PlainGAN, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One iteration of the tutorial's loop: D learns real -> 1 and fake -> 0, then G learns to make D say 1."""
+    G, D, opt_g, opt_d = gan.G, gan.D, gan.opt_g, gan.opt_d
+    ones = torch.ones(real.size(0), device=real.device)
+    zeros = torch.zeros_like(ones)
+    fake = G(torch.randn(real.size(0), gan.nz, device=real.device))
+
+    opt_d.zero_grad(set_to_none=True)                     # (1) the discriminator
+    loss_d = (F.binary_cross_entropy_with_logits(D(real), ones)
+              + F.binary_cross_entropy_with_logits(D(fake.detach()), zeros))
+    loss_d.backward()
+    opt_d.step()
+
+    opt_g.zero_grad(set_to_none=True)                     # (2) the generator, through D
+    loss_g = F.binary_cross_entropy_with_logits(D(fake), ones)
+    loss_g.backward()
+    opt_g.step()
+    return loss_d.detach(), loss_g.detach()               # on the device: .item() here would wait for it
+
+
+@dataclass
+class Race:
+    """What `race` measured: each contender's images/s (median over its timed chunks after the first, which holds
+    warm-up), every chunk's figure, and its losses read at chunk ends."""
+    images_per_sec: dict
+    chunks: dict = field(default_factory=dict)
+    losses: dict = field(default_factory=dict)
+    images: int = 0
+
+    def ratio(self, name: str, against: str) -> float:
+        """How many times as fast `name` ran as `against` (images/s over images/s)."""
+        return self.images_per_sec[name] / self.images_per_sec[against]
+
+    def spread(self, name: str) -> float:
+        """Half the range of a contender's timed chunks, as a share of its median: the noise in its figure."""
+        timed = self.chunks[name][1:] or self.chunks[name]
+        return (max(timed) - min(timed)) / 2 / self.images_per_sec[name]
+
+    def _repr_markdown_(self) -> str:
+        first = next(iter(self.images_per_sec))
+        rows = [f"| {n} | {v:.0f} | ±{100 * self.spread(n):.0f}% | {v / self.images_per_sec[first]:.2f}x |"
+                for n, v in self.images_per_sec.items()]
+        return "\n".join([f"| loop | images/s | chunk spread | vs {first} |", "|---|---:|---:|---:|", *rows])
+
+
+def race(contenders: dict, steps: int, chunk_steps: int) -> Race:
+    """Train each contender, `{name: (step_fn, gan)}` with `step_fn(gan, real)`, for `steps` steps, taking turns
+    `chunk_steps` at a time (A B A B ...), so machine noise hits all of them alike, as the benchmark does. Each
+    chunk is timed with the device synchronised at both ends, fetching its batches included."""
+    if steps < 2 * chunk_steps or steps % chunk_steps:
+        raise ValueError(f"steps={steps} must be a multiple of chunk_steps={chunk_steps}, at least two chunks")
+    result = Race({}, {name: [] for name in contenders}, {name: [] for name in contenders})
+    for r in range(steps // chunk_steps):
+        for name, (step_fn, gan) in contenders.items():
+            images, timer = 0, Timer(gan.device).start()
+            for _ in range(chunk_steps):
+                real = next(gan.batches)
+                losses = step_fn(gan, real)
+                images += real.size(0)
+            seconds = timer.stop()
+            result.chunks[name].append(images / seconds)
+            result.losses[name].append(((r + 1) * chunk_steps, *(float(v) for v in losses)))  # read after timing
+            result.images = (r + 1) * images
+    for name, chunks in result.chunks.items():
+        result.images_per_sec[name] = statistics.median(chunks[1:])
+    return result
+
+
+def samples(gan: PlainGAN, n: int, seed: int = 0) -> torch.Tensor:
+    """n images in [-1, 1] (CPU float) from seeded noise, without moving G's BatchNorm statistics."""
+    noise = torch.randn(n, gan.nz, generator=torch.Generator().manual_seed(seed)).to(gan.device)
+    with torch.no_grad():
+        return torch.cat([generate(gan.G, z, None, contextlib.nullcontext) for z in noise.split(256)]).cpu()
+
+
+def score(gan: PlainGAN, n: int | None = None) -> dict:
+    """FID, KID and classes covered of `n` of the loop's images (2048, or 256 in quick mode), as the trainer's
+    runs are scored, so a plain loop and a gantools run compare."""
+    from .metrics import MIN_SAMPLES, quality_meter
+    from .quick import QUICK
+
+    n = n or (256 if QUICK else MIN_SAMPLES)
+    with torch.random.fork_rng(devices=[gan.device] if gan.device.type == "cuda" else []):
+        return quality_meter("glyphs", 32, 1, device=gan.device, n=n).score(samples(gan, n))
+
+
+def source(fn: Callable):
+    """A function's source as a Markdown code block, so a notebook can show the loop it builds on."""
+    from IPython.display import Markdown
+
+    return Markdown(f"```python\n{inspect.getsource(fn)}```")
