@@ -22,18 +22,18 @@ class Conclusion:
         return self.text
 
 
-def speed_words(ratio: float) -> str:
-    """'1.62x as fast', 'no faster (1.02x)' or '0.80x: slower'."""
+def speed_words(ratio: float, start: str) -> str:
+    """'1.62x as fast as fp32', 'no faster than fp32 (1.02x, ...)' or 'slower than fp32 (0.80x)'."""
     if abs(ratio - 1) < SPEED_BAND:
-        return f"no faster ({ratio:.2f}x, within {100 * SPEED_BAND:.0f}%)"
-    return f"{ratio:.2f}x as fast" if ratio > 1 else f"slower ({ratio:.2f}x)"
+        return f"no faster than {start} ({ratio:.2f}x, within {100 * SPEED_BAND:.0f}%)"
+    return f"{ratio:.2f}x as fast as {start}" if ratio > 1 else f"slower than {start} ({ratio:.2f}x)"
 
 
 def verdict(change: str, start: str, speedup: float, fid: float | None = None,
             fid_start: float | None = None) -> Conclusion:
     """Whether to keep `change` over `start`, from the speed-up measured in one run and, where the change can
     affect images, the two FIDs at the same number of training images."""
-    text = f"Here **{change}** ran {speed_words(speedup)} against **{start}**"
+    text = f"Here **{change}** ran {speed_words(speedup, f'**{start}**')}"
     quality_kept = True
     if fid is not None and fid_start is not None:
         moved = fid / fid_start
