@@ -18,8 +18,8 @@ import torch
 from . import distributed, hardware
 from .errors import ConfigError
 
-__all__ = ["ConfigError", "Knob", "TrainConfig", "cli_flags", "differences", "knobs", "preset", "scale_batch",
-           "speed_knobs"]
+__all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags", "differences",
+           "discriminator_norm", "knobs", "preset", "scale_batch", "speed_knobs"]
 
 DATASETS = ("glyphs", "glyphs-color", "mnist", "fashion-mnist", "cifar10", "folder")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -57,6 +57,7 @@ LOADERS = ("dataloader", "device")
 NONFINITE = ("stop", "skip")
 TRANSFORMS = ("on-device", "per-sample")
 IMAGE_SIZES = (28, 32, 64)
+D_NORMS = ("auto", "batch", "layer", "none")
 
 _KIND_WORDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a string"}
 
@@ -166,6 +167,9 @@ class TrainConfig:
     nz: int = _f(100, "latent size")
     ngf: int = _f(64, "generator width (feature maps in its last hidden layer)")
     ndf: int = _f(64, "discriminator width (feature maps in its first layer)")
+    d_norm: str = _f("auto", "the built-in D's normalisation: batch (DCGAN's BatchNorm), layer (per image, as a "
+                     "gradient penalty needs; WGAN-GP's recommendation), none, or auto: layer when loss='wgan-gp' "
+                     "or r1_gamma > 0, else batch", D_NORMS)
     sync_batchnorm: bool = _f(False, "under torchrun: BatchNorm statistics over the global batch (SyncBatchNorm, "
                               "CUDA only; costs one extra collective per BatchNorm layer in every forward and "
                               "backward). Off: each process normalises over its own share of the batch")
@@ -200,10 +204,10 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "weight decay (L2 for adam, decoupled for adamw)")
     loss: str = _f("bce", "bce: non-saturating BCE with logits; hinge; bce-sigmoid: the tutorial's "
                    "Sigmoid + BCELoss (fp32 only); lsgan: least squares; wgan-gp: Wasserstein with a gradient "
-                   "penalty (the built-in D then uses layer norm, not BatchNorm)", LOSSES)
+                   "penalty (with d_norm='auto' the built-in D then uses layer norm, not BatchNorm)", LOSSES)
     gp_weight: float = _f(10.0, "loss=wgan-gp: weight of the gradient penalty (10 in the WGAN-GP paper)")
-    r1_gamma: float = _f(0.0, "R1 penalty on D's gradient at real images, gamma/2 * E||grad D||^2 (0: off; the "
-                         "built-in D then uses layer norm, not BatchNorm)")
+    r1_gamma: float = _f(0.0, "R1 penalty on D's gradient at real images, gamma/2 * E||grad D||^2 (0: off; with "
+                         "d_norm='auto' the built-in D then uses layer norm, not BatchNorm)")
     r1_interval: int = _f(1, "lazy R1: every N discriminator steps, weighted by N (StyleGAN2 uses 16)")
     ema_decay: float = _f(0.0, "exponential moving average of G's weights, used for samples, quality scores and "
                           "checkpoints (0: off; it averages over about 1/(1-decay) steps, e.g. 0.999)")
@@ -264,7 +268,9 @@ class TrainConfig:
 
 
 def preset(name: str, **overrides) -> TrainConfig:
-    """Named starting points. `reference` is the PyTorch DCGAN tutorial's loop, the baseline for every speed-up."""
+    """Named starting points: `reference` is the PyTorch DCGAN tutorial's loop, the baseline for every speed-up;
+    `dcgan`, `lsgan` and `wgan-gp` are each GAN's paper settings (see `PRESETS`), so a user gets them without
+    reading the papers. Overrides win (e.g. a size for quick runs)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return PRESETS[name]().replace(**overrides)
@@ -278,7 +284,40 @@ PRESETS = {
         loss="bce-sigmoid", loader="dataloader", transform="per-sample", num_workers=2,
         precision="fp32", sync_every_step=True, freeze_d=False, optimizer="adam",
         optimizer_impl="auto", betas=(0.5, 0.999), lr_g=2e-4, lr_d=2e-4),
+    # Radford et al. 2015, "Unsupervised representation learning with deep convolutional GANs", section 4: batch
+    # 128, Adam with lr 0.0002 and beta1 0.5 (beta2 Adam's 0.999), BatchNorm in both networks; the non-saturating
+    # loss of Goodfellow et al. 2014, on D's logits.
+    "dcgan": lambda: TrainConfig(
+        loss="bce", d_norm="batch", optimizer="adam", lr_g=2e-4, lr_d=2e-4, betas=(0.5, 0.999), batch_size=128),
+    # Mao et al. 2017, "Least squares generative adversarial networks": the 0-1 coding a=0, b=1, c=1 (D regresses
+    # real to 1 and fake to 0, G pulls fakes to 1), DCGAN's BatchNorm D, Adam with beta1 0.5; lr 0.0002 and batch 64
+    # as the authors' code trains its 28 px handwritten characters (github.com/xudonmao/LSGAN, train_chn.py; its
+    # 112 px scenes use lr 0.001).
+    "lsgan": lambda: TrainConfig(
+        loss="lsgan", d_norm="batch", optimizer="adam", lr_g=2e-4, lr_d=2e-4, betas=(0.5, 0.999), batch_size=64),
+    # Gulrajani et al. 2017, "Improved training of Wasserstein GANs", Algorithm 1's defaults: lambda = 10,
+    # n_critic = 5, Adam with alpha = 0.0001, beta1 = 0, beta2 = 0.9, batch 64; and no BatchNorm in the critic
+    # (section 4: "we recommend layer normalization as a drop-in replacement").
+    "wgan-gp": lambda: TrainConfig(
+        loss="wgan-gp", gp_weight=10.0, d_steps=5, d_norm="layer", optimizer="adam", lr_g=1e-4, lr_d=1e-4,
+        betas=(0.0, 0.9), batch_size=64),
 }
+
+# Where each paper preset's settings come from, for tables and the notebook (preset name -> citation).
+PAPERS = {
+    "dcgan": "Radford et al. 2015",
+    "lsgan": "Mao et al. 2017",
+    "wgan-gp": "Gulrajani et al. 2017",
+}
+
+
+def discriminator_norm(cfg: TrainConfig) -> str:
+    """The normalisation the built-in D gets: `d_norm` as set, or for 'auto' layer norm when D's input gradient is
+    penalised (wgan-gp, R1: each image's gradient must be its own, which BatchNorm's batch statistics break) and
+    DCGAN's BatchNorm otherwise."""
+    if cfg.d_norm != "auto":
+        return cfg.d_norm
+    return "layer" if cfg.loss == "wgan-gp" or cfg.r1_gamma > 0 else "batch"
 
 
 def knobs() -> dict[str, Knob]:
@@ -405,6 +444,10 @@ def _value_problems(c: TrainConfig) -> list[str]:
     at_least("nz", 1)
     at_least("ngf", 1)
     at_least("ndf", 1)
+    if choice("d_norm") and c.d_norm == "batch" and (c.loss == "wgan-gp" or c.r1_gamma > 0):
+        p.append("d_norm='batch' with a gradient penalty (loss='wgan-gp' or r1_gamma > 0): BatchNorm mixes the "
+                 "images of a batch, so no image's input gradient is its own; use d_norm='layer' (or 'none', or "
+                 "'auto')")
     # schedule
     ok_b = at_least("batch_size", 1)
     ok_k = at_least("grad_accum_steps", 1)

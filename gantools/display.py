@@ -349,7 +349,9 @@ class LiveRuns:
         self.handle = None
         self.fig, (self.ax_speed, self.ax_loss) = _figure(2, 1, figsize=(WIDTH_IN, 7))
 
-    def update(self, trainers: dict, done: int, total: int) -> None:
+    def update(self, trainers: dict, done: int, total: int, unit: str = "real images") -> None:
+        """Redraw after a round: `done` of `total` trained, counted in `unit` ('real images' or 'generator
+        steps', the x-axis of the loss curves too)."""
         from matplotlib.ticker import EngFormatter
 
         names = list(trainers)
@@ -368,7 +370,7 @@ class LiveRuns:
         ax.set_xlim(min(v for v in speeds if v > 0) / 1.6 if log else 0, max(speeds + [1]) * 1.05)
         texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y)]
         ax.set_xlabel("images / s (median of the chunks after the first)" + (", log scale" if log else ""))
-        ax.set_title(f"{done:,} of {total:,} real images trained", fontsize=10)
+        ax.set_title(f"{done:,} of {total:,} {unit} trained", fontsize=10)
         make_room(ax, texts)
         ax = self.ax_loss
         ax.clear()
@@ -376,7 +378,8 @@ class LiveRuns:
         for i, t in enumerate(trainers.values()):
             h = t.history
             if len(h):
-                x = [s * t.cfg.images_per_step for s in h.column("step")]
+                x = h.column("step") if unit == "generator steps" else [s * t.cfg.images_per_step
+                                                                        for s in h.column("step")]
                 ax.plot(x, h.column("loss_d"), **_line_style(i))
                 ends.append((x[-1], h[-1]["loss_d"]))
                 numbers.append(str(i + 1))
@@ -384,7 +387,7 @@ class LiveRuns:
                 losses += h.column("loss_d")
         scale = fit_scale(ax, losses)  # a critic's loss (wgan-gp) lives on another scale than BCE's
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.2M: no offset text to look for
-        ax.set_xlabel("real images trained")
+        ax.set_xlabel(f"{unit} trained")
         ax.set_title(wrap_to("D loss (penalty included)" + SCALE_NOTE[scale] + ": each curve coloured and "
                              "numbered as its bar", WIDTH_IN - 3, 10), fontsize=10)
         label_line_ends(ax, ends, numbers, colors)

@@ -177,3 +177,29 @@ def penalties(cfg) -> list:
     if cfg.r1_gamma > 0:
         found.append(R1(cfg.r1_gamma, cfg.r1_interval))
     return found
+
+
+# -- what D's normalisation lets it see ---------------------------------------------------------------------------
+
+def ground_sensitivity(discriminator: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor,
+                       ground: float = -0.5) -> dict:
+    """D's mean score on a batch of `real` images, on the same images with their background lifted to `ground` (a
+    grey that every image of the batch shares; `metrics.with_background`), and on a batch of `fake` images, D in
+    training mode as in a step (BatchNorm: each batch's own statistics); `share`: how far the grey ground alone moves
+    the real images' score towards the fakes' (0: D cannot see it; 1: as far as a fake).
+
+    D sees real and fake images in separate batches, so BatchNorm normalises each batch by its own statistics:
+    whatever every image of a batch shares is largely subtracted away after D's first layer. A per-image norm (layer
+    norm) or none keeps it visible. Scored on a copy of D, so the run's D and its BatchNorm statistics are
+    untouched."""
+    import copy
+
+    from .metrics import _signed, with_background
+
+    d = copy.deepcopy(discriminator).train()
+    device = next(d.parameters()).device
+    with torch.no_grad():
+        score = lambda x: d(x.to(device)).float().mean().item()  # noqa: E731
+        on_real, on_grey, on_fake = score(_signed(real)), score(with_background(real, ground)), score(_signed(fake))
+    return {"real": on_real, "real_on_grey": on_grey, "fake": on_fake,
+            "share": (on_real - on_grey) / (on_real - on_fake)}

@@ -24,7 +24,7 @@ from torch import nn
 
 from . import distributed, hardware, recovery
 from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
-from .config import TrainConfig, optimizer_kernels, uses_cuda_graphs
+from .config import TrainConfig, discriminator_norm, optimizer_kernels, uses_cuda_graphs
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
 from .errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
@@ -91,11 +91,10 @@ class Trainer(TrainStep):
         self.loss = LOSSES[cfg.loss]
         self.penalties = penalties(cfg)  # D's regularisers: the gradient penalty of wgan-gp, R1
         if generator is None:  # the same weights on every rank; the caller's RNG is not touched
-            with hardware.seeded(cfg.seed):  # a penalty is per image: layer norm in D, not BatchNorm
+            with hardware.seeded(cfg.seed):  # a penalty is per image: 'auto' gives D layer norm, not BatchNorm
                 generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
                                                        sigmoid=(cfg.loss == "bce-sigmoid"),
-                                                       d_norm="layer" if self.penalties else "batch",
-                                                       classes=self.classes)
+                                                       d_norm=discriminator_norm(cfg), classes=self.classes)
         if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
             generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
             discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)

@@ -45,14 +45,15 @@ def tutorial_size() -> dict:
 
 
 def plain_gan(device="auto", seed: int = 0, optimizer: Callable = adam, batches: Iterator | None = None,
-              **size) -> PlainGAN:
+              d_norm: str = "batch", **size) -> PlainGAN:
     """A fresh DCGAN pair (initialised from `seed`, without touching the caller's random numbers), an optimizer
-    for each built by `optimizer(params)`, and `batches` (default: `device_batches`). `size` overrides
-    nz, ngf, ndf, batch_size."""
+    for each built by `optimizer(params)`, and `batches` (default: `device_batches`). `d_norm`: D's normalisation,
+    DCGAN's BatchNorm or 'layer' (per image, for a gradient penalty) or 'none'. `size` overrides nz, ngf, ndf,
+    batch_size."""
     size = {**tutorial_size(), **size}
     device = resolve_device(device) if isinstance(device, str) else device
     with seeded(seed):
-        G, D = build_dcgan(32, 1, size["nz"], size["ngf"], size["ndf"])
+        G, D = build_dcgan(32, 1, size["nz"], size["ngf"], size["ndf"], d_norm=d_norm)
     G, D = G.to(device), D.to(device)
     batches = batches if batches is not None else device_batches(size["batch_size"], device, seed)
     return PlainGAN(G, D, optimizer(G.parameters()), optimizer(D.parameters()), batches, size["nz"], device)

@@ -11,7 +11,8 @@ from .config import TrainConfig, preset
 from .display import LiveRuns
 from .errors import ConfigError
 from .hardware import machine_info, resolve_device
-from .metrics import QualityCallback
+from .history import History
+from .metrics import QualityCurve
 from .quick import QUICK  # noqa: F401  (the notebooks import it from here)
 from .train import Trainer
 
@@ -63,29 +64,52 @@ def baseline(path=None) -> dict:
     return results["baseline"]["summary"]
 
 
-def train_side_by_side(configs: dict, images: int, chunk_images: int, quality: bool = True,
-                       plot: bool = True) -> dict:
-    """Train several configs to the same number of real images, taking turns: each run trains `chunk_images` real
-    images (d_steps x batch_size per G step), then the next, round after round, so machine noise hits every run
-    alike and their images/s compare fairly (each run's figure: the median over its chunks after the first, which
+def train_side_by_side(configs: dict, images: int | None = None, chunk_images: int | None = None,
+                       quality: bool = True, plot: bool = True, *, steps: int | None = None,
+                       chunk_steps: int | None = None, quality_points: int = 1) -> dict:
+    """Train several configs to the same budget, taking turns: to the same number of real `images` (each run
+    trains `chunk_images` real images, d_steps x batch_size per G step, then the next, round after round), or with
+    `steps` to the same number of generator steps (`chunk_steps` per turn), the budget for runs that read different
+    numbers of real images per G step (WGAN-GP's five critic batches). Taking turns lets machine noise hit every run
+    alike, so their images/s compare fairly (each run's figure: the median over its chunks after the first, which
     holds warm-up). One live figure, updated in place, shows them all. With `quality`, every run is scored (FID,
-    KID, coverage; a conditional run also `label_match`) at the end. Returns name -> Trainer."""
-    steps = {}
-    for name, cfg in configs.items():
-        per_step = cfg.images_per_step  # real images per G step
-        if chunk_images % per_step or images % chunk_images:
-            raise ConfigError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
-                             f"({per_step}), and images={images} a multiple of chunk_images")
-        steps[name] = chunk_images // per_step
-    trainers = {name: Trainer(cfg.replace(steps=10**9, log_interval=steps[name], sample_interval=0,
+    KID, coverage; a conditional run also `label_match`) at the end, and with `quality_points` > 1 also at evenly
+    spaced rounds before it (`quality_curve(trainer)`: FID over the run). Returns name -> Trainer."""
+    if (images is None) == (steps is None):
+        raise ConfigError("give the budget as images (real images, with chunk_images) or as steps (generator "
+                          "steps, with chunk_steps), not both")
+    per_turn = {}
+    if steps is not None:
+        if not chunk_steps or steps % chunk_steps:
+            raise ConfigError(f"steps={steps} must be a multiple of chunk_steps={chunk_steps}")
+        per_turn = dict.fromkeys(configs, chunk_steps)
+        rounds, unit, chunk = steps // chunk_steps, "generator steps", chunk_steps
+    else:
+        for name, cfg in configs.items():
+            per_step = cfg.images_per_step  # real images per G step
+            if not chunk_images or chunk_images % per_step or images % chunk_images:
+                raise ConfigError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
+                                  f"({per_step}), and images={images} a multiple of chunk_images")
+            per_turn[name] = chunk_images // per_step
+        rounds, unit, chunk = images // chunk_images, "real images", chunk_images
+    trainers = {name: Trainer(cfg.replace(steps=10**9, log_interval=per_turn[name], sample_interval=0,
                                           checkpoint_interval=0)) for name, cfg in configs.items()}
+    points = max(1, min(quality_points, rounds))
+    scored_rounds = {round(rounds * (i + 1) / points) for i in range(points)}  # the last round among them
+    if quality:
+        for name, trainer in trainers.items():
+            trainer.callbacks.append(QualityCurve([r * per_turn[name] for r in scored_rounds]))
     live = LiveRuns() if plot else None
-    rounds = images // chunk_images
     for r in range(rounds):
         for name, trainer in trainers.items():
-            if quality and r == rounds - 1:  # scored once, at the end of the last chunk
-                trainer.callbacks.append(QualityCallback())
-            trainer.fit(steps[name])
+            trainer.fit(per_turn[name])
         if live is not None:
-            live.update(trainers, (r + 1) * chunk_images, images)
+            live.update(trainers, (r + 1) * chunk, rounds * chunk, unit)
     return trainers
+
+
+def quality_curve(trainer) -> History:
+    """The scores `train_side_by_side(..., quality_points=k)` took over a run, as a History (columns step,
+    images_trained, fid, kid, classes_covered, ...), for `display.plot_column`."""
+    curve = next((c for c in trainer.callbacks if isinstance(c, QualityCurve)), None)
+    return History(list(curve.points) if curve else [])

@@ -1,0 +1,58 @@
+"""What FID in the glyph classifier's feature space punishes beyond the glyphs themselves: a grey background moves
+real glyphs far from the real features, and setting the background back recovers the score. And what a BatchNorm D
+cannot see: a ground every image of a batch shares."""
+import pytest
+import torch
+from torch import nn
+
+from gantools import make_dataset
+from gantools.losses import ground_sensitivity
+from gantools.metrics import QualityMeter, background_check, background_level, with_background
+
+
+@pytest.fixture(scope="module")
+def meter():
+    return QualityMeter("glyphs", 32, 1, n=512)
+
+
+def test_with_background_moves_the_ground_and_keeps_white_white():
+    x = torch.full((4, 1, 8, 8), -1.0)
+    x[:, :, 3, :] = 1.0  # a white stroke on black
+    grey = with_background(x, -0.4)
+    assert background_level(grey) == pytest.approx(-0.4)
+    assert grey.max().item() == pytest.approx(1.0)
+    assert torch.allclose(with_background(grey, -1.0), x, atol=1e-6), "the map is undone exactly"
+    assert background_level(torch.zeros(2, 1, 4, 4, dtype=torch.uint8)) == -1.0  # uint8 black
+
+
+def test_real_glyphs_on_a_grey_background_score_far_worse_until_the_ground_is_set_back(meter):
+    other = QualityMeter("glyphs", 32, 1, n=512, offset=512).real  # real glyphs the meter did not see
+    grey = with_background(other, -0.4)
+    check = background_check(meter, grey)
+    clean = meter.score(other)
+    assert check["real_background"] == pytest.approx(-1.0, abs=0.05)
+    assert check["background"] == pytest.approx(-0.4, abs=0.01)
+    assert check["mean_pixel"] > check["real_mean_pixel"] + 0.2
+    assert check["fid"] > 10 * clean["fid"], "the ground alone moves real glyphs far in feature space"
+    assert check["fid_background_matched"] < 2 * clean["fid"] + 1, "setting the ground back recovers the score"
+    assert check["classes_covered_background_matched"] == clean["classes_covered"] == 10
+
+
+def _linear_d(norm: nn.Module) -> nn.Module:
+    """Conv (no padding, no nonlinearity) then a norm then a linear head: a uniform shift of the input shifts
+    each channel by a constant before the norm."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 4, 2, 0), norm, nn.Flatten(), nn.Linear(4 * 15 * 15, 1))
+
+
+def test_a_batchnorm_d_cannot_see_a_ground_every_image_shares_and_a_layer_norm_d_can():
+    glyphs = make_dataset("glyphs", 32, 1).images[:32]
+    fakes = torch.rand(32, 1, 32, 32) * 2 - 1
+    batch_d = _linear_d(nn.BatchNorm2d(4))
+    stats = batch_d[1].running_mean.clone()
+    blind = ground_sensitivity(batch_d, glyphs, fakes)
+    assert set(blind) == {"real", "real_on_grey", "fake", "share"}
+    assert blind["real_on_grey"] == pytest.approx(blind["real"], abs=1e-4) and abs(blind["share"]) < 1e-3
+    assert torch.equal(batch_d[1].running_mean, stats), "the run's D is untouched"
+    seeing = ground_sensitivity(_linear_d(nn.GroupNorm(1, 4)), glyphs, fakes)
+    assert abs(seeing["real_on_grey"] - seeing["real"]) > 1e-3 and abs(seeing["share"]) > 100 * abs(blind["share"])
