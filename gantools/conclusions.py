@@ -65,7 +65,6 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
     return Conclusion(text, gap <= tolerance)
 
 
-
 def bottleneck(share: float, what: str = "waiting for data", fix: str = "feed the device faster") -> Conclusion:
     """Whether `what`, taking `share` (0-1) of each step, is worth making faster: removing it entirely makes the
     step at most 1 / (1 - share) as fast (Amdahl's law), so a share whose bound stays inside the speed band is not
