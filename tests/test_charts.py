@@ -284,14 +284,16 @@ def test_two_profiles_compared_share_one_scale(shown, monkeypatch):
 
 @pytest.mark.parametrize("n", [1, 10])
 @pytest.mark.parametrize("kind", ["bce", "mixed"])
-def test_live_runs_figure_is_readable(n, kind, monkeypatch):
+@pytest.mark.parametrize("unit", ["real images", "generator steps"])
+def test_live_runs_figure_is_readable(n, kind, unit, monkeypatch):
     trainers = {name: SimpleNamespace(history=h, cfg=SimpleNamespace(images_per_step=128 * (1 + i % 5)))
                 for i, (name, h) in enumerate(_histories(n, kind).items())}
     live = gd.LiveRuns()
     monkeypatch.setattr(gd, "_display", lambda obj, handle=None: handle or SimpleNamespace(update=lambda obj: None))
-    live.update(trainers, 640_000, 1_280_000)
-    live.update(trainers, 1_280_000, 1_280_000)  # redrawn in place: nothing doubles
+    live.update(trainers, 640_000, 1_280_000, unit)
+    live.update(trainers, 1_280_000, 1_280_000, unit)  # redrawn in place: nothing doubles
     texts = assert_readable(live.fig, monkeypatch)
+    assert live.ax_loss.get_xlabel() == f"{unit} trained"
     if n == 10:
         labels = [t.get_text() for t, _ in texts]
         assert len([t for t in labels if "1,280,000" in t]) == 1, "one title, not two"
