@@ -247,7 +247,7 @@ def check_tune(page, panel, status) -> None:
 
 
 TRY_IT = {"01_profiling.ipynb": "Profile", "02_mixed_precision.ipynb": "Run", "03_data_loading.ipynb": "Run",
-          "04_optimizers_and_accumulation.ipynb": "Run"}  # each notebook's "try it" widget and its button
+          "04_optimizers_and_accumulation.ipynb": "Run", "07_gan_variants.ipynb": "Run"}  # each notebook's "try it" widget and its button
 
 
 def check_try_it(nb: Notebook, button: str) -> None:

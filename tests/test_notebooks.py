@@ -1,4 +1,4 @@
-"""The workbook as a tutorial, read statically: each of 01-04 shows its technique as the PyTorch lines a reader adds
+"""The workbook as a tutorial, read statically: each of 01-04 and 07 shows its technique as the PyTorch lines a reader adds
 and races them in the same kernel, offers a try-it widget, reads nothing measured in another kernel, and every
 notebook ends with exercises; the stored copies hold one real run each, top to bottom, and stay small."""
 import json
@@ -16,9 +16,11 @@ TECHNIQUE_LINES = {
     "02_mixed_precision.ipynb": [r"torch\.autocast\(", r"GradScaler\(", r"\.scale\("],
     "03_data_loading.ipynb": [r"DataLoader\(", r"num_workers=", r"pin_memory=", r"non_blocking=True"],
     "04_optimizers_and_accumulation.ipynb": [r"fused=True", r"AdamW\("],
+    "07_gan_variants.ipynb": [r"autograd\.grad\(", r"create_graph=True", r"chunk\(n_critic\)"],
 }
 TRY_IT = {"01_profiling.ipynb": r"ProfilePanel\(", "02_mixed_precision.ipynb": r"ControlPanel\(",
-          "03_data_loading.ipynb": r"ControlPanel\(", "04_optimizers_and_accumulation.ipynb": r"ControlPanel\("}
+          "03_data_loading.ipynb": r"ControlPanel\(", "04_optimizers_and_accumulation.ipynb": r"ControlPanel\(",
+          "07_gan_variants.ipynb": r"ControlPanel\("}
 
 
 def cells(name: str, kind: str) -> list[str]:
