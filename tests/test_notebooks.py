@@ -1,6 +1,6 @@
-"""The workbook as a tutorial, read statically: each of 01-04 and 07 shows its technique as the PyTorch lines a reader adds
-and races them in the same kernel, offers a try-it widget, reads nothing measured in another kernel, and every
-notebook ends with exercises; the stored copies hold one real run each, top to bottom, and stay small."""
+"""The workbook as a tutorial, read statically: each of 01-04 and 07 shows its technique as the PyTorch lines a
+reader adds and races them in the same kernel, offers a try-it widget, reads nothing measured in another kernel, and
+every notebook ends with exercises; the stored copies hold one real run each, top to bottom, and stay small."""
 import json
 import re
 from pathlib import Path
