@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-browser book setup chromium clean
+.PHONY: lab test test-browser book workbook setup chromium clean
 
 # Create .venv if missing, then install the project with pinned versions.
 # Re-runs only when pyproject.toml or constraints.txt change.
@@ -54,6 +54,16 @@ BOOK_OPTS := -q -W --keep-going -b html -c book
 book: setup
 	$(PY) -m sphinx $(BOOK_OPTS) -d $(BOOK)/doctrees . $(BOOK)/html
 	@echo "The book is in $(BOOK)/html: open $(BOOK)/html/index.html in a browser"
+
+# One real run of the whole workbook, in order, its outputs (and widget state) stored in the notebooks: how the
+# repository's copies were made, and how to make your own machine's. Each notebook's time is printed.
+workbook: setup
+	@cd notebooks && start=$$(date +%s) && for nb in [0-9][0-9]_*.ipynb; do \
+	    t=$$(date +%s); \
+	    env -u GANTOOLS_QUICK ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	        --ExecutePreprocessor.timeout=7200 --log-level=WARN $$nb || exit 1; \
+	    echo "$$nb: $$(( $$(date +%s) - t )) s"; \
+	done; echo "the whole workbook: $$(( ($$(date +%s) - start) / 60 )) min"
 
 clean:
 	rm -rf $(VENV) runs notebooks/runs .pytest_cache artifacts build

@@ -63,3 +63,35 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
         text += (f"they differ by {100 * gap:.0f}%. The two loops differ in more than this technique (gantools' "
                  "step also does the work listed above), so the same change weighs differently in each.")
     return Conclusion(text, gap <= tolerance)
+
+
+def same_story(a: dict, b: dict, a_name: str, b_name: str, tolerance: float = 0.10) -> Conclusion:
+    """Whether two profiles' shares (`profiling.time_shares`, name -> share) agree within `tolerance` (a share, so
+    0.10 is ten points): whether a plain loop's profile and gantools' say the same about where the time goes."""
+    apart = [name for name in a if abs(a[name] - b[name]) > tolerance]
+    first, *rest = a
+    pairs = [f"{first} {100 * a[first]:.0f}% in **{a_name}**, {100 * b[first]:.0f}% in **{b_name}**",
+             *(f"{name} {100 * a[name]:.0f}% and {100 * b[name]:.0f}%" for name in rest)]
+    text = f"Where the time goes: {'; '.join(pairs)}: "
+    if not apart:
+        text += f"**the same story** (each within {100 * tolerance:.0f} points)."
+    else:
+        text += (f"they differ by more than {100 * tolerance:.0f} points in {' and '.join(apart)}: the two loops "
+                 "differ in more than their labels, so compare their phases one by one.")
+    return Conclusion(text, not apart)
+
+
+def bottleneck(share: float, what: str = "waiting for data", fix: str = "feed the device faster") -> Conclusion:
+    """Whether `what`, taking `share` (0-1) of each step, is worth making faster: removing it entirely makes the
+    step at most 1 / (1 - share) as fast (Amdahl's law), so a share whose bound stays inside the speed band is not
+    this machine's bottleneck, however much faster it could be made. `.keep` is True when it is worth the work."""
+    share = min(max(share, 0.0), 1.0)  # a share measured as a difference of two speeds can fall below zero: noise
+    text = f"Here the step spent **{100 * share:.1f}%** of its time {what}"
+    if share >= 1:
+        return Conclusion(f"{text}: it did nothing else: **this is the bottleneck: {fix}**.", True)
+    bound = 1 / (1 - share)
+    text += f", so removing that entirely would make the step at most {bound:.3f}x as fast"
+    if bound >= 1 + SPEED_BAND:
+        return Conclusion(f"{text}: **a bottleneck here: {fix}**.", True)
+    return Conclusion(f"{text}, less than the {100 * SPEED_BAND:.0f}% a speed-up needs to count: **not this "
+                      "machine's bottleneck**; the step's time goes to compute.", False)

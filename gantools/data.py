@@ -503,18 +503,22 @@ def make_loader(dataset: Dataset, cfg, device, world: World = World(),
                       persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor, **common)
 
 
-def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2) -> float:
+def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2, device=None) -> float:
     """Throughput of a loader alone (no training), timed with device synchronisation; the first `warmup`
-    batches (worker start-up) are not counted."""
+    batches (worker start-up) are not counted. `device`: where its batches land, for any iterable of batches (a
+    generator over your own DataLoader); gantools' loaders know theirs."""
     from .hardware import Timer
 
-    def size(batch) -> int:  # (images, labels) pairs from a conditional loader
-        return (batch[0] if isinstance(batch, tuple) else batch).shape[0]
+    def size(batch) -> int:  # (images, labels) pairs from a conditional loader or a plain DataLoader
+        return (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0]
 
+    device = torch.device(device) if device is not None else getattr(loader, "device", None)
+    if device is None:
+        raise TypeError(f"{type(loader).__name__} does not say where its batches land: pass device=")
     it = iter(loader)
     for _ in range(warmup):
         next(it)
-    timer, images = Timer(loader.device).start(), 0
+    timer, images = Timer(device).start(), 0
     for _ in range(batches):
         try:
             images += size(next(it))

@@ -313,6 +313,11 @@ def _ms(v: float) -> str:
 def plot_phases(report, title: str = "where one training step's time goes", before=None):
     """Horizontal bars of a ProfileReport's (or DoctorReport's) milliseconds per phase. With `before` (another
     report), both on one axis, its bar above each of this one's: two reports compared share one scale."""
+    return _display(phases_figure(report, title, before))
+
+
+def phases_figure(report, title: str = "where one training step's time goes", before=None):
+    """`plot_phases`' figure, not displayed: for a widget (`panel.ProfilePanel`) that shows it as a PNG."""
     reports = [("before", before), ("after", report)] if before is not None else [("", report)]
     names = list(dict.fromkeys([p for _, r in reports for p in r.phases_ms]))
     n, k = len(names), len(reports)
@@ -337,7 +342,7 @@ def plot_phases(report, title: str = "where one training step's time goes", befo
     if before is not None:
         legend_below(fig, *ax.get_legend_handles_labels())
     make_room(ax, texts)
-    return _display(fig)
+    return fig
 
 
 class LiveRuns:

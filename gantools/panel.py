@@ -261,3 +261,137 @@ def _widget(name: str, knob: Knob, value):
 def describe_changes(result) -> str:
     """`precision: fp32 -> bf16, ...`: what a tune changed."""
     return ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in result.changes().items())
+
+
+# 01's try-it controls: the fields whose change a profile shows (the step's precision and loss, the data path, the
+# per-step host sync, the memory layout). bce-sigmoid is fp32 only, so precision comes with loss.
+PROFILE_TECHNIQUES = ("precision", "loss", "transform", "num_workers", "sync_every_step", "channels_last")
+
+
+class _Stopped(Exception):
+    """Raised between steps once Stop is pressed: a profile cut short has no figures worth reporting."""
+
+
+class _StopBetweenSteps:
+    """Trainer callback: end the profile at the next step's end once `event` is set."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def on_step_end(self, trainer):
+        if self.event.is_set():
+            raise _Stopped
+
+
+class ProfilePanel:
+    """01's "try it" widget, profile on click: controls for a few TrainConfig fields, Profile and Stop, a status line
+    ("Done: <config>: N images/s (unprofiled), 1.23x the baseline; verdict: ...") and the config's phases drawn
+    beside the baseline's on one scale. `profile()` is what Profile does, blocking (notebooks and tests call it);
+    the button runs it in a background thread, as ControlPanel trains, so Stop stays clickable.
+
+    `baseline`: a `profiling.ProfileReport` measured in this kernel (then its phases are the chart's "before"), or a
+    summary dict with `images_per_sec`. A report is the better baseline: its images/s come from the same protocol
+    (`profiling.profile`'s unprofiled steps) as every click's."""
+
+    def __init__(self, base: TrainConfig, baseline, techniques=PROFILE_TECHNIQUES, steps: int | None = None,
+                 warmup: int = 2):
+        import ipywidgets as W
+
+        stop_active_run()
+        self.base, self.baseline, self.warmup = base, baseline, warmup
+        self.reports: dict = {}  # name -> ProfileReport, every profile this panel made
+        self.controls = {}
+        for name in techniques:
+            w = _widget(name, knobs()[name], getattr(base, name))
+            w.style.description_width = "140px"
+            self.controls[name] = w
+        self.steps = W.BoundedIntText(value=steps or (2 if QUICK else 5), min=1, max=1000,
+                                      description="profiled steps", style={"description_width": "initial"},
+                                      tooltip="steps under the profiler, and as many again without it for the images/s")
+        self.profile_button = W.Button(description="Profile", button_style="success", icon="play")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.profile_button.on_click(lambda _: self.profile(block=False))
+        self.stop_button.on_click(lambda _: stop_active_run(wait=False))
+        self.status = W.HTML("Set the controls, then press Profile.")
+        self.image = W.Image(format="png")
+        grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 330px)"))
+        buttons = W.HBox([self.profile_button, self.stop_button, self.steps])
+        self.widget = W.VBox([grid, buttons, self.status, self.image])
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def set(self, **values) -> "ProfilePanel":
+        """Change controls from code (what a reader does with the mouse)."""
+        for name, value in values.items():
+            self.controls[name].value = AUTO if value is None else value
+        return self
+
+    def config(self) -> TrainConfig:
+        return self.base.replace(**{name: None if w.value == AUTO else w.value for name, w in self.controls.items()})
+
+    def run_name(self, cfg: TrainConfig) -> str:
+        changed = differences(cfg, self.base)
+        name = ", ".join(f"{n}={changed[n][1]}" for n in self.controls if n in changed) or "the baseline's config"
+        return name if name not in self.reports else f"{name} #{sum(k.startswith(name) for k in self.reports) + 1}"
+
+    @property
+    def baseline_images_per_sec(self) -> float:
+        b = self.baseline
+        return b["images_per_sec"] if isinstance(b, dict) else b.images_per_sec
+
+    def profile(self, block: bool = True):
+        """Validate, then profile the controls' config (`profiling.profile`). A bad combination is reported, not
+        raised (in the words ControlPanel uses, "Cannot run"). Returns the ProfileReport (blocking)."""
+        stop_active_run()
+        try:
+            cfg = self.config().replace(out_dir=f"{self.base.out_dir}/profile{len(self.reports) + 1}").validate()
+        except GantoolsError as e:
+            self.status.value = f"<b style='color:#b00'>Cannot run:</b><pre>{e}</pre>"
+            return None
+        stop = threading.Event()
+        thread = threading.Thread(target=self._profile, args=(cfg, int(self.steps.value), stop), daemon=True)
+        _ACTIVE.update(thread=None if block else thread, stop=stop, trainer=None)
+        if block:
+            return self._profile(cfg, int(self.steps.value), stop)
+        thread.start()
+        return None
+
+    def _profile(self, cfg: TrainConfig, steps: int, stop: threading.Event):
+        from .display import phases_figure
+        from .measuring import PhaseTable
+        from .profiling import profile
+
+        name, trainer = self.run_name(cfg), None
+        self._busy(True)
+        self.status.value = f"Profiling <b>{name}</b> ..."
+        try:
+            # what profiling.profile builds from a config, plus the Stop check
+            trainer = Trainer(cfg.replace(sample_interval=0, log_interval=steps), callbacks=[_StopBetweenSteps(stop)])
+            _ACTIVE["trainer"] = trainer
+            report = profile(trainer, steps=steps, warmup=self.warmup)
+        except _Stopped:
+            self.status.value = f"Stopped <b>{name}</b> before its profile was complete."
+            return None
+        except GantoolsError as e:
+            self.status.value = f"<b style='color:#b00'>Run failed:</b><pre>{e}</pre>"
+            return None
+        finally:
+            if trainer is not None:
+                trainer.close()  # its DataLoader workers end now, not when the trainer is collected
+            self._busy(False)
+        self.reports[name] = report
+        before = self.baseline if isinstance(self.baseline, PhaseTable) else None
+        title = f"{name}: ms per step in each phase" + (" (before: the baseline)" if before is not None else "")
+        self.image.value = figure_png(phases_figure(report, title, before=before))  # drawn before "Done" is said
+        v = report.verdict
+        self.status.value = (f"Done: <b>{name}</b>: {report.images_per_sec:.0f} images/s (unprofiled), "
+                             f"{report.images_per_sec / self.baseline_images_per_sec:.2f}x the baseline; "
+                             f"verdict: {v.bottleneck}, try next: {v.technique} (notebook {v.notebook}).")
+        return report
+
+    def _busy(self, busy: bool) -> None:
+        self.profile_button.disabled = busy
+        self.stop_button.disabled = not busy

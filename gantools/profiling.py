@@ -122,9 +122,8 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     unprofiled_ms = _unprofiled_ms(trainer, steps)
 
     averages = session.averages
-    by_name = {e.key: e for e in averages}
     step_ms = session.step_ms()
-    phases = {name: by_name[name].cpu_time_total / 1e3 / steps for name in PHASES if name in by_name}
+    phases = phase_ms(averages, steps)
     busy, h2d, top = device_time(averages, steps, step_ms, phases.get("data wait", 0.0), cuda,
                                  skip=lambda key: key in PHASES)
     sort = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
@@ -138,6 +137,14 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
                            str(trace_path))
     report.verdict = diagnose(report, cfg)
     return report
+
+
+def phase_ms(averages, steps: int, names=PHASES) -> dict:
+    """Milliseconds per step in each labelled phase of `prof.key_averages()`, in the order of `names`: host time
+    inside the range, from its CPU row. On a GPU each record_function label has a second row under the same name, its
+    GPU annotation (the kernels' time, no CPU time), which must not replace the first."""
+    rows = {e.key: e for e in averages if e.device_type == DeviceType.CPU}
+    return {name: rows[name].cpu_time_total / 1e3 / steps for name in names if name in rows}
 
 
 def _unprofiled_ms(trainer: Trainer, steps: int) -> float:
@@ -320,3 +327,13 @@ def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"
             opt.step()
             times[impl].append(1e3 * timer.stop())
     return {impl: statistics.median(t) for impl, t in times.items()}
+
+
+def time_shares(phases_ms: dict, ops, busy_ms: float) -> dict:
+    """Two shares by which any two profiles of a GAN step compare, whatever their labels and loader: the backward
+    passes' share of the step's work (the labelled phases, waiting for data and host syncs left out: they are not
+    the step's arithmetic) and the share of the device's busy time in convolutions and matrix multiplies
+    (`compute_ms` over `ops`, [(op, ms)])."""
+    work = {name: ms for name, ms in phases_ms.items() if name not in ("data wait", "host sync")}
+    return {"backward passes": sum(ms for name, ms in work.items() if "backward" in name) / sum(work.values()),
+            "convolutions and matrix multiplies": compute_ms(ops) / busy_ms}

@@ -1,5 +1,6 @@
-"""What the notebooks share: quick mode (GANTOOLS_QUICK=1, for tests), run sizes, and the results file that lets a
-later notebook compare with the baseline measured in 00_baseline on this machine."""
+"""What the notebooks share: quick mode (GANTOOLS_QUICK=1, for tests), run sizes, training several configs side by
+side in one kernel, and a results log (`save_result`: what 00 measured, kept for the reader; no notebook reads
+another kernel's numbers back, each measures its own start)."""
 from __future__ import annotations
 
 import json

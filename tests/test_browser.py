@@ -2,7 +2,8 @@
 
 nbval proves that the cells execute; this proves what a reader sees. Every notebook (quick mode, copied to a temporary
 folder so the stored outputs are never touched) is opened in JupyterLab and run with Run > Run All Cells; no cell may
-show an error and every widget must render. In 05_all_together a control is changed with the mouse and Run pressed:
+show an error and every widget must render. In 01-04 the notebook's own try-it widget is pressed and must finish a
+run reported against the baseline that notebook measured. In 05_all_together a control is changed with the mouse and Run pressed:
 the run's loss plot and sample grid must update in place and its result must reach the comparison table; then Tune is
 pressed with a budget of seconds, its path must appear in the panel, and Load tuned must take its result.
 Screenshots land in artifacts/browser/ for a person to look at.
@@ -159,11 +160,6 @@ class Notebook:
         self.page.close()
 
 
-def _ran(lab) -> bool:
-    results = lab["dir"] / "runs" / "quick" / "results.json"
-    return results.is_file() and "baseline" in json.loads(results.read_text())
-
-
 def _png(page, img) -> np.ndarray:
     """The pixels an <img> shows (its blob: URL read back in the page)."""
     data = page.evaluate("""async (img) => {
@@ -278,10 +274,6 @@ def check_try_it(nb: Notebook, button: str) -> None:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_in_browser(browser, lab, name):
-    if name != NOTEBOOKS[0] and not _ran(lab):  # later notebooks compare against 00's baseline
-        first = Notebook(browser, lab, NOTEBOOKS[0])
-        first.run_all()
-        first.close()
     nb = Notebook(browser, lab, name)
     try:
         notebook = nb.run_all()

@@ -1,0 +1,135 @@
+"""One speed-up, measured more than one way in the same kernel, set side by side and reconciled.
+
+A config's speed-up over a start can be measured by training the two in turns (`workbook.train_side_by_side`), by a
+run of its own set against a start measured earlier (the panel's Run: sequential), by the benchmark's paired repeats
+(`bench.side_by_side`) or by tune's final check. Each method gives its own figure, with its own noise. A notebook
+that shows more than one figure for a config shows them here, in one table, with the noise each carries, and a
+sentence computed from them: do they agree, and if not, what the difference is made of. And since every quality run
+costs minutes on a CPU, `scores_from` lets `tune` reuse the scores of configs the notebook already trained."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .conclusions import SPEED_BAND, Conclusion
+from .config import TrainConfig
+
+# the fields that say where a run writes and how often it logs, not what it trains or how fast
+BOOKKEEPING = ("out_dir", "steps", "log_interval", "sample_interval", "checkpoint_interval")
+
+
+@dataclass
+class Figure:
+    """One measurement of `config`'s speed-up over the start: the `method` that gave it, the figure, where the
+    method pairs its chunks or repeats the lowest and highest of those paired ratios (`band`), and whether it is
+    `sequential`: a run set against a start measured at another moment."""
+    config: str
+    method: str
+    speedup: float
+    band: tuple | None = None
+    sequential: bool = False
+
+    @property
+    def half_width(self) -> float:
+        """Half the band, as a share of the figure: the noise this figure carries (0 where unmeasured)."""
+        return (self.band[1] - self.band[0]) / 2 / self.speedup if self.band else 0.0
+
+
+def paired_ratios(run, start) -> list[float]:
+    """Round by round, `run`'s images/s over `start`'s, for two trainers trained in turns by `train_side_by_side`
+    (one log record per chunk): each pair ran back to back, so the machine's state was alike for both. The first
+    round (warm-up) is left out, as it is from each run's figure."""
+    a = [r["images_per_sec"] for r in run.history.records[1:]]
+    b = [r["images_per_sec"] for r in start.history.records[1:]]
+    return [x / y for x, y in zip(a, b)]
+
+
+def band(ratios: list[float]) -> tuple | None:
+    """The lowest and highest of paired ratios: a figure's band (None without any)."""
+    return (min(ratios), max(ratios)) if ratios else None
+
+
+def speedup_table(figures: list[Figure]) -> str:
+    """The figures as a Markdown table, one row per config and method."""
+    from .display import markdown_table
+
+    rows = [[f.config, f.method, f"{f.speedup:.2f}x",
+             f"{f.band[0]:.2f}x-{f.band[1]:.2f}x" if f.band else "none: one run" if f.sequential else "not reported"]
+            for f in figures]
+    return markdown_table(["config", "method", "speed-up over the start", "paired range"], rows)
+
+
+def reconcile(figures: list[Figure], drift: float | None = None, warmup: dict | None = None) -> Conclusion:
+    """Per config: the lowest and highest of its figures, the one farthest from the first, and whether they are
+    apart by more than the noise, which is the widest of: a speed ratio read as equal anyway
+    (`conclusions.SPEED_BAND`), the half-width of any of its figures' paired bands, and `drift`, how far the start's
+    own images/s moved between two measurements in this kernel (later over earlier, minus 1): a sequential figure
+    divides by a start measured at another moment, so it carries that drift whole. `warmup`: run -> its first
+    interval's step time over a steady one, which every figure leaves out (said, so a reader sees what a figure
+    that kept it would have lost). `keep` is True when every config's figures agree."""
+    by_config: dict = {}
+    for f in figures:
+        by_config.setdefault(f.config, []).append(f)
+    lines, agree_all = [], True
+    for config, figs in by_config.items():
+        if len(figs) == 1:
+            lines.append(f"**{config}**: one figure, {figs[0].speedup:.2f}x ({figs[0].method}).")
+            continue
+        low, high = min(f.speedup for f in figs), max(f.speedup for f in figs)
+        first = figs[0]
+        far = max(figs[1:], key=lambda f: abs(f.speedup / first.speedup - 1))
+        widest = max(f.half_width for f in figs)
+        noise = max(SPEED_BAND, abs(drift or 0.0), widest)
+        agree = high / low - 1 <= noise
+        agree_all &= agree
+        sources = [f"paired ranges up to ±{100 * widest:.0f}%"] if widest else []
+        sources += [f"the start's drift {100 * drift:+.0f}%"] if drift is not None else []
+        lines.append(
+            f"**{config}**: {len(figs)} figures from {low:.2f}x to {high:.2f}x, {100 * (high / low - 1):.0f}% apart; "
+            f"the farthest from *{first.method}* is *{far.method}*, {100 * (far.speedup / first.speedup - 1):+.0f}%. "
+            f"The noise here is up to {100 * noise:.0f}%" + (f" ({', '.join(sources)})" if sources else "") + ": "
+            + ("they agree within it, so they are one speed-up measured several ways." if agree else
+               "they differ by more than it. " + _why_apart(figs)))
+    if drift is not None:
+        lines.append(f"The start's own images/s moved {100 * drift:+.0f}% between its two measurements in this "
+                     "kernel: a figure set against a start measured at another moment carries that much on top of "
+                     "its own noise, while an interleaved figure cancels it.")
+    if warmup:
+        firsts = ", ".join(f"{ratio:.1f}x a steady one in {run}" for run, ratio in warmup.items())
+        lines.append(f"Warm-up is left out of every figure: the first interval took {firsts}.")
+    return Conclusion("\n\n".join(lines), agree_all)
+
+
+def _why_apart(figs: list[Figure]) -> str:
+    sequential = [f"*{f.method}*" for f in figs if f.sequential]
+    if sequential:
+        one = len(sequential) == 1
+        return (f"The figure{'' if one else 's'} {' and '.join(sequential)} also carr{'ies' if one else 'y'} the "
+                "machine's state at its own moment, which no interleaving cancelled: quote an interleaved figure.")
+    return "Interleaved figures that disagree say the machine changed during the runs: measure again before quoting."
+
+
+def same_training(a: TrainConfig, b: TrainConfig) -> bool:
+    """Whether two configs train the same thing at the same speed settings (only bookkeeping fields differ)."""
+    da, db = a.to_dict(), b.to_dict()
+    return all(da[k] == db[k] for k in da if k not in BOOKKEEPING)
+
+
+def scores_from(trainers: dict, images: int) -> Callable[[TrainConfig], dict]:
+    """A quality function for `tune(quality=...)`: a config one of `trainers` (already trained on `images` real
+    images and scored, e.g. by `train_side_by_side`) trains the same way gets that trainer's scores; any other is
+    trained from scratch on `images` and scored, as tune itself would. Saves tune retraining what was just measured."""
+    def quality(cfg: TrainConfig) -> dict:
+        for t in trainers.values():
+            if same_training(t.cfg, cfg) and t.history.quality and \
+                    t.history.quality.get("images_trained") == images:
+                return dict(t.history.quality)
+        from .metrics import QualityCallback
+        from .train import Trainer
+
+        run = Trainer(cfg.replace(steps=max(1, images // cfg.images_per_step), sample_interval=0,
+                                  checkpoint_interval=0), callbacks=[QualityCallback()])
+        run.fit()
+        return dict(run.history.quality)
+
+    return quality

@@ -1,0 +1,75 @@
+"""The workbook as a tutorial, read statically: each of 01-04 shows its technique as the PyTorch lines a reader adds
+and races them in the same kernel, offers a try-it widget, reads nothing measured in another kernel, and every
+notebook ends with exercises; the stored copies hold one real run each, top to bottom, and stay small."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+ALL = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+# the lines each technique adds to a plain loop: every pattern must appear in one code cell of its notebook
+TECHNIQUE_LINES = {
+    "01_profiling.ipynb": [r"torch\.profiler\.profile\(", r"record_function\(", r"key_averages\(\)"],
+    "02_mixed_precision.ipynb": [r"torch\.autocast\(", r"GradScaler\(", r"\.scale\("],
+    "03_data_loading.ipynb": [r"DataLoader\(", r"num_workers=", r"pin_memory=", r"non_blocking=True"],
+    "04_optimizers_and_accumulation.ipynb": [r"fused=True", r"AdamW\("],
+}
+TRY_IT = {"01_profiling.ipynb": r"ProfilePanel\(", "02_mixed_precision.ipynb": r"ControlPanel\(",
+          "03_data_loading.ipynb": r"ControlPanel\(", "04_optimizers_and_accumulation.ipynb": r"ControlPanel\("}
+
+
+def cells(name: str, kind: str) -> list[str]:
+    nb = json.loads((NOTEBOOKS / name).read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == kind]
+
+
+def test_the_workbook_is_eight_notebooks():
+    assert ALL[0].startswith("00_") and ALL[-1].startswith("07_") and len(ALL) == 8
+
+
+@pytest.mark.parametrize("name", sorted(TECHNIQUE_LINES))
+def test_the_technique_is_shown_as_the_lines_a_reader_adds_and_raced(name):
+    code = cells(name, "code")
+    shown = [c for c in code if all(re.search(p, c) for p in TECHNIQUE_LINES[name])]
+    assert shown, f"{name}: no code cell holds all of {TECHNIQUE_LINES[name]}"
+    assert any("race(" in c for c in code), f"{name}: the plain loop and its change are never timed side by side"
+    assert any("agreement(" in c for c in code), f"{name}: the plain lines and gantools' switch never compared"
+
+
+@pytest.mark.parametrize("name", sorted(TRY_IT))
+def test_each_technique_has_a_try_it_widget(name):
+    assert any(re.search(TRY_IT[name], c) for c in cells(name, "code")), f"{name}: no try-it widget"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_notebook_reads_numbers_from_another_kernel(name):
+    for c in cells(name, "code"):
+        assert not re.search(r"\bbaseline\(\)|load_results\(", c), f"{name} reads another kernel's result:\n{c}"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_notebook_ends_with_exercises(name):
+    md = cells(name, "markdown")
+    assert any(m.lstrip().startswith("## Exercises") for m in md[-2:]), f"{name}: no '## Exercises' at the end"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_markdown_states_no_measured_ratio(name):
+    """Measured ratios belong in outputs, computed; markdown that types one goes stale on the next machine."""
+    for m in cells(name, "markdown"):
+        assert not re.search(r"\b\d+\.\d+x\b", m), f"{name}: a typed ratio in markdown:\n{m}"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_stored_outputs_are_one_real_run_top_to_bottom(name):
+    nb = json.loads((NOTEBOOKS / name).read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    counts = [c["execution_count"] for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"{name}: cells not run once, in order: {counts}"
+    text = json.dumps([c["outputs"] for c in code])
+    assert "real mode" in text and "quick mode (tiny runs" not in text, f"{name}: stored outputs are not a real run"
+    size = (NOTEBOOKS / name).stat().st_size
+    assert size < 2_000_000, f"{name} is {size / 1e6:.1f} MB: store it smaller"

@@ -1,0 +1,111 @@
+"""The plain loop the workbook teaches on (gantools/tutorial.py), the interleaved race that times its variants, and
+the conclusions computed from their numbers (gantools/conclusions.py)."""
+import time
+
+import pytest
+import torch
+
+from gantools import tutorial
+from gantools.conclusions import FID_BAND, SPEED_BAND, agreement, verdict
+
+TINY = dict(nz=8, ngf=8, ndf=8, batch_size=16)
+
+
+def endless(images):
+    while True:
+        yield from images.float().div(127.5).sub(1).split(16)
+
+
+@pytest.fixture
+def gan(glyphs64):
+    return tutorial.plain_gan("cpu", batches=endless(glyphs64.images), **TINY)
+
+
+def test_the_plain_step_trains_both_networks_and_keeps_losses_on_the_device(gan):
+    g0 = [p.detach().clone() for p in gan.G.parameters()]
+    d0 = [p.detach().clone() for p in gan.D.parameters()]
+    loss_d, loss_g = tutorial.train_step(gan, next(gan.batches))
+    assert all(not torch.equal(a, b) for a, b in zip(g0, gan.G.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(d0, gan.D.parameters()))
+    assert loss_d.device == loss_g.device == gan.device and not loss_d.requires_grad
+    assert 0 < loss_d.item() < 10 and 0 < loss_g.item() < 10
+
+
+def test_a_plain_gan_is_reproducible_and_leaves_the_callers_random_numbers_alone(glyphs64):
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    a = tutorial.plain_gan("cpu", seed=3, batches=iter(()), **TINY)
+    assert torch.equal(torch.rand(3), expected), "building the networks shifted the global RNG"
+    b = tutorial.plain_gan("cpu", seed=3, batches=iter(()), **TINY)
+    c = tutorial.plain_gan("cpu", seed=4, batches=iter(()), **TINY)
+    assert all(torch.equal(p, q) for p, q in zip(a.G.parameters(), b.G.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.G.parameters(), c.G.parameters()))
+
+
+def test_device_batches_cover_an_epoch_in_range(tmp_path, monkeypatch):
+    batches = tutorial.device_batches(1000, "cpu", seed=0)
+    first = next(batches)
+    assert first.shape == (1000, 1, 32, 32) and first.dtype == torch.float32
+    assert first.min() >= -1 and first.max() <= 1 and first.min() < -0.9 and first.max() > 0.9
+
+
+def test_the_race_takes_turns_and_tells_the_slow_loop_from_the_fast(glyphs64):
+    order = []
+
+    def fast(gan, real):
+        order.append("fast")
+        return tutorial.train_step(gan, real)
+
+    def slow(gan, real):
+        order.append("slow")
+        time.sleep(0.05)
+        return tutorial.train_step(gan, real)
+
+    contenders = {name: (fn, tutorial.plain_gan("cpu", batches=endless(glyphs64.images), **TINY))
+                  for name, fn in (("fast", fast), ("slow", slow))}
+    result = tutorial.race(contenders, steps=6, chunk_steps=2)
+    assert order == ["fast"] * 2 + ["slow"] * 2 + ["fast"] * 2 + ["slow"] * 2 + ["fast"] * 2 + ["slow"] * 2
+    assert result.ratio("slow", "fast") < 0.8
+    assert result.images == 6 * 16 and len(result.chunks["fast"]) == 3 and len(result.losses["slow"]) == 3
+    assert "| fast |" in result._repr_markdown_() and "vs fast" in result._repr_markdown_()
+
+
+def test_a_race_too_short_to_time_is_refused(gan):
+    with pytest.raises(ValueError, match="multiple of chunk_steps"):
+        tutorial.race({"a": (tutorial.train_step, gan)}, steps=3, chunk_steps=2)
+
+
+def test_samples_leave_batchnorm_statistics_alone(gan):
+    before = [b.clone() for b in gan.G.buffers()]
+    images = tutorial.samples(gan, 40)
+    assert images.shape == (40, 1, 32, 32) and images.min() >= -1 and images.max() <= 1
+    assert all(torch.equal(a, b) for a, b in zip(before, gan.G.buffers()))
+    assert torch.equal(images, tutorial.samples(gan, 40)), "seeded noise: the same images twice"
+
+
+def test_source_shows_the_loop():
+    assert "def train_step" in tutorial.source(tutorial.train_step).data
+
+
+@pytest.mark.parametrize("speedup, fid, keep, words", [
+    (1.6, 25.0, True, "keep it"),
+    (1.6, 24.0 * FID_BAND * 1.01, False, "FID rose"),
+    (1 + SPEED_BAND / 2, 24.0, False, "no gain"),
+    (0.7, 24.0, False, "slower"),
+])
+def test_the_verdict_follows_the_numbers(speedup, fid, keep, words):
+    c = verdict("bf16", "fp32", speedup, fid, 24.0)
+    assert c.keep is keep and words in c.text and f"{speedup:.2f}x" in c.text
+    assert c._repr_markdown_() == str(c) == c.text
+
+
+def test_a_verdict_without_quality_judges_speed_alone():
+    assert verdict("fused Adam", "for-loop Adam", 1.2).keep
+    assert "FID" not in verdict("fused Adam", "for-loop Adam", 1.2).text
+
+
+def test_agreement_between_the_plain_loop_and_the_switch():
+    assert agreement(1.58, 1.62).keep and "agree" in str(agreement(1.58, 1.62))
+    far = agreement(1.2, 1.8)
+    assert not far.keep and "differ by 33%" in far.text
