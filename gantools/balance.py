@@ -27,21 +27,28 @@ class Balance:
         keys = (*COLUMNS, "spread_d", "spread_g")
         return markdown_table(head, [[name, *(f"{row[k]:.3f}" for k in keys)] for name, row in self.rows.items()])
 
-    def diagnosis(self, name: str, start: str) -> str:
-        """One sentence on run `name` against run `start`, with the numbers that back it."""
+    def diagnosis(self, name: str, start: str, seed: str | None = None) -> str:
+        """One sentence on run `name` against run `start`, with the numbers that back it. With `seed` (the start's
+        config with another seed), a difference counts only beyond what that second seed shows: two runs of one
+        setting already differ (see `drift.lockstep`)."""
         run, ref = self.rows[name], self.rows[start]
+        other = self.rows[seed] if seed is not None else ref
         part = f"over the last {100 * self.tail:.0f}% of the run"
-        if run["loss_d"] < OVERPOWERED * ref["loss_d"]:
+        scale = f" ({seed}: {other['loss_d']:.3f})" if seed is not None else ""
+        if run["loss_d"] < OVERPOWERED * min(ref["loss_d"], other["loss_d"]):
             return (f"**{name}**: D overpowers G. {part.capitalize()} D's loss averaged {run['loss_d']:.3f} against "
-                    f"{ref['loss_d']:.3f} for {start}, with D(real) {run['d_real']:.2f} and D(fake) "
+                    f"{ref['loss_d']:.3f} for {start}{scale}, with D(real) {run['d_real']:.2f} and D(fake) "
                     f"{run['d_fake']:.2f}: D tells the fakes apart almost every time, so G learns only where its "
                     "images are wrong, not what would be right.")
-        if run["spread_g"] > SWINGS * ref["spread_g"]:
+        swing = max(ref["spread_g"], other["spread_g"])
+        if run["spread_g"] > SWINGS * swing:
+            scale = f" ({seed}: {other['spread_g']:.2f})" if seed is not None else ""
             return (f"**{name}**: the game oscillates. {part.capitalize()} G's loss spread {run['spread_g']:.2f} "
-                    f"against {ref['spread_g']:.2f} for {start}: each player keeps overshooting the other's move.")
-        return (f"**{name}**: as balanced as {start} {part} (D's loss {run['loss_d']:.3f} against "
+                    f"against {ref['spread_g']:.2f} for {start}{scale}: each player keeps overshooting the other's "
+                    "move.")
+        within = f", within what {seed} differs by" if seed is not None else ""
+        return (f"**{name}**: as balanced as {start} {part}{within} (D's loss {run['loss_d']:.3f} against "
                 f"{ref['loss_d']:.3f}, G's loss spread {run['spread_g']:.2f} against {ref['spread_g']:.2f}).")
-
 
 def balance(histories: dict, tail: float = 0.5) -> Balance:
     """`Balance` of each run in `{name: History}` over its last `tail` of logged records (at least one)."""
