@@ -10,7 +10,7 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ALL = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
-# the lines each technique adds to a plain loop: every pattern must appear in one code cell of its notebook
+# the lines each technique adds to a plain loop: each pattern in a code cell that marks its added lines `# new`
 TECHNIQUE_LINES = {
     "01_profiling.ipynb": [r"torch\.profiler\.profile\(", r"record_function\(", r"key_averages\(\)"],
     "02_mixed_precision.ipynb": [r"torch\.autocast\(", r"GradScaler\(", r"\.scale\("],
@@ -18,6 +18,9 @@ TECHNIQUE_LINES = {
     "04_optimizers_and_accumulation.ipynb": [r"fused=True", r"AdamW\("],
     "07_gan_variants.ipynb": [r"autograd\.grad\(", r"create_graph=True", r"chunk\(n_critic\)"],
 }
+# 01's technique is the profiler, which has no speed of its own: its fix is trained in turns with the trainer, and
+# its agreement is the plain loop's profile telling the same story as gantools' (time shares)
+MEASURED = {"01_profiling.ipynb": (r"\btrain_side_by_side\(", r"\bsame_story\(")}
 TRY_IT = {"01_profiling.ipynb": r"ProfilePanel\(", "02_mixed_precision.ipynb": r"ControlPanel\(",
           "03_data_loading.ipynb": r"ControlPanel\(", "04_optimizers_and_accumulation.ipynb": r"ControlPanel\(",
           "07_gan_variants.ipynb": r"ControlPanel\("}
@@ -35,10 +38,12 @@ def test_the_workbook_is_eight_notebooks():
 @pytest.mark.parametrize("name", sorted(TECHNIQUE_LINES))
 def test_the_technique_is_shown_as_the_lines_a_reader_adds_and_raced(name):
     code = cells(name, "code")
-    shown = [c for c in code if all(re.search(p, c) for p in TECHNIQUE_LINES[name])]
-    assert shown, f"{name}: no code cell holds all of {TECHNIQUE_LINES[name]}"
-    assert any("race(" in c for c in code), f"{name}: the plain loop and its change are never timed side by side"
-    assert any("agreement(" in c for c in code), f"{name}: the plain lines and gantools' switch never compared"
+    marked = [c for c in code if "# new" in c]  # the cells that show a reader's added lines, marked `# new`
+    missing = [p for p in TECHNIQUE_LINES[name] if not any(re.search(p, c) for c in marked)]
+    assert not missing, f"{name}: no cell of lines marked '# new' holds {missing}"
+    raced, agreed = MEASURED.get(name, (r"\brace\(", r"\bagreement\("))
+    assert any(re.search(raced, c) for c in code), f"{name}: the change is never timed side by side with its start"
+    assert any(re.search(agreed, c) for c in code), f"{name}: the plain lines and gantools' version never compared"
 
 
 @pytest.mark.parametrize("name", sorted(TRY_IT))
