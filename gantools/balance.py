@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .conclusions import FID_BAND
+from .conclusions import FID_BAND, still_learning
 from .display import markdown_table
 
 COLUMNS = ("d_real", "d_fake", "loss_d", "loss_g")
@@ -66,10 +66,16 @@ def fid_against_seed(change: str, run: dict, start: dict, other_seed: dict, star
     """A sentence on how far `change` moved FID (and classes covered) from `start` (run summaries at the same number
     of images), judged against `other_seed`: the same config as `start` with another seed. Two GAN runs differ by
     more than rounding (see `drift.lockstep`), so a FID difference counts only when it is larger than the one a
-    second seed shows, and larger than `conclusions.FID_BAND`."""
+    second seed shows, and larger than `conclusions.FID_BAND`; between generators still early in training
+    (`conclusions.still_learning`) it does not count at all, unless the run collapsed onto one class."""
     moved, noise = run["fid"] / start["fid"], other_seed["fid"] / start["fid"]
     band = max(noise, 1 / noise, FID_BAND)
-    if moved >= band:
+    if run["classes_covered"] == 1 < start["classes_covered"]:
+        judged = "collapsed: it draws a single class"
+    elif still_learning(run, start, other_seed):
+        judged = ("not judged: these generators are still early in training (fewer than half the classes), where FID "
+                  "moves far more from run to run than one second seed shows; read the game's balance below instead")
+    elif moved >= band:
         judged = f"worse than {start_name}, by more than a second seed moves it"
     elif moved <= 1 / band:
         judged = f"better than {start_name}, by more than a second seed moves it"

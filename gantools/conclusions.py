@@ -29,13 +29,24 @@ def speed_words(ratio: float, start: str) -> str:
     return f"{ratio:.2f}x as fast as {start}" if ratio > 1 else f"slower than {start} ({ratio:.2f}x)"
 
 
+def still_learning(*scores: dict) -> bool:
+    """Whether any of these scores (`tutorial.score`, a trainer's summary) comes from a generator that draws fewer
+    than half the classes: a run that short has FIDs in the hundreds that move a lot from seed to seed, so they
+    tell whether a change broke training, not whether it kept quality."""
+    return any(2 * s["classes_covered"] < s["classes"] for s in scores)
+
+
 def verdict(change: str, start: str, speedup: float, fid: float | None = None,
-            fid_start: float | None = None) -> Conclusion:
+            fid_start: float | None = None, early: bool = False) -> Conclusion:
     """Whether to keep `change` over `start`, from the speed-up measured in one run and, where the change can
-    affect images, the two FIDs at the same number of training images."""
+    affect images, the two FIDs at the same number of training images. `early` (see `still_learning`): the FIDs
+    are shown but not judged, and the decision rests on speed."""
     text = f"Here **{change}** ran {speed_words(speedup, f'**{start}**')}"
     quality_kept = True
-    if fid is not None and fid_start is not None:
+    if fid is not None and fid_start is not None and early:
+        text += (f"; FID {fid_start:.1f} and {fid:.1f} come from generators still early in training, so they "
+                 "are not judged here")
+    elif fid is not None and fid_start is not None:
         moved = fid / fid_start
         quality_kept = moved < FID_BAND
         text += f", and FID went from {fid_start:.1f} to {fid:.1f} ({moved:.2f}x)"
@@ -60,8 +71,9 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
     if gap <= tolerance:
         text += f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines."
     else:
-        text += (f"they differ by {100 * gap:.0f}%. The two loops differ in more than this technique (gantools' "
-                 "step also does the work listed above), so the same change weighs differently in each.")
+        text += (f"they differ by {100 * gap:.0f}%: either the timings' noise (a short run's ratio moves this much), "
+                 "or the rest of each loop (gantools' step does more than the plain one) makes the same change weigh "
+                 "differently; time both longer to tell.")
     return Conclusion(text, gap <= tolerance)
 
 
@@ -81,12 +93,17 @@ def same_story(a: dict, b: dict, a_name: str, b_name: str, tolerance: float = 0.
     return Conclusion(text, not apart)
 
 
-def bottleneck(share: float, what: str = "waiting for data", fix: str = "feed the device faster") -> Conclusion:
+def bottleneck(share: float, what: str = "waiting for data", fix: str = "feed the device faster",
+               noise: float = 0.0) -> Conclusion:
     """Whether `what`, taking `share` (0-1) of each step, is worth making faster: removing it entirely makes the
     step at most 1 / (1 - share) as fast (Amdahl's law), so a share whose bound stays inside the speed band is not
-    this machine's bottleneck, however much faster it could be made. `.keep` is True when it is worth the work."""
+    this machine's bottleneck, however much faster it could be made. `.keep` is True when it is worth the work.
+    `noise`: the spread of the timings the share was computed from; a share below it is not a measurement."""
     share = min(max(share, 0.0), 1.0)  # a share measured as a difference of two speeds can fall below zero: noise
     text = f"Here the step spent **{100 * share:.1f}%** of its time {what}"
+    if share < noise:
+        return Conclusion(f"{text}, less than the timings' own spread (±{100 * noise:.0f}%): **too small for this "
+                          "measurement to tell from nothing**; time the wait directly to judge it.", False)
     if share >= 1:
         return Conclusion(f"{text}: it did nothing else: **this is the bottleneck: {fix}**.", True)
     bound = 1 / (1 - share)

@@ -152,7 +152,8 @@ def class_coverage(predictions: torch.Tensor, classes: int) -> dict:
     share = torch.bincount(predictions, minlength=classes).float() / len(predictions)
     nonzero = share[share > 0]
     entropy = -(nonzero * nonzero.log()).sum().item()
-    return {"classes_covered": int((share >= 0.25 / classes).sum()), "class_evenness": entropy / math.log(classes),
+    return {"classes_covered": int((share >= 0.25 / classes).sum()), "classes": classes,
+            "class_evenness": entropy / math.log(classes),
             "class_shares": [round(v, 4) for v in share.tolist()]}
 
 

@@ -25,13 +25,23 @@ def test_balance_names_a_d_that_overpowers_g_an_oscillating_game_and_a_balanced_
 
 
 def test_a_fid_change_counts_only_beyond_what_a_second_seed_moves_it():
-    start, seed = {"fid": 100.0, "classes_covered": 9}, {"fid": 125.0, "classes_covered": 9}
-    worse = fid_against_seed("x", {"fid": 300.0, "classes_covered": 1}, start, seed, "Adam")
-    assert "worse than Adam" in worse and "3.00x" in worse and "classes covered 1 against 9" in worse
-    assert "no different from Adam" in fid_against_seed("x", {"fid": 120.0, "classes_covered": 9}, start, seed,
-                                                        "Adam")
-    assert "better than Adam" in fid_against_seed("x", {"fid": 70.0, "classes_covered": 9}, start, seed, "Adam")
-    assert "no different" in fid_against_seed("x", {"fid": 105.0, "classes_covered": 9}, start, start, "Adam")
+    def run(fid, covered=9):
+        return {"fid": fid, "classes_covered": covered, "classes": 10}
+    start, seed = run(100.0), run(125.0)
+    worse = fid_against_seed("x", run(300.0, 8), start, seed, "Adam")
+    assert "worse than Adam" in worse and "3.00x" in worse and "classes covered 8 against 9" in worse
+    assert "no different from Adam" in fid_against_seed("x", run(120.0), start, seed, "Adam")
+    assert "better than Adam" in fid_against_seed("x", run(70.0), start, seed, "Adam")
+    assert "no different" in fid_against_seed("x", run(105.0), start, start, "Adam")
+    assert "collapsed" in fid_against_seed("x", run(300.0, 1), start, seed, "Adam")
+
+
+def test_early_generators_fids_are_not_judged():
+    def run(fid, covered=3):
+        return {"fid": fid, "classes_covered": covered, "classes": 10}
+    early = fid_against_seed("fused", run(389.0), run(296.0), run(285.0), "Adam")
+    assert "not judged" in early and "worse" not in early and "389.0" in early
+    assert "collapsed" in fid_against_seed("x", run(971.0, 1), run(296.0), run(285.0), "Adam")
 
 
 def test_with_a_second_seed_a_difference_counts_only_beyond_what_the_seed_shows():

@@ -52,7 +52,7 @@ def test_a_few_hundred_steps_of_training_improve_the_score(meter, tmp_path):
 def test_coverage_counts_classes_with_a_fair_share():
     preds = torch.tensor([0] * 50 + [1] * 45 + [2] * 5)
     cov = class_coverage(preds, 4)
-    assert cov["classes_covered"] == 2 and 0 < cov["class_evenness"] < 1
+    assert cov["classes_covered"] == 2 and cov["classes"] == 4 and 0 < cov["class_evenness"] < 1
     assert class_coverage(torch.arange(10).repeat(10), 10)["class_evenness"] == pytest.approx(1.0)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gantools import tutorial
-from gantools.conclusions import FID_BAND, SPEED_BAND, agreement, verdict
+from gantools.conclusions import FID_BAND, SPEED_BAND, agreement, bottleneck, still_learning, verdict
 
 TINY = dict(nz=8, ngf=8, ndf=8, batch_size=16)
 
@@ -103,6 +103,20 @@ def test_the_verdict_follows_the_numbers(speedup, fid, keep, words):
 def test_a_verdict_without_quality_judges_speed_alone():
     assert verdict("fused Adam", "for-loop Adam", 1.2).keep
     assert "FID" not in verdict("fused Adam", "for-loop Adam", 1.2).text
+
+
+def test_early_fids_are_shown_but_not_judged():
+    short, learned = {"classes_covered": 3, "classes": 10}, {"classes_covered": 7, "classes": 10}
+    assert still_learning(short, learned) and not still_learning(learned, learned)
+    c = verdict("bf16", "fp32", 1.5, 900.0, 400.0, early=True)
+    assert c.keep and "900.0" in c.text and "not judged" in c.text and "rose" not in c.text
+    assert not verdict("bf16", "fp32", 1.5, 900.0, 400.0).keep, "judged, the same FIDs fail"
+
+
+def test_a_share_inside_the_noise_is_not_judged():
+    assert "too small" in bottleneck(0.01, noise=0.11).text and not bottleneck(0.01, noise=0.11).keep
+    assert "not this machine's bottleneck" in bottleneck(0.01).text
+    assert bottleneck(0.2, noise=0.11).keep, "a share above the noise is judged as before"
 
 
 def test_agreement_between_the_plain_loop_and_the_switch():
