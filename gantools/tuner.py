@@ -305,6 +305,8 @@ class Tuner:
             r.final = {"config": cfg, "images_per_sec": self.trials.speed.get(key(cfg)), "fid": None}
             self._say("", now=f"quality: training {describe(_diff(cfg, self.chain[0]))}")
             q = self.trials.score(cfg, f"quality-{len(r.quality['tries']) + 1}")
+            if q["fid"] > limit * start_q["fid"] and "seed_fid" not in r.quality:
+                limit = self._fid_noise(start_q["fid"], limit)
             held = q["fid"] <= limit * start_q["fid"]
             r.quality["tries"].append({"changes": _diff(cfg, self.chain[0]), "fid": q["fid"],
                                        "ratio": q["fid"] / start_q["fid"], "held": held})
@@ -319,13 +321,29 @@ class Tuner:
             r.final = {**r.start}
         r.quality["held"] = True
         backed = len(self.chain) - 1 - final
+        seed = (f"; a second seed of the start moved FID {r.quality['spread']:.2f}x"
+                if "spread" in r.quality else "")
         r.quality["note"] = (f"final FID {r.final['fid']:.2f} against the start's {start_q['fid']:.2f} "
-                             f"({r.final['fid'] / start_q['fid']:.2f}x, limit {limit}x)" +
+                             f"({r.final['fid'] / start_q['fid']:.2f}x, limit {limit:.2f}x{seed})" +
                              (f"; {backed} kept change(s) backed off to hold it" if backed else ""))
         if final < len(self.chain) - 1:  # the incumbent trainer no longer matches the final config
             self.trials.discard(self.incumbent)
             self.incumbent = None
         self.chain = self.chain[:final + 1]
+
+    def _fid_noise(self, start_fid: float, limit: float) -> float:
+        """Before backing anything off, the start trained again with another seed: a short run's FID moves by chance
+        (two GAN runs part ways from the first rounding difference), so a change counts as hurting quality only when
+        its FID is worse than both the limit and what a second seed of the unchanged config moves it. Measured once,
+        only when a back-off is in question; the wider of the two becomes the limit."""
+        start = self.chain[0]
+        self._say("", now="quality: training the start again with another seed (FID's own spread)")
+        seed_fid = self.trials.score(start.replace(seed=start.seed + 1), "quality-start-seed")["fid"]
+        spread = max(seed_fid / start_fid, start_fid / seed_fid)
+        self.result.quality.update(seed_fid=seed_fid, spread=spread, limit=max(limit, spread))
+        self._say(f"  the start with seed {start.seed + 1}: FID {seed_fid:.2f} against {start_fid:.2f} ({spread:.2f}x "
+                  f"apart): the limit is {max(limit, spread):.2f}x")
+        return max(limit, spread)
 
     def _speed_check(self) -> None:
         """Start against final, interleaved: the speed-up the result reports."""

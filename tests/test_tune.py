@@ -121,11 +121,31 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
     assert [s.backed_off for s in result.path] == [False, False, False, True]
     final = result.final_config
     assert final == cfg.replace(sync_every_step=False, optimizer_impl="foreach")
-    assert scored == [cfg, cfg.replace(sync_every_step=False, optimizer_impl="for-loop"), final]
+    assert scored == [cfg, cfg.replace(sync_every_step=False, optimizer_impl="for-loop"), cfg.replace(seed=1), final]
     assert [t["held"] for t in result.quality["tries"]] == [False, True] and result.quality["held"]
     assert result.final["fid"] == 10.0 and result.start["fid"] == 10.0 and "1 kept change(s) backed off" in \
         result.quality["note"]
+    assert result.quality["spread"] == 1.0 and "a second seed of the start moved FID 1.00x" in result.quality["note"]
     assert "(backed off: quality)" in result.markdown() and result.speedup is not None
+
+
+def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs64, monkeypatch):
+    """The start with another seed scores 2x apart: a change 1.5x worse is within FID's own noise and stays kept."""
+    from gantools import tuner
+
+    monkeypatch.setattr(tuner, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
+
+    def quality(c):
+        if c.optimizer_impl == "for-loop":
+            return {"fid": 15.0}
+        return {"fid": 20.0 if c.seed == 1 else 10.0}
+
+    cfg = tiny.replace(loader="device", sync_every_step=True)
+    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=PLAN, progress=None,
+                  space=("sync_every_step", "optimizer_impl"))
+    assert not any(s.backed_off for s in result.path) and result.final_config.optimizer_impl == "for-loop"
+    assert result.quality["seed_fid"] == 20.0 and result.quality["limit"] == 2.0
+    assert [t["held"] for t in result.quality["tries"]] == [True] and "limit 2.00x" in result.quality["note"]
 
 
 def test_a_close_call_is_measured_again_and_decided_on_all_its_repeats(tiny, glyphs64, monkeypatch):
