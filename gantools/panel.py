@@ -29,7 +29,36 @@ def stop_active_run(wait: bool = True, timeout: float = 120.0) -> None:
         thread.join(timeout)
 
 
-class ControlPanel:
+class _Panel:
+    """What every panel shares: controls over fields of a base config (`self.controls`, `self.base`), set from code as
+    a reader sets them with the mouse, and each run named by what it changed."""
+    UNCHANGED = "panel defaults"  # a run's name when no control differs from the base config
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        display(self.widget)
+
+    def set(self, **values):
+        """Change controls from code (what a reader does with the mouse)."""
+        for name, value in values.items():
+            self.controls[name].value = AUTO if value is None else value
+        return self
+
+    def config(self) -> TrainConfig:
+        return self.base.replace(**{name: None if w.value == AUTO else w.value for name, w in self.controls.items()})
+
+    def _named(self) -> dict:
+        """The runs named so far (name -> result): a new run's name must differ from these."""
+        raise NotImplementedError
+
+    def run_name(self, cfg: TrainConfig) -> str:
+        changed, taken = differences(cfg, self.base), self._named()
+        name = ", ".join(f"{n}={changed[n][1]}" for n in self.controls if n in changed) or self.UNCHANGED
+        return name if name not in taken else f"{name} #{sum(k.startswith(name) for k in taken) + 1}"
+
+
+class ControlPanel(_Panel):
     """ipywidgets bound to TrainConfig fields, Run, Tune and Stop buttons, a progress bar, a live plot and the table
     of runs against the baseline. `run()` is what the Run button does, `tune()` the Tune button (the auto-tuner on
     the controls' config, its path drawn live) and `load()` the Load button (the tuned config into the controls),
@@ -73,24 +102,8 @@ class ControlPanel:
         self.widget = W.VBox(rows)
         self._show_table()
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
-
-    def set(self, **values) -> "ControlPanel":
-        """Change controls from code (what a reader does with the mouse)."""
-        for name, value in values.items():
-            self.controls[name].value = AUTO if value is None else value
-        return self
-
-    def config(self) -> TrainConfig:
-        return self.base.replace(**{name: None if w.value == AUTO else w.value for name, w in self.controls.items()})
-
-    def run_name(self, cfg: TrainConfig) -> str:
-        changed = differences(cfg, self.base)
-        name = ", ".join(f"{n}={changed[n][1]}" for n in self.controls if n in changed) or "panel defaults"
-        return name if name not in RUNS else f"{name} #{sum(k.startswith(name) for k in RUNS) + 1}"
+    def _named(self) -> dict:
+        return RUNS
 
     def run(self, block: bool = True):
         """Validate, then train with the controls' values. A bad combination is reported, not raised."""
@@ -283,7 +296,7 @@ class _StopBetweenSteps:
             raise _Stopped
 
 
-class ProfilePanel:
+class ProfilePanel(_Panel):
     """01's "try it" widget, profile on click: controls for a few TrainConfig fields, Profile and Stop, a status line
     ("Done: <config>: N images/s (unprofiled), 1.23x the baseline; verdict: ...") and the config's phases drawn
     beside the baseline's on one scale. `profile()` is what Profile does, blocking (notebooks and tests call it);
@@ -292,6 +305,8 @@ class ProfilePanel:
     `baseline`: a `profiling.ProfileReport` measured in this kernel (then its phases are the chart's "before"), or a
     summary dict with `images_per_sec`. A report is the better baseline: its images/s come from the same protocol
     (`profiling.profile`'s unprofiled steps) as every click's."""
+
+    UNCHANGED = "the baseline's config"
 
     def __init__(self, base: TrainConfig, baseline, techniques=PROFILE_TECHNIQUES, steps: int | None = None,
                  warmup: int = 2):
@@ -318,24 +333,8 @@ class ProfilePanel:
         buttons = W.HBox([self.profile_button, self.stop_button, self.steps])
         self.widget = W.VBox([grid, buttons, self.status, self.image])
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
-
-    def set(self, **values) -> "ProfilePanel":
-        """Change controls from code (what a reader does with the mouse)."""
-        for name, value in values.items():
-            self.controls[name].value = AUTO if value is None else value
-        return self
-
-    def config(self) -> TrainConfig:
-        return self.base.replace(**{name: None if w.value == AUTO else w.value for name, w in self.controls.items()})
-
-    def run_name(self, cfg: TrainConfig) -> str:
-        changed = differences(cfg, self.base)
-        name = ", ".join(f"{n}={changed[n][1]}" for n in self.controls if n in changed) or "the baseline's config"
-        return name if name not in self.reports else f"{name} #{sum(k.startswith(name) for k in self.reports) + 1}"
+    def _named(self) -> dict:
+        return self.reports
 
     @property
     def baseline_images_per_sec(self) -> float:
