@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import typing
 from dataclasses import MISSING, fields
@@ -213,6 +214,14 @@ def _doctor_flags(p: argparse.ArgumentParser) -> None:
                    help="chrome trace for Perfetto (default: runs/doctor/<script>-trace.json)")
     p.add_argument("--timeout", type=_seconds, default=TIMEOUT_S, metavar="S",
                    help="give up when no optimizer has stepped S seconds after the start (default: %(default)g)")
+    p.add_argument("--try", dest="try_fixes", action="store_true",
+                   help="then run the script again with each fix applied, measure each against the best so far, "
+                        "keep the ones that win")
+    p.add_argument("--patch", default=None, metavar="PATH",
+                   help="write the kept fixes as a unified diff of your files (implies --try; your files are never "
+                        "edited)")
+    p.add_argument("--repeats", type=_count(2), default=5,
+                   help="paired runs per fix with --try (default: %(default)s; five more when undecided)")
     p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="your training script")  # missing: said in _doctor
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
 
@@ -239,10 +248,12 @@ def _doctor(args: dict) -> int:
 
     if args["script"] is None:
         return _fail("give your training script: python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]")
-    doctor.check_script(args["script"])
+    script = doctor.check_script(args["script"])
     for path in (args["json"], args["trace"] or doctor.default_trace(args["script"])):  # before the run, not after
         if path:
             ensure_writable(Path(path).parent)
+    if args["patch"]:
+        _check_patch_path(Path(args["patch"]), script)
     try:
         report = doctor.run_script(args["script"], args["args"], args["steps"], args["warmup"], args["trace"],
                                    args["timeout"])
@@ -255,7 +266,60 @@ def _doctor(args: dict) -> int:
     if not report.complete:
         print(f"gantools doctor: {report.note}", file=sys.stderr)
         return 130 if report.settings.get("outcome") == "interrupted" else 2
+    if args["try_fixes"] or args["patch"]:
+        return _try(args, report)
     return 0
+
+
+def _check_patch_path(path: Path, script: Path) -> None:
+    """--patch's file: refused before anything runs when it cannot be written, or is the script itself."""
+    from .errors import DoctorError
+    if path.resolve() == script.resolve():
+        raise DoctorError(f"--patch {path}: that is your script; the doctor writes a patch to its own file and never "
+                          "edits yours (e.g. --patch fixes.patch)")
+    if path.is_dir():
+        raise DoctorError(f"--patch {path}: a folder; give a file to write the diff to (e.g. {path}/fixes.patch)")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise DoctorError(f"--patch {path}: the folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise DoctorError(f"--patch {path}: not writable here; choose a path you can write to")
+
+
+def _try(args: dict, report) -> int:
+    from .doctor import analysis, patching, trying
+    from .doctor.fixes import context
+
+    import torch
+    facts = analysis.machine_facts(torch.device(report.device))
+    print()
+    result = trying.try_fixes(args["script"], args["args"], report, facts, args["warmup"], args["steps"],
+                              args["repeats"], args["timeout"], progress=lambda line: print(line, flush=True))
+    print()
+    print(result)
+    if args["json"]:
+        data = json.loads(Path(args["json"]).read_text())
+        data["try"] = result.to_dict()
+        Path(args["json"]).write_text(json.dumps(data, indent=1))
+    if result.interrupted:
+        print("gantools doctor: interrupted (Ctrl-C) during --try: no patch written", file=sys.stderr)
+        return 130
+    if args["patch"]:
+        patch = patching.make_patch(result.kept_parts, report, context(report, facts))
+        for fix, why in patch.by_hand:
+            print(f"  apply by hand ({fix}): {why}")
+        _write_atomically(Path(args["patch"]), patch.diff)
+        p = args["patch"]
+        print(f"patch: {p} (edits {', '.join(patch.files)}); apply it with: git apply {p}  (or: patch -p1 < {p})"
+              if patch else f"patch: {p} is empty: no fix was kept")
+    return 0
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """The whole file or none of it: written beside, then renamed into place."""
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # -- tune -----------------------------------------------------------------------------------------------------------

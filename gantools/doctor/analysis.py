@@ -61,6 +61,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     report.optimizers = {
         o.role or o.name: {"name": o.name, "class": o.cls, "implementation": o.implementation(device),
                            "role": o.role, "model": o.model,
+                           "built": _index(obs.constructed, o.opt), "built_at": _at(obs.built_at.get(id(o.opt))),
                            "steps_per_iteration": round(o.window_steps / n, 2) if sched.profiled else None,
                            "settings": {k: v for k, v in o.opt.defaults.items() if k in ("lr", "betas",
                                                                                         "weight_decay")}}
@@ -90,7 +91,30 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     report.complete = True
     report.settings["data_site"] = obs.data_site
     report.findings = findings(report, facts)
+    _in_your_code(report, facts)
     return report
+
+
+def _in_your_code(report: DoctorReport, facts: MachineFacts) -> None:
+    """Each finding's change as a diff of your own lines, where its fix can be made as a source edit."""
+    from .fixes import context, parts_for
+    from .patching import make_patch
+
+    ctx = context(report, facts)
+    for f in report.findings:
+        parts = parts_for(f.kind, ctx)
+        if parts:
+            f.patch = make_patch(parts, report, ctx).diff
+
+
+def _index(items: list, obj) -> int | None:
+    """Where `obj` is in `items` by identity (an optimizer's place in construction order): a later run of the same
+    script builds its optimizers in the same order."""
+    return next((i for i, x in enumerate(items) if x is obj), None)
+
+
+def _at(location) -> list | None:
+    return list(location) if location else None
 
 
 def _incomplete_note(sched: Schedule) -> str:
@@ -239,7 +263,8 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     s["d_last_module"] = d.last_module if d else None
     s["d_final_sigmoid"] = d.sigmoid_path if d else None
     s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
-    s["dataloaders"] = [describe_loader(loader) for loader in obs.loaders]
+    s["dataloaders"] = [dict(describe_loader(loader), built_at=_at(obs.built_at.get(id(loader))))
+                        for loader in obs.loaders]
     g_opt = obs.optimizer_of("G")
     s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / n) if g_opt and d else 0
     if facts.cuda:

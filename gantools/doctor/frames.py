@@ -32,6 +32,15 @@ def site(frame) -> tuple[str, str]:
     return f"{shown(filename)}:{frame.f_lineno}", linecache.getline(filename, frame.f_lineno).strip()
 
 
+def location(frame) -> tuple[str, int] | None:
+    """(absolute file, line) of the first frame in your code, walking out from `frame`: where a source edit goes."""
+    while frame is not None and not yours(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_filename.startswith("<"):
+        return None
+    return os.path.abspath(frame.f_code.co_filename), frame.f_lineno
+
+
 def shown(filename: str) -> str:
     """A notebook cell as IPython names it in tracebacks (In[5]), a file relative to here when it is below."""
     ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()

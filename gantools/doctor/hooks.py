@@ -16,7 +16,7 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dataloader
 
-from .frames import LIBRARIES, compiling, first_tensor, is_leaf, name_in_frames, site
+from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_in_frames, site
 from .observations import Call, Model, Observations, Optimizer
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
@@ -60,6 +60,7 @@ class Hooks:
         self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._patch(DataLoader, "__iter__", self._wrap_iter)
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        self._patch(DataLoader, "__init__", self._wrap_loader_init)
         self.set_full(True)
 
     def add_step_hook(self, hook) -> None:
@@ -153,15 +154,18 @@ class Hooks:
                 self.obs.losses[type(module).__name__] += 1
             return
         m.calls += 1
+        x = first_tensor(args)
+        producer = self.recent_outputs.get(x.data_ptr()) if x is not None and x.dim() > 0 else None
+        at = location(frame)
         if m.calls <= 16:  # where your code calls it (the first calls are enough)
             m.sites[site(frame)[0]] += 1
-        x = first_tensor(args)
+            if at is not None:
+                m.locations[at] += 1
         if x is not None and x.dim() > 0:
-            producer = self.recent_outputs.get(x.data_ptr())
             if producer is not None and producer is not m:
                 m.fed_by[producer] += 1
             self.obs.window.inputs[(m, producer is not None)] += x.shape[0]  # images fed, made by a model or not
-        call = Call(m)
+        call = Call(m, at)
         self.pending_calls.append(call)
         self.top = (call, self._range(call) if self.profiling else None, x)
 
@@ -222,6 +226,8 @@ class Hooks:
         o.window_steps += self.obs.counting
         for call in self.pending_calls:
             call.next_opt = o
+            if call.at is not None:
+                call.model.phase_sites[(call.at, o)] += 1
         self.pending_calls = []
         for m, n in self.pending_grads.items():
             o.grads_from[m] += n
@@ -242,6 +248,15 @@ class Hooks:
         def __init__(opt, *args, **kwargs):
             original(opt, *args, **kwargs)
             obs.constructed.append(opt)
+            obs.built_at[id(opt)] = location(sys._getframe(1))
+        return __init__
+
+    def _wrap_loader_init(self, original):
+        obs = self.obs
+
+        def __init__(loader, *args, **kwargs):
+            original(loader, *args, **kwargs)
+            obs.built_at[id(loader)] = location(sys._getframe(1))
         return __init__
 
     # -- data -----------------------------------------------------------------------------------------------------

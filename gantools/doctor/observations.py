@@ -2,7 +2,9 @@
 is D), and the counts of the profiled window."""
 from __future__ import annotations
 
+import inspect
 import math
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -23,12 +25,25 @@ class Model:
         self.parameters, self.param_ids = sum(p.numel() for p in params), {id(p) for p in params}
         self.calls, self.out_shape, self.role, self.last_module = 0, None, None, None
         self.fed_by, self.sites = Counter(), Counter()
+        self.locations = Counter()      # (file, line) -> calls from there, for source edits
+        self.phase_sites = Counter()    # ((file, line), the Optimizer that stepped next) -> calls
         self.sigmoid_path = None  # where a final nn.Sigmoid sits inside it
+        self.defined_in = _source_file(type(inner))  # the file of its class, where a source edit of it goes
 
     def describe(self) -> dict:
         return {"name": self.name, "class": self.cls, "parameters": self.parameters, "compiled": self.compiled,
                 "output_shape": list(self.out_shape or ()), "last_module": self.last_module,
-                "called_at": [w for w, _ in self.sites.most_common(3)]}
+                "defined_in": self.defined_in, "called_at": [w for w, _ in self.sites.most_common(3)],
+                "call_sites": [list(at) for at in self.locations],
+                "steps_after_call": [[*at, o.role or o.name, n] for (at, o), n in self.phase_sites.items()]}
+
+
+def _source_file(cls) -> str | None:
+    try:
+        path = inspect.getsourcefile(cls)
+    except (TypeError, OSError):
+        return None
+    return os.path.abspath(path) if path else None
 
 
 class Optimizer:
@@ -57,10 +72,10 @@ class Optimizer:
 class Call:
     """One top-level call of a model; `next_opt` (the optimizer that steps next) tells D's step from G's."""
 
-    __slots__ = ("model", "next_opt")
+    __slots__ = ("model", "next_opt", "at")
 
-    def __init__(self, model: Model):
-        self.model, self.next_opt = model, None
+    def __init__(self, model: Model, at=None):
+        self.model, self.next_opt, self.at = model, None, at  # at: (file, line) of the call in your code
 
 
 @dataclass
@@ -85,6 +100,7 @@ class Observations:
     models: dict = field(default_factory=dict)        # id(module) -> Model
     optimizers: dict = field(default_factory=dict)    # id(optimizer) -> Optimizer
     constructed: list = field(default_factory=list)   # optimizers built while the doctor watched (script mode)
+    built_at: dict = field(default_factory=dict)      # id(optimizer or DataLoader) -> (file, line) of its constructor
     ranges: dict = field(default_factory=dict)        # profiler range id -> Call or Optimizer
     data_site: str | None = None                      # where your loop takes its batches
     loaders: list = field(default_factory=list)

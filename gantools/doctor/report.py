@@ -25,12 +25,15 @@ class Finding:
     change: str               # a short snippet for your code
     notebook: str
     estimated_speedup: float | None  # Amdahl from measured shares; None: measure it
+    patch: str = ""           # the change as a unified diff of your own files, where it can be made as an edit
 
     def __str__(self):
         gain = f"estimated gain up to {self.estimated_speedup:.2f}x" if self.estimated_speedup else "measure it"
-        change = "\n".join("      " + line for line in self.change.splitlines())
+        shown = self.patch or self.change
+        change = "\n".join("      " + line for line in shown.splitlines())
+        label = "your lines, before (-) and after (+)" if self.patch else "in your code"
         return (f"[{self.kind}] {self.title} ({gain})\n   seen: {self.seen}\n   why: {self.why}\n"
-                f"   change, in your code:\n{change}\n   learn it: notebook {self.notebook}")
+                f"   change, {label}:\n{change}\n   learn it: notebook {self.notebook}")
 
 
 @dataclass

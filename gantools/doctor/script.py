@@ -51,33 +51,13 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
     `ScriptError` when the script raises (its own traceback attached), `DoctorError` when no optimizer steps within
     `timeout` seconds; KeyboardInterrupt (Ctrl-C) ends the run and the report says what was seen."""
     path = check_script(path)
-    folder = str(path.resolve().parent)
     trace = Path(trace or default_trace(str(path))).resolve()  # absolute: the script may change directory
     doc = Watch(steps, warmup, trace, source=str(path), by_optimizer=True)
-    outcome, error = "ended", None
-    modules = set(sys.modules)
-    try:
-        with ProcessSnapshot(), doc, on_interrupt(_interrupt(doc)), _watchdog(doc, timeout):
-            doc.hooks.add_step_hook(_interrupt_if_asked(doc))
-            sys.argv = [str(path), *args]
-            sys.path.insert(0, folder)
-            try:
-                runpy.run_path(str(path), run_name="__main__")
-            except ScriptMeasured:
-                outcome = "measured"
-            except SystemExit as e:
-                outcome = "ended" if e.code in (None, 0) else f"exited with status {e.code}"
-            except (ScriptInterrupted, KeyboardInterrupt):
-                outcome = "interrupted"
-            except ScriptTimeout:
-                outcome = "timeout"
-            except Exception as e:  # after a Ctrl-C, the same Ctrl-C ended the script's DataLoader workers
-                outcome, error = ("interrupted", None) if doc.interrupted else ("raised", e)
-    finally:
-        for name in set(sys.modules) - modules:  # modules imported from the script's folder: its own
-            file = getattr(sys.modules[name], "__file__", None) or ""
-            if file.startswith(folder + os.sep):
-                del sys.modules[name]
+    with ProcessSnapshot(), doc, on_interrupt(_interrupt(doc)), _watchdog(doc, timeout):
+        doc.hooks.add_step_hook(_interrupt_if_asked(doc))
+        outcome, error = execute(path, args)
+    if outcome == "raised" and doc.interrupted:  # the same Ctrl-C ended the script's DataLoader workers
+        outcome, error = "interrupted", None
     report = doc.report
     seen = _training_steps(doc)
     if outcome == "raised" and _raised_in_doctor(error):  # a bug of ours, not the script's: shown as one
@@ -95,6 +75,35 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
         report.complete = False
         report.settings["outcome"] = outcome
     return report
+
+
+def execute(path: Path, args) -> tuple[str, BaseException | None]:
+    """Run the script as `__main__` with `sys.argv = [SCRIPT.py, ARGS...]` and its folder first on `sys.path` (the
+    caller restores both: `ProcessSnapshot`); the modules it imported from its folder are forgotten after it, so the
+    next run imports them afresh. Returns how it ended: ("measured" | "ended" | "exited with status N" |
+    "interrupted" | "timeout" | "raised", its exception when it raised)."""
+    folder = str(path.resolve().parent)
+    modules = set(sys.modules)
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, folder)
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except ScriptMeasured:
+        return "measured", None
+    except SystemExit as e:
+        return ("ended" if e.code in (None, 0) else f"exited with status {e.code}"), None
+    except (ScriptInterrupted, KeyboardInterrupt):
+        return "interrupted", None
+    except ScriptTimeout:
+        return "timeout", None
+    except Exception as e:
+        return "raised", e
+    finally:
+        for name in set(sys.modules) - modules:  # modules imported from the script's folder: its own
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if file.startswith(folder + os.sep):
+                del sys.modules[name]
+    return "ended", None
 
 
 def _training_steps(doc: Watch) -> int:

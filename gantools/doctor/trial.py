@@ -1,0 +1,164 @@
+"""One run of your script for `--try`: with a set of fixes applied at run time (`fixes.Applied`), `warmup`
+iterations left out, then `steps` iterations timed with the device synchronised at each one's end, and every scalar
+you call `backward()` on kept on the device (read once, after the run) for the quality guard. Nothing else is
+hooked, so the times are your loop's own. The script's output is kept, not printed."""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import signal
+import statistics
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.optim import optimizer as _optim
+from torch.utils.data import dataloader as _dataloader
+
+from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
+from ..measuring import IterationClock
+from ..state import ProcessSnapshot, on_interrupt
+from .fixes import Applied, Context
+
+
+@dataclass
+class Trial:
+    """What one run measured: milliseconds per iteration, and the losses of each iteration in the order your code
+    called backward on them."""
+
+    fixes: tuple
+    outcome: str
+    times_ms: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    images_per_iteration: float = 0.0
+    traceback: str = ""
+    output: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.outcome == "measured"
+
+    @property
+    def images_per_sec(self) -> float:
+        ms = statistics.median(self.times_ms) if self.times_ms else float("nan")
+        return 1e3 * self.images_per_iteration / ms
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(v) for row in self.losses for v in row)
+
+
+class _Pace:
+    """Marks an iteration at each step of the optimizer that paces the loop (its place in construction order, as the
+    diagnosis saw it), times the measured ones and collects the losses."""
+
+    def __init__(self, device: torch.device, pacer: int, warmup: int, steps: int):
+        self.device, self.pacer, self.warmup, self.steps = device, pacer, warmup, steps
+        self.owner = (os.getpid(), threading.get_ident())
+        self.built: list = []
+        self.marks = 0
+        self.clock = IterationClock(device)
+        self.current: list = []
+        self.losses: list = []
+        self.interrupted = False
+
+    def mine(self) -> bool:
+        return (os.getpid(), threading.get_ident()) == self.owner
+
+    def step_hook(self, opt, args, kwargs):
+        if self.interrupted:
+            raise ScriptInterrupted()
+        if not self.mine() or self.pacer >= len(self.built) or opt is not self.built[self.pacer]:
+            return
+        self.marks += 1
+        if self.marks == self.warmup + 1:
+            self.clock.start()
+        elif self.marks > self.warmup + 1:
+            self.clock.lap()
+            self.losses.append(self.current)
+        self.current = []
+        if len(self.clock.times_ms) >= self.steps:
+            raise ScriptMeasured()
+
+    def loss_seen(self, tensor) -> None:
+        if self.mine() and tensor.numel() == 1 and tensor.is_floating_point():
+            self.current.append(tensor.detach().reshape(()).float())
+
+
+def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_per_iteration: float,
+              warmup: int, steps: int, timeout: float | None) -> Trial:
+    """Run the script once with `parts` applied (see the module docstring). Ctrl-C raises KeyboardInterrupt here
+    once the script has stopped; the script's own exceptions come back in `Trial.traceback`, as its own."""
+    from .script import _user_traceback, execute
+
+    pace = _Pace(torch.device(ctx.device_type), pacer, warmup, steps)
+    out = io.StringIO()
+    init = torch.optim.Optimizer.__init__
+
+    def counted_init(opt, *a, **k):
+        init(opt, *a, **k)
+        if pace.mine():
+            pace.built.append(opt)
+
+    def interrupt(signum, frame):
+        pace.interrupted = True
+        raise ScriptInterrupted()
+
+    handle = _optim.register_optimizer_step_post_hook(pace.step_hook)
+    torch.optim.Optimizer.__init__ = counted_init
+    try:
+        with ProcessSnapshot(), on_interrupt(interrupt), _time_limit(timeout), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(out), _workers_ended(), Applied(parts, ctx, on_loss=pace.loss_seen):
+            outcome, error = execute(path, args)
+    finally:
+        handle.remove()
+        torch.optim.Optimizer.__init__ = init
+    if pace.interrupted or outcome == "interrupted":
+        raise KeyboardInterrupt()
+    losses = [torch.stack(row).tolist() if row else [] for row in pace.losses]  # the one read, after the run
+    trial = Trial(parts, outcome, pace.clock.times_ms[:steps], losses, images_per_iteration, output=out.getvalue())
+    if error is not None:
+        trial.traceback = _user_traceback(error, path)
+    return trial
+
+
+@contextlib.contextmanager
+def _workers_ended():
+    """DataLoader workers started in the run are shut down when it ends. Left to the garbage collector, a stopped
+    script's workers were found to be joined much later, each after its 5 s join timeout, inside the next run."""
+    started = weakref.WeakSet()
+    init = _dataloader._MultiProcessingDataLoaderIter.__init__
+
+    def tracked(it, *args, **kwargs):
+        started.add(it)
+        init(it, *args, **kwargs)
+    _dataloader._MultiProcessingDataLoaderIter.__init__ = tracked
+    try:
+        yield
+    finally:
+        _dataloader._MultiProcessingDataLoaderIter.__init__ = init
+        for it in list(started):
+            it._shutdown_workers()
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """The whole run within `seconds` (SIGALRM, the main thread only): a fix that hangs the script ends as a
+    timeout, not a stuck doctor."""
+    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise ScriptTimeout()
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
