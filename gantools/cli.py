@@ -279,11 +279,17 @@ def _check_patch_path(path: Path, script: Path) -> None:
                           "edits yours (e.g. --patch fixes.patch)")
     if path.is_dir():
         raise DoctorError(f"--patch {path}: a folder; give a file to write the diff to (e.g. {path}/fixes.patch)")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise DoctorError(f"--patch {path}: the folder {folder} does not exist; create it or choose another path")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise DoctorError(f"--patch {path}: not writable here; choose a path you can write to")
+    if not path.parent.is_dir():
+        raise DoctorError(f"--patch {path}: the folder {path.parent} does not exist; create it or choose another path")
+    existed = path.exists()
+    try:  # the one honest test of "can be written": opening it (root passes every permission check)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise DoctorError(f"--patch {path}: cannot be written here ({e.strerror}); choose a path you can write "
+                          "to") from None
+    if not existed:
+        path.unlink()
 
 
 def _try(args: dict, report) -> int:

@@ -20,7 +20,7 @@ from .hooks import COUNTED_READ, RANGE
 from .observations import Call, Observations, Optimizer
 from .pipeline import describe_loader
 from .report import DoctorReport
-from .rules import MachineFacts, findings
+from .rules import MachineFacts, findings, not_judged
 from .schedule import Schedule
 from .syncs import NOT_LOCATED
 
@@ -91,6 +91,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     report.complete = True
     report.settings["data_site"] = obs.data_site
     report.findings = findings(report, facts)
+    report.not_judged = not_judged(facts)
     _in_your_code(report, facts)
     return report
 

@@ -4,7 +4,8 @@ findings of the diagnosis, each installed for one run (`Applied`) and removed af
 How a fix reaches code it did not write (all of it global, so one run at a time, and all of it undone on exit):
 
 - **G and D** are recognised on their first call by their class and parameter count (as the diagnosis named them);
-  their instance `forward` is then wrapped: under `torch.autocast` (bf16 where the device runs it fast, else fp16
+  their instance `forward` is then wrapped (that first call has already looked its forward up, so it runs as
+  written: a warm-up iteration's): under `torch.autocast` (bf16 where the device runs it fast, else fp16
   with a GradScaler: below), and for D, with its parameters frozen in the calls that the diagnosis saw followed by
   G's optimizer step (those call sites, FILE:LINE, and only those: a call whose input merely carries gradients can
   be D's own step, as in WGAN-GP scripts that do not detach). Freezing for the forward alone is enough: autograd

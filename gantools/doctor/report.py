@@ -64,6 +64,7 @@ class DoctorReport(PhaseTable):
     settings: dict = field(default_factory=dict)
     verdict: dict = field(default_factory=dict)     # bottleneck, evidence
     findings: list = field(default_factory=list)
+    not_judged: list = field(default_factory=list)  # what this device cannot tell (a CPU: pinned memory, ...)
     trace_path: str | None = None
 
     def kinds(self) -> list:
@@ -111,6 +112,8 @@ class DoctorReport(PhaseTable):
                   "findings: none. Nothing in this run is worth changing by the doctor's rules."]
         for i, f in enumerate(self.findings, 1):
             lines.append(f"{i}. {f}")
+        if self.not_judged:
+            lines += ["", f"not judged on this device ({self.device}): " + "; ".join(self.not_judged)]
         if self.trace_path:
             lines += ["", f"trace (open in https://ui.perfetto.dev): {self.trace_path}"]
         return "\n".join(lines)

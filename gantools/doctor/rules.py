@@ -292,6 +292,15 @@ def tf32(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "several times faster; bf16 autocast (above) goes further", snippet, notebook("tf32"), None)
 
 
+def not_judged(facts: MachineFacts) -> list:
+    """What a run on this device cannot tell, so a CPU's advice is not read as a GPU's."""
+    if facts.cuda:
+        return [] if facts.bf16 else ["bf16 autocast (this GPU runs fp16 with a GradScaler instead)"]
+    return ["pinned memory and host-to-device copies (no GPU here)",
+            "the GPU cost of host syncs such as .item() (no device to wait for)",
+            "fp16 with a GradScaler, cudnn.benchmark, TF32 and torch.compile (CUDA settings)"]
+
+
 RULES = (per_sample_transforms, no_workers, pin_memory, host_sync, sigmoid_bce, fp32_convolutions, d_grads_in_g_step,
          optimizer_for_loop, channels_last, cudnn_benchmark, tf32)
 

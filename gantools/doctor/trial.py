@@ -114,6 +114,8 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
         with ProcessSnapshot(), on_interrupt(interrupt), _time_limit(timeout), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(out), _workers_ended(), Applied(parts, ctx, on_loss=pace.loss_seen):
             outcome, error = execute(path, args)
+    except ScriptInterrupted:  # the Ctrl-C landed outside the script (setting up or tearing down the run)
+        raise KeyboardInterrupt() from None
     finally:
         handle.remove()
         torch.optim.Optimizer.__init__ = init

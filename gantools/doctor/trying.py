@@ -24,7 +24,7 @@ from ..bench import decide
 from ..errors import DoctorError
 from .fixes import Context, candidates, context
 from .report import DoctorReport
-from .rules import MachineFacts
+from .rules import MachineFacts, not_judged
 from .trial import Trial, run_trial
 
 REPEATS = 5
@@ -37,7 +37,7 @@ class Tried:
     name: str
     title: str
     parts: tuple
-    outcome: str           # kept, slower, broke the script, failed the guard
+    outcome: str           # kept, not faster, broke the script, failed the guard
     why: str
     speedup: float | None = None
     spread: tuple | None = None
@@ -82,17 +82,16 @@ class TryReport:
         if self.interrupted:
             lines.append("  interrupted (Ctrl-C): what was measured before it follows; no patch was written")
         for t in self.tried:
-            gain = f" {t.speedup:.2f}x ({t.spread[0]:.2f}-{t.spread[1]:.2f})" if t.speedup else ""
-            lines.append(f"  {t.outcome:>17}:{gain} {t.title}: {t.why}")
+            lines.append(f"  {t.outcome:>16}: {t.title}: {t.why}")
             if t.traceback:
                 lines += ["      your script raised with it:"] + ["      " + x for x in t.traceback.splitlines()]
         for name, why in self.skipped:
-            lines.append(f"  {'not tried':>17}: {name}: {why}")
+            lines.append(f"  {'not tried':>16}: {name}: {why}")
         if self.together:
             t = self.together
-            lines.append(f"  all kept fixes together ({', '.join(self.kept)}): {t['speedup']:.2f}x "
-                         f"({t['spread'][0]:.2f}-{t['spread'][1]:.2f}), {self.start_images_per_sec:.0f} -> "
-                         f"{t['images_per_sec']:.0f} images/s")
+            lines.append(f"  all kept fixes together ({', '.join(self.kept)}) against the start: {t['speedup']:.2f}x "
+                         f"({t['spread'][0]:.2f}-{t['spread'][1]:.2f}, paired), {self.start_images_per_sec:.0f} -> "
+                         f"{t['images_per_sec']:.0f} images/s (medians)")
         elif not self.interrupted:
             lines.append("  nothing kept: no fix made this loop faster here")
         if self.not_judged:
@@ -109,21 +108,16 @@ def pacer_index(report: DoctorReport) -> int:
     return min(timed, key=lambda o: o["steps_per_iteration"])["built"]
 
 
-def not_judged(facts: MachineFacts) -> list:
-    """What a run on this device cannot tell, so a CPU's advice is not read as a GPU's."""
-    if facts.cuda:
-        return [] if facts.bf16 else ["bf16 (this GPU runs fp16 with a GradScaler)"]
-    return ["pinned memory and host-to-device copies (no GPU here)",
-            "the GPU cost of host syncs such as .item() (no device to wait for)",
-            "fp16 with a GradScaler, cudnn.benchmark, TF32 and torch.compile (CUDA settings)"]
-
-
 def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int, steps: int,
               repeats: int = REPEATS, timeout: float | None = None, progress=None) -> TryReport:
     """Measure each applicable fix on the script (see the module docstring). Ctrl-C stops the measuring and returns
     what was measured so far (`interrupted`)."""
     progress = progress or (lambda line: None)
     path = Path(path)
+    if not (path.suffix == ".py" and path.is_file()):
+        raise DoctorError(f"--try runs a script again with each fix: {path} is not one. A loop in a notebook (watch(), "
+                          "run()) cannot be re-run by the doctor: export it as a script (JupyterLab: File > Save and "
+                          "Export Notebook As > Executable Script) and run: python -m gantools doctor --try SCRIPT.py")
     if not report.complete:
         raise DoctorError(f"--try needs a complete diagnosis first: {report.note}")
     ctx = context(report, facts)
@@ -200,7 +194,8 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
         if bad:
             return Tried(fix.name, fix.title, fix.parts, "failed the guard", bad), a
         kept, ratio, spread, why = decide([t.images_per_sec for t in a], [t.images_per_sec for t in b])
-    return Tried(fix.name, fix.title, fix.parts, "kept" if kept else "slower", why, ratio, spread), a
+    why = why.split(": ", 1)[1]  # decide's "kept: " / "not kept: " is the outcome, said once
+    return Tried(fix.name, fix.title, fix.parts, "kept" if kept else "not faster", why, ratio, spread), a
 
 
 def _failed(trial: Trial) -> str:

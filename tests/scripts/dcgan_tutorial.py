@@ -3,6 +3,7 @@ with per-image PIL transforms, a D ending in Sigmoid with BCELoss, fp32, .item()
 step. Plain PyTorch, no gantools. Each flag below applies one fix `gantools doctor` may suggest.
 
     python dcgan_tutorial.py --dataroot DIR [--workers 0] [--preload] [--logits] [--bf16] [--no-item] [--freeze-d]
+                             [--fused] [--channels-last]
 """
 import argparse
 import random
@@ -31,6 +32,8 @@ parser.add_argument("--logits", action="store_true", help="no final Sigmoid in D
 parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the forward passes")
 parser.add_argument("--no-item", action="store_true", help="keep the losses on the device, read them every 50 steps")
 parser.add_argument("--freeze-d", action="store_true", help="no weight gradients for D in G's step")
+parser.add_argument("--fused", action="store_true", help="fused Adam")
+parser.add_argument("--channels-last", action="store_true", help="G and D in channels_last")
 args = parser.parse_args()
 
 random.seed(999)
@@ -123,8 +126,11 @@ netD.apply(weights_init)
 criterion = nn.BCEWithLogitsLoss() if args.logits else nn.BCELoss()
 fixed_noise = torch.randn(64, args.nz, 1, 1, device=device)
 real_label, fake_label = 1.0, 0.0
-optimizerD = optim.Adam(netD.parameters(), lr=args.lr, betas=(args.beta1, 0.999))
-optimizerG = optim.Adam(netG.parameters(), lr=args.lr, betas=(args.beta1, 0.999))
+if args.channels_last:
+    netG, netD = netG.to(memory_format=torch.channels_last), netD.to(memory_format=torch.channels_last)
+fused = {"fused": True} if args.fused else {}
+optimizerD = optim.Adam(netD.parameters(), lr=args.lr, betas=(args.beta1, 0.999), **fused)
+optimizerG = optim.Adam(netG.parameters(), lr=args.lr, betas=(args.beta1, 0.999), **fused)
 autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
 prob = torch.sigmoid if args.logits else (lambda x: x)
 

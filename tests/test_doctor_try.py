@@ -1,0 +1,333 @@
+"""`gantools doctor --try` and `--patch` on scripts written the way people write them: the fixes applied at run time
+do what they say, the patch is an edit of the user's own lines that applies and runs, and bad input (a fix that breaks
+the script, a construct that cannot be edited, Ctrl-C, an unwritable path) gets one clear answer."""
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gantools import doctor
+from gantools.cli import main
+from gantools.doctor import fixes, patching, trying
+from gantools.doctor.analysis import machine_facts
+from gantools.doctor.trial import Trial
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PLAIN = SCRIPTS / "dcgan_plain.py"
+TUTORIAL = SCRIPTS / "dcgan_tutorial.py"
+CPU = machine_facts(torch.device("cpu"))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from glyph_pngs import write_pngs
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return write_pngs(tmp_path_factory.mktemp("pngs"), n=64, size=128)
+
+
+def tiny(pngs, *flags):
+    return ["--dataroot", str(pngs), "--batch-size", "16", "--ngf", "8", "--ndf", "8", "--nz", "16",
+            "--epochs", "50", "--workers", "0", *flags]
+
+
+@pytest.fixture
+def plain_copy(tmp_path):
+    """The plain tutorial script copied where a patch may be applied to it."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    shutil.copy(PLAIN, folder / "train.py")
+    return folder
+
+
+def diagnose(script, args, tmp_path):
+    return doctor.run_script(script, args, steps=3, warmup=1, trace=tmp_path / "trace.json")
+
+
+# -- advice in the user's own lines -----------------------------------------------------------------------------------
+def test_findings_show_the_change_as_an_edit_of_your_own_lines(pngs, tmp_path, plain_copy):
+    report = diagnose(plain_copy / "train.py", tiny(pngs), tmp_path)
+    by_kind = {f.kind: f for f in report.findings}
+    assert {"fp32-convolutions", "sigmoid-bce", "d-grads-in-g-step"} <= set(by_kind), str(report)
+    amp = by_kind["fp32-convolutions"].patch
+    assert "-        output = netD(real_cpu).view(-1)" in amp  # their line, their names, removed ...
+    assert "+        with torch.autocast(device.type, dtype=torch.bfloat16):" in amp
+    assert "+            output = netD(real_cpu).view(-1)" in amp  # ... and the same line under autocast
+    assert "-            nn.Sigmoid()" in amp and "+criterion = nn.BCEWithLogitsLoss()" in amp  # BCE needs logits
+    freeze = by_kind["d-grads-in-g-step"].patch
+    assert freeze.index("+        netD.requires_grad_(False)") < freeze.index("output = netD(fake).view(-1)")
+    assert "netD(fake.detach())" not in "".join(x for x in freeze.splitlines() if x.startswith("+"))  # D's step kept
+    assert "your lines, before (-) and after (+)" in str(report)
+    # the diagnosis located where things were built, for the edits
+    assert report.optimizers["D"]["built_at"][1] == _line_of(PLAIN, "optimizerD = optim.Adam(")
+    assert report.settings["dataloaders"][0]["built_at"][1] == _line_of(PLAIN, "dataloader = torch.utils.data")
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.slow
+def test_the_patch_applies_keeps_comments_and_the_patched_script_runs_without_the_findings(pngs, tmp_path,
+                                                                                          plain_copy):
+    script = plain_copy / "train.py"
+    report = diagnose(script, tiny(pngs), tmp_path)
+    ctx = fixes.context(report, CPU)
+    parts = (fixes.LOGITS, fixes.AUTOCAST, fixes.FREEZE_D, fixes.FUSED, fixes.WORKERS)
+    patch = patching.make_patch(parts, report, ctx, root=plain_copy)
+    assert patch.files == ["train.py"] and not patch.by_hand, patch.by_hand
+    assert script.read_text() == PLAIN.read_text()  # never edited in place
+    (tmp_path / "fix.patch").write_text(patch.diff)
+    done = subprocess.run(["patch", "-p1", "-i", str(tmp_path / "fix.patch")], cwd=plain_copy, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    patched = script.read_text()
+    assert "# state size. (ndf*4) x 4 x 4" in patched and "# Initialize the BCELoss function" in patched
+    assert "fused=True" in patched and "num_workers=2, persistent_workers=True" in patched
+    after = diagnose(script, tiny(pngs), tmp_path)
+    assert after.complete and after.settings["autocast"], str(after)
+    assert not {"fp32-convolutions", "sigmoid-bce", "d-grads-in-g-step", "optimizer-for-loop"} & set(after.kinds())
+    runner = trying._Runner(script, tiny(pngs), fixes.context(after, CPU), trying.pacer_index(after),
+                            after.images_per_step, 1, 3, 120)
+    trial = runner.run(())
+    assert trial.measured and trial.finite and trial.losses, trial.traceback
+
+
+# -- the fixes at run time ------------------------------------------------------------------------------------------
+class G(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, z):
+        return self.net(z)
+
+
+class D(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _ctx(g, d, sites=frozenset(), bf16=True):
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return fixes.Context("cpu", bf16, 0, ("G", count(g)), ("D", count(d)), "net.3", sites, ("Adam",), True)
+
+
+def test_freezing_d_applies_to_the_g_step_lines_only():
+    """A call whose input carries G's gradients can be D's own step (WGAN-GP scripts that do not detach): only the
+    line the diagnosis saw before G's optimizer step is frozen."""
+    torch.manual_seed(0)
+    g, d = G(), D()
+    z = torch.randn(5, 8)
+    g_step_line = sys._getframe().f_lineno + 5
+    ctx = _ctx(g, d, frozenset({(os.path.abspath(__file__), g_step_line)}))
+    with fixes.Applied((fixes.FREEZE_D,), ctx) as applied:
+        fake, _ = g(z), d(z[:, :4])  # first calls run as written (the fixes take hold from the second)
+        d_out = d(fake)  # D's step, not detached: must still train D
+        g_out = d(fake)  # G's step
+        torch.autograd.grad(d_out.sum(), list(d.parameters()))  # D's step has gradients for D
+        g_out.sum().backward()
+    assert applied.frozen_calls == 1
+    assert all(p.grad is None for p in d.parameters()) and all(p.grad is not None for p in g.parameters())
+    assert all(p.requires_grad for p in d.parameters())  # unfrozen after the call
+    assert "forward" not in d.__dict__  # removed on exit
+
+
+def test_logits_and_bf16_autocast_compute_the_same_loss_from_logits():
+    torch.manual_seed(0)
+    g, d = G(), D()
+    z, target = torch.randn(6, 8), torch.ones(6, 1)
+    expected = nn.BCELoss()(d(g(z)), target)
+    with fixes.Applied((fixes.LOGITS, fixes.AUTOCAST), _ctx(g, d)):
+        d(g(z))  # first calls run as written
+        out = d(g(z))
+        loss = nn.BCELoss()(out, target)
+    assert isinstance(d.net[3], nn.Identity) and out.dtype == torch.bfloat16
+    assert abs(loss.item() - expected.item()) < 0.02, (loss, expected)
+    assert nn.BCELoss.forward is not fixes._bce_from_logits  # undone
+
+
+def test_fp16_scales_each_loss_and_steps_through_one_scaler():
+    """Where bf16 is not fast (a GPU before Ampere) autocast runs fp16 with a GradScaler; the same code path runs on a
+    CPU with fp16 autocast."""
+    torch.manual_seed(0)
+    g, d = G(), D()
+    seen = []
+    with fixes.Applied((fixes.AUTOCAST,), _ctx(g, d, bf16=False), on_loss=seen.append) as applied:
+        opt = torch.optim.Adam(d.parameters(), lr=1e-2)
+        before = [p.detach().clone() for p in d.parameters()]
+        d(g(torch.randn(4, 8)))  # first calls run as written
+        for _ in range(3):
+            opt.zero_grad()
+            loss = d(g(torch.randn(4, 8))).float().mean()
+            loss.backward()
+            opt.step()
+        grad = next(d.parameters()).grad
+    assert applied.seen and len(seen) == 3 and all(abs(x.item()) < 10 for x in seen)  # seen before scaling
+    assert any(not torch.equal(a, b) for a, b in zip(before, d.parameters()))  # the scaler let the steps through
+    assert torch.isfinite(grad).all() and grad.abs().max() < 100  # unscaled before the step
+    assert "backward" not in torch.Tensor.__dict__ or torch.Tensor.backward.__name__ == "backward"
+
+
+def test_optimizers_and_dataloaders_get_their_faster_settings_while_applied():
+    ctx = _ctx(G(), D())
+    ctx.workers = 2
+    with fixes.Applied((fixes.FUSED, fixes.WORKERS), ctx):
+        opt = torch.optim.Adam(G().parameters(), lr=1e-3)
+        loader = torch.utils.data.DataLoader(list(range(8)), 4, True)
+    assert opt.defaults["fused"] and loader.num_workers == 2 and loader.persistent_workers
+    assert not torch.optim.Adam(G().parameters()).defaults["fused"]
+    assert torch.utils.data.DataLoader(list(range(8))).num_workers == 0
+
+
+def test_the_guard_rejects_non_finite_and_out_of_range_losses():
+    best = [Trial((), "measured", [10, 10], [[0.7, 1.0], [0.6, 1.2]], 16) for _ in range(2)]
+    assert trying.guard(best, [Trial((), "measured", [9, 9], [[0.65, 1.1], [0.62, 1.15]], 16)]) is None
+    assert "non-finite" in trying.guard(best, [Trial((), "measured", [9], [[float("nan"), 1.0]], 16)])
+    why = trying.guard(best, [Trial((), "measured", [9, 9], [[27.6, 1.0], [27.6, 1.1]], 16)])
+    assert why.startswith("loss 1 of each iteration averaged 27.6, outside the 0.6 to 0.7"), why
+
+
+# -- the whole loop ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_try_measures_each_fix_and_the_patch_holds_what_was_kept(pngs, tmp_path, plain_copy, capsys):
+    out_json = tmp_path / "r.json"
+    code = main(["doctor", "--steps", "3", "--warmup", "1", "--repeats", "2", "--json", str(out_json),
+                 "--trace", str(tmp_path / "t.json"), "--patch", str(tmp_path / "fix.patch"),
+                 str(plain_copy / "train.py"), *tiny(pngs)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    saved = json.loads(out_json.read_text())
+    tried, kinds = saved["try"], [f["kind"] for f in saved["findings"]]
+    names = [t["name"] for t in tried["tried"]]
+    assert {fixes.AUTOCAST, fixes.FREEZE_D, fixes.WORKERS} <= set(names), printed
+    answers = {f.name: f.answers for f in fixes.FIXES}
+    rank = [min(kinds.index(k) for k in answers[n] if k in kinds) for n in names]
+    assert rank == sorted(rank), (names, kinds)  # tried in the order of the findings
+    assert all(t["outcome"] in ("kept", "not faster") for t in tried["tried"]), printed
+    assert all(t["speedup"] > 0 and len(t["spread"]) == 2 for t in tried["tried"])
+    assert "not judged on this device (cpu): pinned memory" in printed
+    patch = (tmp_path / "fix.patch").read_text()
+    if tried["kept"]:
+        assert tried["together"]["speedup"] > 0 and patch.startswith("--- a/")
+    else:
+        assert patch == "" and "nothing kept" in printed
+
+
+@pytest.mark.slow
+def test_an_already_tuned_script_keeps_nothing_and_the_patch_is_empty(pngs, tmp_path, capsys):
+    code = main(["doctor", "--steps", "3", "--warmup", "1", "--trace", str(tmp_path / "t.json"),
+                 "--patch", str(tmp_path / "fix.patch"), str(TUTORIAL),
+                 *tiny(pngs, "--preload", "--logits", "--bf16", "--no-item", "--freeze-d", "--fused",
+                       "--channels-last")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "nothing kept" in printed and "is empty: no fix was kept" in printed
+    assert (tmp_path / "fix.patch").read_text() == ""
+
+
+@pytest.mark.slow
+def test_a_fix_that_breaks_the_script_is_rejected_with_its_own_traceback_and_the_rest_go_on(pngs, tmp_path,
+                                                                                          plain_copy):
+    script = plain_copy / "train.py"
+    text = script.read_text().replace("        D_x = output.mean().item()\n",
+                                      "        D_x = output.mean().item()\n"
+                                      "        assert output.min() >= 0, 'D must output probabilities'\n")
+    script.write_text(text)
+    report = diagnose(script, tiny(pngs), tmp_path)
+    result = trying.try_fixes(script, tiny(pngs), report, CPU, warmup=1, steps=3, repeats=2)
+    by_name = {t.name: t for t in result.tried}
+    broke = by_name[fixes.AUTOCAST]  # logits out of D: the script's own assert fails
+    assert broke.outcome == "broke the script"
+    assert "AssertionError: D must output probabilities" in broke.traceback
+    assert "train.py" in broke.traceback and "gantools" not in broke.traceback.replace(str(plain_copy), "")
+    assert by_name[fixes.FREEZE_D].outcome in ("kept", "not faster")  # the loop went on
+    assert "your script raised with it" in str(result)
+
+
+def test_a_construct_the_doctor_cannot_edit_is_listed_apply_by_hand(tmp_path):
+    """D keeps its Sigmoid as an attribute: the run-time fix can swap the module, a source edit cannot remove it
+    without rewriting forward()."""
+    source = tmp_path / "gan.py"
+    source.write_text("import torch.nn as nn\n\n\nclass Critic(nn.Module):\n    def __init__(self):\n"
+                      "        super().__init__()\n        self.body = nn.Linear(4, 1)\n"
+                      "        self.out = nn.Sigmoid()  # probabilities\n\n    def forward(self, x):\n"
+                      "        return self.out(self.body(x))\n\n\nloss = nn.BCELoss()\n")
+    report = doctor.DoctorReport(str(source), "cpu", complete=True)
+    report.models = {"D": {"name": "critic", "class": "Critic", "defined_in": str(source), "call_sites": []}}
+    ctx = fixes.Context("cpu", True, 0, None, ("Critic", 5), "out", bce=True)
+    patch = patching.make_patch((fixes.LOGITS,), report, ctx, root=tmp_path)
+    assert "+loss = nn.BCEWithLogitsLoss()" in patch.diff  # what could be edited, was
+    assert [fix for fix, _ in patch.by_hand] == [fixes.LOGITS]
+    assert "class Critic builds its final nn.Sigmoid in a way the doctor cannot edit" in patch.by_hand[0][1]
+
+
+def test_a_notebook_loop_gets_one_clear_line_not_a_wrong_try():
+    report = doctor.DoctorReport("your loop", "cpu", complete=True)
+    with pytest.raises(doctor.DoctorError, match="cannot be re-run by the doctor: export it as a script"):
+        trying.try_fixes("your loop", [], report, CPU, warmup=1, steps=3)
+
+
+# -- bad input ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where, said", [("missing-folder/fix.patch", "does not exist"),
+                                         ("SCRIPT", "that is your script")])
+def test_a_patch_path_that_cannot_be_written_is_refused_before_any_run(pngs, tmp_path, plain_copy, capsys, where,
+                                                                       said):
+    script = plain_copy / "train.py"
+    target = script if where == "SCRIPT" else tmp_path / where
+    code = main(["doctor", "--patch", str(target), str(script), *tiny(pngs)])
+    captured = capsys.readouterr()
+    assert code == 2 and said in captured.err and "Traceback" not in captured.err
+    assert "Starting Training Loop" not in captured.out  # nothing ran
+    assert script.read_text() == PLAIN.read_text()
+
+
+def test_a_path_that_cannot_be_created_is_refused_before_any_run(pngs, tmp_path, plain_copy, capsys):
+    """/proc takes no new files, not even from root (whom every permission check lets through)."""
+    code = main(["doctor", "--patch", "/proc/gantools-fix.patch", str(plain_copy / "train.py"), *tiny(pngs)])
+    captured = capsys.readouterr()
+    assert code == 2 and "cannot be written here" in captured.err and "Starting Training Loop" not in captured.out
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_try_prints_what_was_measured_and_writes_no_patch(pngs, tmp_path, plain_copy):
+    target = tmp_path / "fix.patch"
+    cmd = [sys.executable, "-m", "gantools", "doctor", "--steps", "3", "--warmup", "1", "--trace",
+           str(tmp_path / "t.json"), "--patch", str(target), str(plain_copy / "train.py"), *tiny(pngs)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    out, deadline = "", time.monotonic() + 180
+    try:
+        while out.count("trying ") < 2 and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 1)[0]:
+                out += proc.stdout.readline()
+        assert out.count("trying ") == 2, out  # one fix measured, the next one under way
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    out += rest
+    assert proc.returncode == 130, err
+    assert "interrupted (Ctrl-C)" in out and "no patch written" in err and "Traceback" not in err
+    assert fixes.AUTOCAST in out.split("interrupted (Ctrl-C)")[1] or "autocast" in out  # the first fix's result
+    assert not target.exists() and not list(tmp_path.glob(".fix.patch*"))
