@@ -7,9 +7,9 @@ import pytest
 from gantools.doctor import DoctorReport, MachineFacts, RULES, findings
 from gantools.doctor import rules
 
-CPU = MachineFacts(cuda=False, bf16=True, workers=2)
-A100 = MachineFacts(cuda=True, compute_capability=(8, 0), bf16=True, workers=4, cudnn_benchmark=False, tf32=False,
-                    gpu="NVIDIA A100")
+CPU = MachineFacts(cuda=False, bf16=True, workers=2, cpus=2)
+A100 = MachineFacts(cuda=True, compute_capability=(8, 0), bf16=True, workers=4, cpus=16, cudnn_benchmark=False,
+                    tf32=False, gpu="NVIDIA A100")
 T4 = dataclasses.replace(A100, compute_capability=(7, 5), bf16=False, gpu="Tesla T4")
 
 
@@ -49,6 +49,7 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
     "per-sample-transforms": (report(phases={"data wait": 40.0},
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
     "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader()]}), CPU),
+    "too-many-workers": (report(settings={"dataloaders": [loader(num_workers=16)]}), CPU),  # Lightning's example
     "pin-memory": (report("cuda:0", settings={"h2d_copy_ms": 10.0, "dataloaders": [loader(num_workers=4)]}),
                    dataclasses.replace(A100, cudnn_benchmark=True)),
     "host-sync": (report(host_syncs_per_step=3.0, device_busy_ms=50.0,
@@ -70,6 +71,7 @@ NOT_FIRING = {
     "per-sample-transforms": (report(phases={"data wait": 2.0},  # waiting under 5% of the step: not worth it
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
     "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader(num_workers=4)]}), CPU),
+    "too-many-workers": (report(settings={"dataloaders": [loader(num_workers=2)]}), CPU),  # one per core
     "pin-memory": (FIRES["pin-memory"][0], CPU),  # no GPU: nothing to pin for
     "host-sync": (report(host_syncs_per_step=0.5), A100),  # one read every other iteration
     "sigmoid-bce": (report(settings={"loss_ops_per_iteration": {"aten::binary_cross_entropy_with_logits": 3.0}}),

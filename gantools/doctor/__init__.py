@@ -41,6 +41,11 @@ reported), so the profiler's overhead (profiled over unprofiled step time) is st
 is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of its gain exists
 (`rules`: one pure function per rule).
 
+Measured, not estimated (`--try`, `try_fixes`): the script is run again with each fix the findings call for applied
+at run time (`fixes`: global patches and per-model forward wrappers, undone after each run), each run timed on its
+own (`trial`), each fix measured against the best so far with tune's paired-repeat protocol and a loss guard
+(`trying`); `--patch` turns the kept fixes into source edits of your files with libcst (`patching`).
+
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
 `schedule`, `syncs` (the device syncs the hooks do not see), `analysis`, `rules`, `pipeline` (the DataLoader's
 per-image work), `report`, `script` and `watch` (the front object, `Watch`).
@@ -52,8 +57,9 @@ from .report import DoctorReport, Finding
 from .rules import MIN_GAIN, MIN_SHARE, RULES, SYNCS_PER_STEP, MachineFacts, findings
 from .schedule import PACING_LIMIT, STEPS, WARMUP
 from .script import TIMEOUT_S, check_script, run_script
+from .trying import TryReport, try_fixes
 from .watch import Watch, run, watch
 
 __all__ = ["DoctorError", "DoctorReport", "Finding", "MIN_GAIN", "MIN_SHARE", "MachineFacts", "OTHER", "PACING_LIMIT",
-           "RULES", "STEPS", "SYNCS_PER_STEP", "SYNC_METHODS", "ScriptError", "TIMEOUT_S", "WARMUP", "Watch",
-           "check_script", "default_trace", "findings", "run", "run_script", "watch"]
+           "RULES", "STEPS", "SYNCS_PER_STEP", "SYNC_METHODS", "ScriptError", "TIMEOUT_S", "TryReport", "WARMUP", "Watch",
+           "check_script", "default_trace", "findings", "run", "run_script", "try_fixes", "watch"]

@@ -4,6 +4,7 @@ busy time, the settings your loop ran with, the machine's facts, the verdict and
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from collections import defaultdict
@@ -45,11 +46,20 @@ def default_trace(source: str) -> Path:
 def machine_facts(device: torch.device) -> MachineFacts:
     """The machine as the rules see it, read once, here."""
     if device.type != "cuda":
-        return MachineFacts(cuda=False, bf16=hardware.supports_bf16(device), workers=suggested_workers())
+        return MachineFacts(cuda=False, bf16=hardware.supports_bf16(device), workers=suggested_workers(),
+                            cpus=_cpus())
     return MachineFacts(cuda=True, compute_capability=tuple(torch.cuda.get_device_capability(device)),
                         bf16=hardware.supports_bf16(device), workers=suggested_workers(),
                         cudnn_benchmark=torch.backends.cudnn.benchmark, tf32=hardware.tf32_matmuls(),
-                        gpu=torch.cuda.get_device_name(device))
+                        gpu=torch.cuda.get_device_name(device), cpus=_cpus())
+
+
+def _cpus() -> int:
+    """The cores this process may run on (a container's limit, where the OS reports it), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:

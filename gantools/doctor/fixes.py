@@ -92,7 +92,7 @@ FIXES = (
     Fix(LOGITS, "logits out of D, BCEWithLogitsLoss", ("sigmoid-bce",), (LOGITS,)),
     Fix(FREEZE_D, "D frozen in G's step", ("d-grads-in-g-step",), (FREEZE_D,)),
     Fix(FUSED, "fused (or foreach) optimizers", ("optimizer-for-loop",), (FUSED,)),
-    Fix(WORKERS, "DataLoader workers", ("no-workers", "per-sample-transforms"), (WORKERS,)),
+    Fix(WORKERS, "DataLoader workers", ("no-workers", "per-sample-transforms", "too-many-workers"), (WORKERS,)),
     Fix(PIN, "pinned memory", ("pin-memory",), (PIN,)),
     Fix(CHANNELS_LAST, "channels_last models", ("channels-last",), (CHANNELS_LAST,)),
     Fix(CUDNN, "cudnn.benchmark", ("cudnn-benchmark",), (CUDNN,)),

@@ -18,6 +18,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from .frames import shown
 from .fixes import AUTOCAST, CHANNELS_LAST, COMPILE, CUDNN, FREEZE_D, FUSED, LOGITS, PIN, TF32, WORKERS, Context
 from .report import DoctorReport
 
@@ -104,6 +105,8 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     root = Path(root or os.getcwd()).resolve()
     for file, plan in sorted(plans.items()):
         path = Path(file)
+        if not Path(shown(file)).is_file():  # a notebook cell (IPython keeps each in a temporary file): not yours to patch
+            continue
         if not path.is_file():
             patch.by_hand.append((_name_of(plan), f"{file} is not a file the doctor can read"))
             continue

@@ -12,6 +12,7 @@ import torch
 
 from ..measuring import amdahl
 from ..techniques import YOUR_OWN_GAN, notebook
+from .frames import shown
 from .report import READ_METHODS, DoctorReport, Finding, describe_site
 from .syncs import NOT_LOCATED, SYNC_OP
 
@@ -31,6 +32,7 @@ class MachineFacts:
     cudnn_benchmark: bool = False           # torch.backends.cudnn.benchmark
     tf32: bool = False                      # TF32 matmuls on (hardware.tf32_matmuls)
     gpu: str | None = None                  # the GPU's name
+    cpus: int = 1                           # CPU cores the process may use
 
 
 YOUR_LOOP = YOUR_OWN_GAN.removesuffix(".ipynb")  # findings about how a hand-written loop is written
@@ -41,6 +43,12 @@ def _names(r: DoctorReport) -> tuple:
     names = {role: r.models.get(role, {}).get("name", role) for role in ("G", "D")}
     opts = {o["role"]: o["name"] for o in r.optimizers.values() if o.get("role")}
     return names["G"], names["D"], opts.get("G", "optimizerG"), opts.get("D", "optimizerD")
+
+
+def _built(x: dict) -> str:
+    """" built at FILE:LINE" for an optimizer or DataLoader whose constructor the doctor saw in your code."""
+    at = x.get("built_at")
+    return f" built at {shown(at[0])}:{at[1]}" if at else ""
 
 
 def _slow_loader(r: DoctorReport) -> dict | None:
@@ -54,7 +62,8 @@ def _data_seen(r: DoctorReport, loader: dict) -> str:
     s, step, wait = r.settings, r.step_time_ms, r.phases_ms.get("data wait", 0.0)
     for_line = f"; batches taken at {s['data_site']}" if s.get("data_site") else ""
     return (f"waiting for data {wait:.1f} ms of a {step:.1f} ms iteration ({100 * wait / step:.0f}%); "
-            f"DataLoader(batch_size={loader['batch_size']}, num_workers={loader['num_workers']}) over "
+            f"DataLoader(batch_size={loader['batch_size']}, num_workers={loader['num_workers']})"
+            f"{_built(loader)} over "
             f"{loader['per_image_work'] or loader['dataset']}{for_line}")
 
 
@@ -92,6 +101,20 @@ def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "the next batches in parallel with the step",
         f"DataLoader(dataset, ..., num_workers={facts.workers}, persistent_workers=True)",
         notebook("num_workers"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
+
+
+def too_many_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    crowded = [x for x in r.settings["dataloaders"] if x["num_workers"] > max(facts.cpus, 1)]
+    if not crowded:
+        return None
+    x = crowded[0]
+    return Finding(
+        "too-many-workers", "the DataLoader starts more workers than the machine has cores",
+        f"DataLoader(num_workers={x['num_workers']}){_built(x)} on {facts.cpus} CPU cores",
+        "each worker is a process competing with the training process (and with each other) for the same cores; "
+        "past one per core they add start-up time and memory, not batches",
+        f"DataLoader(dataset, ..., num_workers={facts.workers}, persistent_workers=True)",
+        notebook("num_workers"), None)
 
 
 def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -163,7 +186,9 @@ def sigmoid_bce(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     if not bce:
         return None
     s, d = r.settings, _names(r)[1]
-    where = f"; {d} ends in nn.Sigmoid ({d}.{s['d_final_sigmoid']})" if s.get("d_final_sigmoid") else ""
+    cls = r.models.get("D", {})
+    defined = (f", class {cls['class']} in {shown(cls['defined_in'])}" if cls.get("defined_in") else "")
+    where = f"; {d} ends in nn.Sigmoid ({d}.{s['d_final_sigmoid']}{defined})" if s.get("d_final_sigmoid") else ""
     return Finding(
         "sigmoid-bce", "D's probabilities go into BCELoss",
         f"aten::binary_cross_entropy {sum(bce.values()):g} times per iteration{where}",
@@ -240,7 +265,7 @@ def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         return None
     return Finding(
         "optimizer-for-loop", "the optimizers update one parameter at a time",
-        f"{', '.join(o['name'] for o in loops)}: {loops[0]['implementation']}; optimizer steps take "
+        f"{', '.join(o['name'] + _built(o) for o in loops)}: {loops[0]['implementation']}; optimizer steps take "
         f"{opt_ms:.1f} ms ({100 * opt_ms / step:.0f}%)",
         "the for-loop implementation launches several small ops per parameter; fused (or foreach) updates all "
         "parameters in a few kernels",
@@ -301,7 +326,7 @@ def not_judged(facts: MachineFacts) -> list:
             "fp16 with a GradScaler, cudnn.benchmark, TF32 and torch.compile (CUDA settings)"]
 
 
-RULES = (per_sample_transforms, no_workers, pin_memory, host_sync, sigmoid_bce, fp32_convolutions, d_grads_in_g_step,
+RULES = (per_sample_transforms, no_workers, too_many_workers, pin_memory, host_sync, sigmoid_bce, fp32_convolutions, d_grads_in_g_step,
          optimizer_for_loop, channels_last, cudnn_benchmark, tf32)
 
 
