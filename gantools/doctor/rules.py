@@ -6,6 +6,7 @@ or None ("measure it") where no model of its gain exists."""
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 
 import torch
@@ -154,13 +155,28 @@ def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
          "every explicit synchronize")
         + " makes the host wait until the device has finished all queued work; meanwhile no new kernels are "
         "queued, so the GPU idles between steps",
-        "# keep the numbers on the device, read them once every N iterations\n"
-        "stats = torch.zeros(3, device=device)  # before the loop\n"
-        "stats += torch.stack([errD.detach(), errG.detach(), D_x.detach()])  # D_x = output.mean(), no .item()\n"
-        "if i % 50 == 0:\n"
-        "    print((stats / 50).tolist()); stats.zero_()  # one sync per 50 iterations"
+        _keep_on_device(r.sync_sites)
         + "".join(f"\n{_WAITS[m]}" for m in dict.fromkeys(x["method"] for x in r.sync_sites) if m in _WAITS),
         YOUR_LOOP, gain if gain is None or gain >= MIN_GAIN else None)
+
+
+_READ = re.compile(r"([A-Za-z_]\w*(?:\[[^\]]*\])?(?:\.[A-Za-z_]\w*(?:\(\))?)*)\.item\(\)")
+
+
+def _keep_on_device(sites: list) -> str:
+    """The snippet in your names: the values your lines read with .item(), stacked on the device and read every N
+    iterations."""
+    values = list(dict.fromkeys(m for x in sites if x["method"] == "item" for m in _READ.findall(x["code"] or "")))
+    lines = sorted({x["where"].rsplit(":", 1)[-1] for x in sites if x["method"] == "item"}, key=int)
+    if not values:
+        values = ["errD", "errG"]
+    stacked = ", ".join(f"{v}.detach()" for v in values[:6])
+    where = f" (your lines {', '.join(lines[:6])})" if lines else ""
+    return ("# keep the numbers on the device, read them once every N iterations\n"
+            "stats = []  # before the loop\n"
+            f"stats.append(torch.stack([{stacked}]))  # instead of .item(){where}\n"
+            "if i % 50 == 0:\n"
+            "    print(torch.stack(stats).mean(0).tolist()); stats.clear()  # one sync per 50 iterations")
 
 
 # What removes each kind of wait the sync watch and the profiler find beside value reads (`syncs`)
