@@ -222,6 +222,11 @@ def _doctor_flags(p: argparse.ArgumentParser) -> None:
                         "edited)")
     p.add_argument("--repeats", type=_count(2), default=5,
                    help="paired runs per fix with --try (default: %(default)s; five more when undecided)")
+    p.add_argument("--fid", default=None, choices=("glyphs", "mnist", "fashion-mnist", "cifar10"), metavar="DATASET",
+                   help="with --try: your script trains on this gantools dataset, so hold the kept fixes to FID "
+                        "(glyphs, mnist, fashion-mnist, cifar10), judged against a second seed's spread")
+    p.add_argument("--fid-images", type=_count(1), default=12_800, metavar="N",
+                   help="training images per FID run with --fid (default: %(default)s)")
     p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="your training script")  # missing: said in _doctor
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
 
@@ -266,7 +271,7 @@ def _doctor(args: dict) -> int:
     if not report.complete:
         print(f"gantools doctor: {report.note}", file=sys.stderr)
         return 130 if report.settings.get("outcome") == "interrupted" else 2
-    if args["try_fixes"] or args["patch"]:
+    if args["try_fixes"] or args["patch"] or args["fid"]:
         return _try(args, report)
     return 0
 
@@ -300,7 +305,8 @@ def _try(args: dict, report) -> int:
     facts = analysis.machine_facts(torch.device(report.device))
     print()
     result = trying.try_fixes(args["script"], args["args"], report, facts, args["warmup"], args["steps"],
-                              args["repeats"], args["timeout"], progress=lambda line: print(line, flush=True))
+                              args["repeats"], args["timeout"], progress=lambda line: print(line, flush=True),
+                              fid=args["fid"], fid_images=args["fid_images"])
     print()
     print(result)
     if args["json"]:

@@ -208,6 +208,50 @@ def test_the_guard_rejects_non_finite_and_out_of_range_losses():
     assert why.startswith("loss 1 of each iteration averaged 27.6, outside the 0.6 to 0.7"), why
 
 
+class _Meter:
+    """Scores a run by the value its samples carry (the fake runner below puts it there)."""
+    n = 1
+
+    def score(self, samples):
+        return {"fid": float(samples.flatten()[0])}
+
+
+def test_the_fid_check_backs_off_the_last_kept_fix_past_the_seed_spread(monkeypatch):
+    """The start scores 100 and 104 with its seeds moved (1.04x: inside 1.1x, so the limit stays 1.1x); both kept
+    fixes together score 300, the first alone 105: the last one is backed off and the first stays."""
+    from gantools import metrics
+
+    def run(parts, warmup=None, steps=None, seed_offset=0, samples=0):
+        fid = 104.0 if seed_offset else 300.0 if fixes.FREEZE_D in parts else 105.0 if parts else 100.0
+        return Trial(parts, "measured", [1.0], [[0.5]], 16, samples=torch.full((1, 1, 2, 2), fid))
+    runner = trying._Runner(PLAIN, [], None, 0, 16, 1, 3, None)
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(metrics, "quality_meter", lambda *a, **k: _Meter())
+    result = trying.TryReport("train.py", "cpu", "cpu")
+    result.tried = [trying.Tried(fixes.AUTOCAST, "autocast", (fixes.LOGITS, fixes.AUTOCAST), "kept", ""),
+                    trying.Tried(fixes.FREEZE_D, "freeze", (fixes.FREEZE_D,), "kept", "")]
+    report = doctor.DoctorReport("train.py", "cpu", models={"G": {"output_shape": [16, 1, 32, 32]}})
+    q = trying.quality_check(runner, result, report, "glyphs", 64, lambda line: None)
+    assert q["start_fid"] == 100 and q["seed_fid"] == 104 and q["limit"] == pytest.approx(1.1)
+    assert q["backed_off"] == [fixes.FREEZE_D] and q["kept_fid"] == 105 and result.kept == [fixes.AUTOCAST]
+    assert result.tried[1].outcome == "failed the guard" and "300.0" in result.tried[1].why
+    assert "start with another seed 104.0 (1.04x apart)" in q["summary"]
+
+
+@pytest.mark.slow
+def test_the_fid_check_on_a_real_script_trains_the_start_twice_with_moved_seeds(pngs, tmp_path):
+    args = tiny(pngs, "--nc", "1")
+    report = diagnose(TUTORIAL, args, tmp_path)
+    runner = trying._Runner(TUTORIAL, args, fixes.context(report, CPU), trying.pacer_index(report),
+                            report.images_per_step, 1, 3, 300)
+    result = trying.TryReport(str(TUTORIAL), "cpu", "cpu")
+    result.tried = [trying.Tried(fixes.FREEZE_D, "freeze", (fixes.FREEZE_D,), "kept", "")]
+    q = trying.quality_check(runner, result, report, "glyphs", 64, lambda line: None)
+    assert q["images"] == 64 and q["start_fid"] > 0 and q["kept_fid"] > 0
+    assert q["seed_fid"] != q["start_fid"]  # the script seeds itself: moved seeds trained another run
+    assert q["spread"] >= 1 and q["limit"] == max(1.1, q["spread"])
+
+
 # -- the whole loop ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_try_measures_each_fix_and_the_patch_holds_what_was_kept(pngs, tmp_path, plain_copy, capsys):

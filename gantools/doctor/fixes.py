@@ -172,6 +172,8 @@ class Applied:
     ctx: Context
     on_loss: object = None   # called with each scalar your code calls backward() on, before any scaling
     seen: dict = field(default_factory=dict)   # id(module) -> "G" / "D" / None for every module with parameters
+    models: dict = field(default_factory=dict)  # "G" / "D" -> the module, once called
+    g_inputs: list = field(default_factory=list)  # shapes of the tensors G's first call took (noise, labels, ...)
     frozen_calls: int = 0
     _undo: list = field(default_factory=list)
     _in_scaler_step: bool = False
@@ -179,9 +181,8 @@ class Applied:
     def __enter__(self) -> "Applied":
         p = set(self.parts)
         try:
-            if p & {AUTOCAST, FREEZE_D, LOGITS, CHANNELS_LAST, COMPILE}:
-                handle = _module.register_module_forward_pre_hook(self._first_sight)
-                self._undo.append(handle.remove)
+            handle = _module.register_module_forward_pre_hook(self._first_sight)  # G and D found (and fixed)
+            self._undo.append(handle.remove)
             if LOGITS in p:
                 self._set(nn.BCELoss, "forward", _bce_from_logits)
                 self._set(F, "binary_cross_entropy", _functional_bce_from_logits)
@@ -233,6 +234,9 @@ class Applied:
         self.seen[key] = role
         if role is None:
             return None
+        self.models.setdefault(role, module)
+        if role == "G" and not self.g_inputs:
+            self.g_inputs = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         p = set(self.parts)
         if LOGITS in p and role == "D" and self.ctx.d_sigmoid:
             parent, _, leaf = self.ctx.d_sigmoid.rpartition(".")

@@ -37,6 +37,7 @@ class Trial:
     images_per_iteration: float = 0.0
     traceback: str = ""
     output: str = ""
+    samples: torch.Tensor | None = None   # images from G after the run, when asked for (`samples=`)
 
     @property
     def measured(self) -> bool:
@@ -90,9 +91,11 @@ class _Pace:
 
 
 def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_per_iteration: float,
-              warmup: int, steps: int, timeout: float | None) -> Trial:
+              warmup: int, steps: int, timeout: float | None, seed_offset: int = 0, samples: int = 0) -> Trial:
     """Run the script once with `parts` applied (see the module docstring). Ctrl-C raises KeyboardInterrupt here
-    once the script has stopped; the script's own exceptions come back in `Trial.traceback`, as its own."""
+    once the script has stopped; the script's own exceptions come back in `Trial.traceback`, as its own.
+    `seed_offset`: every seed the script sets is moved by it (another seed of the same run); `samples`: that many
+    images drawn from G (unconditional: noise shaped like its first input) after the run, for FID."""
     from .script import _user_traceback, execute
 
     pace = _Pace(torch.device(ctx.device_type), pacer, warmup, steps)
@@ -112,8 +115,10 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     torch.optim.Optimizer.__init__ = counted_init
     try:
         with ProcessSnapshot(), on_interrupt(interrupt), _time_limit(timeout), contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(out), _workers_ended(), Applied(parts, ctx, on_loss=pace.loss_seen):
+                contextlib.redirect_stderr(out), _workers_ended(), _seeds_moved(seed_offset), \
+                Applied(parts, ctx, on_loss=pace.loss_seen) as applied:
             outcome, error = execute(path, args)
+            drawn = _draw(applied, samples) if samples and outcome == "measured" else None
     except ScriptInterrupted:  # the Ctrl-C landed outside the script (setting up or tearing down the run)
         raise KeyboardInterrupt() from None
     finally:
@@ -125,7 +130,48 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     trial = Trial(parts, outcome, pace.clock.times_ms[:steps], losses, images_per_iteration, output=out.getvalue())
     if error is not None:
         trial.traceback = _user_traceback(error, path)
+    trial.samples = drawn
     return trial
+
+
+class NotScorable(Exception):
+    """G cannot be sampled without knowing more than its noise (a conditional G's labels)."""
+
+
+@torch.no_grad()
+def _draw(applied: Applied, n: int) -> torch.Tensor:
+    """n images from G as the run left it, from standard normal noise shaped like its first call's input, in the
+    mode the script trained it in (the same procedure for every run compared)."""
+    g, shapes = applied.models.get("G"), applied.g_inputs
+    if g is None or len(shapes) != 1:
+        raise NotScorable("G takes more than noise (a conditional G's labels?)" if g is not None
+                          else "G was not called in the run")
+    device = next(g.parameters()).device
+    out = [g(torch.randn(min(256, n - done), *shapes[0][1:], device=device)).float().cpu()
+           for done in range(0, n, 256)]
+    return torch.cat(out).clamp(-1, 1)
+
+
+@contextlib.contextmanager
+def _seeds_moved(offset: int):
+    """torch.manual_seed, random.seed and numpy's seed moved by `offset` (0: untouched): the run with another seed."""
+    if not offset:
+        yield
+        return
+    import random
+    import sys
+    targets = [(torch, "manual_seed"), (random, "seed")]
+    if "numpy" in sys.modules:
+        targets.append((sys.modules["numpy"].random, "seed"))
+    originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
+    for owner, name, original in originals:
+        setattr(owner, name, lambda seed=None, *a, _f=original, **k: _f(None if seed is None else seed + offset,
+                                                                        *a, **k))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 @contextlib.contextmanager

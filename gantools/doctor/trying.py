@@ -15,12 +15,13 @@ stays inside it). A script cannot be scored for FID without knowing where its im
 (`tune`, whose FID check measures its own seed spread)."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import hardware
-from ..bench import decide
+from ..bench import QUALITY_TARGET, decide
 from ..errors import DoctorError
 from .fixes import Context, candidates, context
 from .report import DoctorReport
@@ -28,6 +29,7 @@ from .rules import MachineFacts, not_judged
 from .trial import Trial, run_trial
 
 REPEATS = 5
+FID_IMAGES = 12_800   # training images per quality run (100 iterations of a batch of 128)
 
 
 @dataclass
@@ -57,7 +59,7 @@ class TryReport:
     not_judged: list = field(default_factory=list)
     together: dict | None = None                 # speedup, spread, images_per_sec of all kept fixes vs the start
     interrupted: bool = False
-    sites: dict = field(default_factory=dict)    # what the kept fixes touched at run time (for the patch)
+    quality: dict | None = None                  # the FID check (`--fid`): FIDs, seed spread, limit, verdict
 
     @property
     def kept(self) -> list:
@@ -73,7 +75,7 @@ class TryReport:
                           "start_images_per_sec": self.start_images_per_sec, "kept": self.kept,
                           "tried": [t.__dict__ for t in self.tried], "skipped": self.skipped,
                           "not_judged": self.not_judged, "together": self.together,
-                          "interrupted": self.interrupted})
+                          "interrupted": self.interrupted, "quality": self.quality})
 
     def __str__(self):
         lines = [f"gantools doctor --try: {self.source} on {self.device} ({self.machine})",
@@ -94,6 +96,8 @@ class TryReport:
                          f"{t['images_per_sec']:.0f} images/s (medians)")
         elif not self.interrupted:
             lines.append("  nothing kept: no fix made this loop faster here")
+        if self.quality:
+            lines.append("  quality: " + self.quality["summary"])
         if self.not_judged:
             lines.append(f"  not judged on this device ({self.device}): " + "; ".join(self.not_judged))
         return "\n".join(lines)
@@ -109,9 +113,11 @@ def pacer_index(report: DoctorReport) -> int:
 
 
 def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int, steps: int,
-              repeats: int = REPEATS, timeout: float | None = None, progress=None) -> TryReport:
+              repeats: int = REPEATS, timeout: float | None = None, progress=None, fid: str | None = None,
+              fid_images: int = FID_IMAGES) -> TryReport:
     """Measure each applicable fix on the script (see the module docstring). Ctrl-C stops the measuring and returns
-    what was measured so far (`interrupted`)."""
+    what was measured so far (`interrupted`). `fid`: the gantools dataset the script trains on (glyphs, mnist, ...):
+    then the kept fixes are also held to FID at `fid_images` training images (`quality_check`)."""
     progress = progress or (lambda line: None)
     path = Path(path)
     if not (path.suffix == ".py" and path.is_file()):
@@ -136,6 +142,9 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
             progress(f"  {tried.outcome}: {tried.why}")
             if tried.outcome == "kept":
                 best = best + fix.parts
+        if best and fid:  # before the speed of all together: a fix backed off here is not in it
+            result.quality = quality_check(runner, result, report, fid, fid_images, progress)
+            best = result.kept_parts
         if best:
             progress("measuring all kept fixes together against the start ...")
             a, b = runner.pair((), best, repeats)
@@ -150,14 +159,65 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
     return result
 
 
+def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, dataset: str, images: int,
+                  progress) -> dict:
+    """FID of the kept fixes against the start at an equal number of training images, judged against FID's own
+    noise: the start is trained twice (the script's seeds moved by one the second time) and the limit is the wider of
+    `bench.QUALITY_TARGET` and the two seeds' distance. A kept fix set outside it loses its last fix, measured again,
+    until it holds or none is left (the speed verdicts above stay as measured; the report says which were backed
+    off)."""
+    from .. import metrics
+    from .trial import NotScorable
+
+    shape = report.models.get("G", {}).get("output_shape") or []
+    if len(shape) != 4:
+        return {"summary": "not scored: G's output is not a batch of images"}
+    meter = metrics.quality_meter(dataset, image_size=shape[-1], channels=shape[1], device=report.device)
+    steps = max(1, math.ceil(images / runner.images))
+
+    def fid(parts, seed_offset=0, what=""):
+        progress(f"quality: training {what} for {steps * runner.images:.0f} images, then FID ...")
+        trial = runner.run(parts, warmup=0, steps=steps, seed_offset=seed_offset, samples=meter.n)
+        if not trial.measured:
+            raise DoctorError(f"the quality run of {what} {_failed(trial)}")
+        return meter.score(trial.samples)["fid"]
+    try:
+        start = fid((), what="the start")
+        seed = fid((), 1, "the start with its seeds moved by one")
+    except NotScorable as e:
+        return {"summary": f"not scored: {e}"}
+    spread = max(seed / start, start / seed)
+    limit = max(QUALITY_TARGET, spread)
+    kept = [t for t in result.tried if t.outcome == "kept"]
+    backed_off = []
+    while kept:
+        parts = tuple(p for t in kept for p in t.parts)
+        fixed = fid(parts, what="the kept fixes")
+        if fixed / start <= limit:
+            break
+        t = kept.pop()
+        t.outcome, t.why = "failed the guard", (f"FID {fixed:.1f} with it against the start's {start:.1f}: "
+                                               f"{fixed / start:.2f}x, past the {limit:.2f}x limit")
+        backed_off.append(t.name)
+    else:
+        fixed = start
+    verdict = ("held" if not backed_off else f"backed off {', '.join(backed_off)}")
+    summary = (f"FID at {steps * runner.images:.0f} training images ({dataset} features): start {start:.1f}, start "
+               f"with another seed {seed:.1f} ({spread:.2f}x apart), kept fixes {fixed:.1f} "
+               f"({fixed / start:.2f}x; limit {limit:.2f}x): {verdict}")
+    return {"dataset": dataset, "images": steps * runner.images, "start_fid": start, "seed_fid": seed,
+            "spread": spread, "limit": limit, "kept_fid": fixed, "backed_off": backed_off, "summary": summary}
+
+
 class _Runner:
     def __init__(self, path, args, ctx: Context, pacer: int, images: float, warmup: int, steps: int, timeout):
         self.path, self.args, self.ctx, self.pacer, self.images = path, args, ctx, pacer, images
         self.warmup, self.steps, self.timeout = warmup, steps, timeout
 
-    def run(self, parts: tuple) -> Trial:
-        return run_trial(self.path, self.args, parts, self.ctx, self.pacer, self.images, self.warmup, self.steps,
-                         self.timeout)
+    def run(self, parts: tuple, warmup: int | None = None, steps: int | None = None, **kwargs) -> Trial:
+        return run_trial(self.path, self.args, parts, self.ctx, self.pacer, self.images,
+                         self.warmup if warmup is None else warmup, self.steps if steps is None else steps,
+                         self.timeout, **kwargs)
 
     def pair(self, a: tuple, b: tuple, repeats: int) -> tuple[list, list]:
         """Runs of `a` and `b` back to back, the order alternating per repeat; stops at the first failed run of

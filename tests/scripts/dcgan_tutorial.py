@@ -42,6 +42,7 @@ device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
 
 dataset = dset.ImageFolder(root=args.dataroot,
                            transform=transforms.Compose([
+                               *([transforms.Grayscale()] if args.nc == 1 else []),
                                transforms.Resize(args.image_size),
                                transforms.CenterCrop(args.image_size),
                                transforms.ToTensor(),
