@@ -16,6 +16,8 @@ How a fix reaches code it did not write (all of it global, so one run at a time,
   optimizer's `step` goes through `scaler.step`, followed by `scaler.update()`. Updating after every optimizer step
   keeps each loss's scale equal to the one its optimizer unscales with, since a loss's gradients are consumed by the
   next step of its own optimizer (the recipe of one scaler per network; PyTorch's AMP examples, "multiple models").
+  A loop that runs both backwards before either step would see G's gradients unscaled with a scale that changed in
+  between: only when the scale changes (an overflow, or every 2000 clean steps), and the guard watches the losses.
 - **Optimizers**: their classes' `__init__` gets `fused=True` (or `foreach=True` where the class has no fused
   kernel). **DataLoaders**: `num_workers`, `persistent_workers` (and `pin_memory` on CUDA) set at construction.
 - **Backend flags**: cudnn.benchmark, TF32 (restored by the trial's `ProcessSnapshot` and here).
@@ -65,6 +67,7 @@ class Context:
     g_step_sites: frozenset = frozenset()   # (file, line) of D's calls in G's step
     loop_optimizers: tuple = ()     # classes of the optimizers using the for-loop implementation
     bce: bool = False               # the loop calls binary_cross_entropy
+    loaders: tuple = ()             # (num_workers, persistent_workers, pin_memory) of each DataLoader
 
     def to_dict(self) -> dict:
         return {k: (sorted(map(list, v)) if isinstance(v, frozenset) else v) for k, v in self.__dict__.items()}
@@ -83,8 +86,10 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
     loops = tuple(sorted({o["class"] for o in report.optimizers.values()
                           if o["implementation"].startswith("for-loop")}))
     bce = any(k == "aten::binary_cross_entropy" for k in report.settings.get("loss_ops_per_iteration", {}))
+    loaders = tuple((x["num_workers"], x["persistent_workers"], x["pin_memory"])
+                    for x in report.settings.get("dataloaders", []))
     return Context(report.device.split(":")[0], facts.bf16, facts.workers, model("G"), model("D"),
-                   report.settings.get("d_final_sigmoid"), g_sites, loops, bce)
+                   report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders)
 
 
 FIXES = (
@@ -160,6 +165,10 @@ def _not_applicable(fix: Fix, ctx: Context) -> str | None:
         return "D is called from the same lines in its own step and in G's: freeze it by hand around G's step"
     if fix.name == FUSED and not ctx.loop_optimizers:
         return "no optimizer uses the for-loop implementation"
+    if fix.name == WORKERS and all(w == ctx.workers and persistent and (pin or ctx.device_type != "cuda")
+                                   for w, persistent, pin in ctx.loaders):
+        return (f"your DataLoader already has {ctx.workers} persistent workers, the most this machine's cores "
+                "support; the data itself is the cost: decode it once (above)")
     return None
 
 
