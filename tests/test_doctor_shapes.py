@@ -162,27 +162,35 @@ def run_copy(script: Path, folder: Path, pngs: Path) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [CGAN, WGAN_GP], ids=["cgan", "wgan-gp"])
 def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, script, pngs, tmp_path):
+    """Every fix the diagnosis has a candidate for (and freezing D, for the WGAN-GP's two look-alike calls), as a
+    diff of the script: `patch -p1` applies it to a copy, which then trains an epoch with finite losses."""
     report = diagnose(script)
     ctx = context(report, facts())
     fixes, _ = candidates(report, facts())
     assert {"autocast", "fused-optimizers", "loader-workers"} <= {f.name for f in fixes}
-    for fix in fixes:
-        patch = make_patch(fix.parts, report, ctx, root=SCRIPTS)
-        assert patch and not patch.by_hand and patch.files == [script.name], (fix.name, patch.by_hand)
-        folder = tmp_path / fix.name
+    parts = {fix.name: fix.parts for fix in fixes}
+    if script == WGAN_GP:
+        parts.setdefault(FREEZE_D, (FREEZE_D,))
+    for name, fix_parts in parts.items():
+        patch = make_patch(fix_parts, report, ctx, root=SCRIPTS)
+        assert patch and not patch.by_hand and patch.files == [script.name], (name, patch.by_hand)
+        if name == FREEZE_D:  # around the call in G's step alone (indented under `if i % opt.n_critic == 0:`)
+            diff = patch.diff.splitlines()
+            frozen = [i for i, line in enumerate(diff) if line.startswith("+") and "requires_grad_(False)" in line]
+            assert len(frozen) == 1 and diff[frozen[0] + 1] == " " * 13 + "fake_validity = discriminator(fake_imgs)"
+        folder = tmp_path / name
         folder.mkdir()
         shutil.copy(script, folder)
         applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=folder, capture_output=True, text=True)
         assert applied.returncode == 0, applied.stdout + applied.stderr
         assert (folder / script.name).read_text() != script.read_text()
         losses = run_copy(script, folder, pngs)
-        assert all(math.isfinite(v) for v in losses), (fix.name, losses)
+        assert all(math.isfinite(v) for v in losses), (name, losses)
 
 
 @pytest.mark.parametrize("script", [CGAN, WGAN_GP, ACCELERATE], ids=["cgan", "wgan-gp", "accelerate"])
 def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):
-    """Each fix, applied at run time, leaves the script running with finite losses (Accelerate's wrappers too: its
-    optimizers are rebuilt fused inside AcceleratedOptimizer, its DataLoader with workers)."""
+    """Each fix, applied at run time, leaves the script running with finite losses, under Accelerate's wrappers too."""
     if script == ACCELERATE:
         pytest.importorskip("accelerate")
     report = diagnose(script)
@@ -321,7 +329,8 @@ for epoch in range(5):
 
 def test_a_loop_run_by_lightnings_trainer_is_refused_in_one_line(tmp_path, capsys):
     """Lightning's Trainer runs the loop itself (precision plugin, closures): the doctor says so at the first
-    optimizer step and names Lightning's own knobs; a Fabric loop is your own code and is diagnosed."""
+    optimizer step and names Lightning's own knobs. A loop of your own that merely imports Lightning (Fabric's form:
+    its optimizer steps are not the Trainer's) is not refused."""
     for name, text in STUB.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
