@@ -4,7 +4,8 @@ Three ways in, one `DoctorReport`:
 
 - a script, unmodified: `python -m gantools doctor [--steps N] [--warmup N] [--json PATH] [--trace PATH]
   [--timeout S] SCRIPT.py [ARGS...]` (`run_script`). It runs as `__main__` with `sys.argv = [SCRIPT.py, ARGS...]`,
-  its folder first on `sys.path` and the working directory unchanged, and is stopped once the doctor has measured;
+  its folder first on `sys.path` and the working directory unchanged, and is stopped once the doctor has measured
+  (a loop run by Lightning's Trainer is refused at its first optimizer step, naming Lightning's own knobs to try);
 - a step function and its data: `run(step, data)`;
 - your own loop with two marks: `with watch() as doc: for batch in doc.data(loader): ...; doc.end_step()`, then
   `doc.report`.

@@ -57,10 +57,17 @@ def name_in_frames(obj, frame) -> str | None:
         if yours(frame.f_code.co_filename):
             for scope in (frame.f_locals, frame.f_globals):
                 for name, value in scope.items():
-                    if value is obj and not name.startswith("_") and name != "self":
+                    if (value is obj or _wraps(value, obj)) and not name.startswith("_") and name != "self":
                         return name
         frame = frame.f_back
     return None
+
+
+def _wraps(value, obj) -> bool:
+    """`value` is an optimizer wrapping `obj`: Accelerate's `prepare` returns an AcceleratedOptimizer that holds the
+    optimizer your code built as `.optimizer`, so your name is bound to the wrapper while the step hooks see the
+    optimizer inside it."""
+    return isinstance(value, torch.optim.Optimizer) and vars(value).get("optimizer") is obj
 
 
 def first_tensor(x):

@@ -16,7 +16,7 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dataloader
 
-from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_in_frames, site
+from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_in_frames, site, yours
 from .observations import Call, Model, Observations, Optimizer
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
@@ -253,10 +253,18 @@ class Hooks:
 
     def _wrap_loader_init(self, original):
         obs = self.obs
+        by_dataset = {}  # id(dataset) -> where your code built a DataLoader over it
 
         def __init__(loader, *args, **kwargs):
             original(loader, *args, **kwargs)
-            obs.built_at[id(loader)] = location(sys._getframe(1))
+            caller = sys._getframe(1)
+            at = location(caller)
+            if yours(caller.f_code.co_filename):
+                by_dataset[id(loader.dataset)] = at
+            else:  # a library's DataLoader over your dataset (Accelerate's prepare rebuilds yours around it, with
+                # a batch sampler of its own, and iterates that one): your DataLoader's line is where to change it
+                at = by_dataset.get(id(loader.dataset), at)
+            obs.built_at[id(loader)] = at
         return __init__
 
     # -- data -----------------------------------------------------------------------------------------------------

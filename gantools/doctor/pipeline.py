@@ -66,6 +66,9 @@ def _not_decodable_once(dataset) -> str | None:
 
 def describe_loader(loader) -> dict:
     ds = loader.dataset
-    return {"dataset": type(ds).__name__, "batch_size": loader.batch_size, "num_workers": loader.num_workers,
+    # a DataLoader built with a batch sampler (Accelerate's, around yours) has batch_size None: its sampler's
+    batch_size = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size",
+                                                                                 None)
+    return {"dataset": type(ds).__name__, "batch_size": batch_size, "num_workers": loader.num_workers,
             "pin_memory": loader.pin_memory, "persistent_workers": loader.persistent_workers,
             "per_image_work": _per_image_work(ds), "not_decodable_once": _not_decodable_once(ds)}

@@ -1,0 +1,353 @@
+"""gantools doctor on the loops people write (tests/scripts/): PyTorch-GAN's conditional GAN (G's step first, Variable
+and FloatTensor-era code, numpy noise) and WGAN-GP (five critic steps, a gradient penalty, fakes not detached in D's
+step), a DCGAN under Hugging Face Accelerate, and a loop run by Lightning's Trainer (refused in one line)."""
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.modules import module as torch_module
+from torch.optim import optimizer as torch_optimizer
+
+from gantools import doctor
+from gantools.cli import main
+from gantools.doctor import trial
+from gantools.doctor.analysis import machine_facts
+from gantools.doctor.fixes import FREEZE_D, candidates, context
+from gantools.doctor.patching import make_patch
+from gantools.doctor.trying import pacer_index, try_fixes
+
+SCRIPTS = Path(__file__).parent / "scripts"
+CGAN, WGAN_GP, ACCELERATE = SCRIPTS / "cgan_mlp.py", SCRIPTS / "wgan_gp_mlp.py", SCRIPTS / "accelerate_dcgan.py"
+TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
+PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
+LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from a second thread, and a single one is not thrown off by a busy neighbour."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory):
+    """160 glyphs as 32 px PNGs in ten class folders: ten batches of 16 an epoch (twenty of 8, a multiple of the
+    WGAN-GP's five critic steps, so its G steps every fifth batch in every epoch)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from glyph_pngs import write_pngs
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return write_pngs(tmp_path_factory.mktemp("pngs"), n=160, size=32)
+
+
+def flags(script, pngs, epochs=50) -> list:
+    common = ["--dataroot", str(pngs)]
+    if script == ACCELERATE:
+        return common + ["--cpu", "--batch_size", "16", "--nz", "16", "--ngf", "8", "--ndf", "8",
+                         "--num_epochs", str(epochs)]
+    return common + ["--batch_size", "16" if script == CGAN else "8", "--latent_dim", "16", "--hidden", "16",
+                     "--sample_interval", "0", "--n_epochs", str(epochs)]
+
+
+@pytest.fixture(scope="module")
+def diagnose(pngs, tmp_path_factory):
+    """The diagnosis of a script, run once per module (the --try and --patch tests start from it)."""
+    traces, reports = tmp_path_factory.mktemp("traces"), {}
+
+    def get(script):
+        if script not in reports:
+            torch.set_num_threads(1)
+            reports[script] = doctor.run_script(script, flags(script, pngs), steps=3, warmup=1,
+                                                trace=traces / f"{script.stem}.json")
+        return reports[script]
+    return get
+
+
+def lines_of(script: Path, code: str) -> list:
+    """The line numbers of the lines that are `code` (stripped)."""
+    return [i for i, line in enumerate(script.read_text().splitlines(), 1) if line.strip() == code]
+
+
+def facts():
+    return machine_facts(torch.device("cpu"))
+
+
+def assert_in_script_terms(report, script: Path):
+    """Each finding's evidence and diff speak of the script's own lines and names, not the tutorial's."""
+    for f in report.findings:
+        for text in (f.seen, f.patch):
+            assert not any(re.search(rf"\b{name}\b", text) for name in TEMPLATE_NAMES), (f.kind, text)
+        if f.patch:
+            assert f.patch.startswith("--- a/") and f.patch.splitlines()[0].endswith(f"/{script.name}"), f.patch
+
+
+def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
+    """PyTorch-GAN's cgan steps G before D in each batch, and calls D on G's output in both steps (detached in D's)."""
+    report = diagnose(CGAN)
+    assert report.complete, report.note
+    assert (report.models["G"]["name"], report.models["G"]["class"]) == ("generator", "Generator")
+    assert (report.models["D"]["name"], report.models["D"]["class"]) == ("discriminator", "Discriminator")
+    assert report.optimizers["G"]["name"] == "optimizer_G" and report.optimizers["D"]["name"] == "optimizer_D"
+    assert report.optimizers["G"]["steps_per_iteration"] == report.optimizers["D"]["steps_per_iteration"] == 1
+    assert report.images_per_step == report.batch_size == 16
+    assert {"G forward", "D forward", "D forward (G step)", "D backward (G step)"} <= set(report.phases_ms)
+    ctx = context(report, facts())
+    (g_step,) = lines_of(CGAN, "validity = discriminator(gen_imgs, gen_labels)")
+    assert ctx.g_step_sites == {(str(CGAN.resolve()), g_step)}
+    assert ctx.g == ("Generator", report.models["G"]["parameters"]) and not ctx.bce and ctx.d_sigmoid is None
+
+    by_kind = {f.kind: f for f in report.findings}
+    (printed,) = lines_of(CGAN, PRINTED)
+    assert f"cgan_mlp.py:{printed}" in by_kind["host-sync"].seen
+    assert "optimizer_G = torch.optim.Adam(" in by_kind["optimizer-for-loop"].patch
+    assert "optimizer_G, optimizer_D" in by_kind["optimizer-for-loop"].seen
+    assert_in_script_terms(report, CGAN)
+
+
+def test_wgan_gp_counts_five_critic_steps_and_freezes_only_g_steps_call(diagnose):
+    """D's step calls D on fakes that carry G's gradients (not detached), on the same line text as G's step: only
+    the call that G's optimizer step follows is G's step, the one place freezing D is right."""
+    report = diagnose(WGAN_GP)
+    assert report.complete, report.note
+    assert report.models["G"]["name"] == "generator" and report.models["D"]["name"] == "discriminator"
+    assert report.optimizers["D"]["name"] == "optimizer_D" and report.optimizers["D"]["steps_per_iteration"] == 5
+    assert report.optimizers["G"]["name"] == "optimizer_G" and report.optimizers["G"]["steps_per_iteration"] == 1
+    assert report.settings["iteration"].startswith("one step of optimizer_G")
+    assert report.images_per_step == 5 * 8 and report.batch_size == 8
+    d_step, g_step = lines_of(WGAN_GP, "fake_validity = discriminator(fake_imgs)")
+    (penalty,) = lines_of(WGAN_GP, "d_interpolates = D(interpolates)")
+    script = str(WGAN_GP.resolve())
+    assert {(script, line) for line in (d_step, g_step, penalty)} <= {tuple(s) for s in
+                                                                        report.models["D"]["call_sites"]}
+    assert context(report, facts()).g_step_sites == {(script, g_step)}
+    (printed,) = lines_of(WGAN_GP, PRINTED)
+    assert f"wgan_gp_mlp.py:{printed}" in next(f.seen for f in report.findings if f.kind == "host-sync")
+    assert_in_script_terms(report, WGAN_GP)
+
+
+def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, pngs, monkeypatch):
+    """--try's freeze-d on the WGAN-GP: D's parameters are frozen in the one call per iteration that G's step makes,
+    never in the five critic steps, whose fakes carry G's gradients just the same."""
+    report = diagnose(WGAN_GP)
+    seen = []
+
+    class Recorded(trial.Applied):
+        def __exit__(self, *exc):
+            seen.append(self.frozen_calls)
+            return super().__exit__(*exc)
+    monkeypatch.setattr(trial, "Applied", Recorded)
+    run = trial.run_trial(WGAN_GP, flags(WGAN_GP, pngs), (FREEZE_D,), context(report, facts()), pacer_index(report),
+                          report.images_per_step, warmup=1, steps=3, timeout=60)
+    assert run.measured and run.finite, run.traceback
+    assert seen == [1 + 1 + 3]  # one frozen call per G step: the warm-up's, the clock's start and three timed
+
+
+def run_copy(script: Path, folder: Path, pngs: Path) -> list:
+    """Run a script (a patched copy) for one epoch, as its user would; the losses it printed."""
+    out = subprocess.run([sys.executable, str(folder / script.name), *flags(script, pngs, epochs=1)], cwd=folder,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    losses = [float(v) for pair in LOSSES.findall(out.stdout) for v in pair]
+    assert losses, out.stdout
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [CGAN, WGAN_GP], ids=["cgan", "wgan-gp"])
+def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, script, pngs, tmp_path):
+    """Every fix the diagnosis has a candidate for (and freezing D, for the WGAN-GP's two look-alike calls), as a
+    diff of the script: `patch -p1` applies it to a copy, which then trains an epoch with finite losses."""
+    report = diagnose(script)
+    ctx = context(report, facts())
+    fixes, _ = candidates(report, facts())
+    assert {"autocast", "fused-optimizers", "loader-workers"} <= {f.name for f in fixes}
+    parts = {fix.name: fix.parts for fix in fixes}
+    if script == WGAN_GP:
+        parts.setdefault(FREEZE_D, (FREEZE_D,))
+    for name, fix_parts in parts.items():
+        patch = make_patch(fix_parts, report, ctx, root=SCRIPTS)
+        assert patch and not patch.by_hand and patch.files == [script.name], (name, patch.by_hand)
+        if name == FREEZE_D:  # around the call in G's step alone (indented under `if i % opt.n_critic == 0:`)
+            diff = patch.diff.splitlines()
+            frozen = [i for i, line in enumerate(diff) if line.startswith("+") and "requires_grad_(False)" in line]
+            assert len(frozen) == 1 and diff[frozen[0] + 1] == " " * 13 + "fake_validity = discriminator(fake_imgs)"
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(script, folder)
+        applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=folder, capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        assert (folder / script.name).read_text() != script.read_text()
+        losses = run_copy(script, folder, pngs)
+        assert all(math.isfinite(v) for v in losses), (name, losses)
+
+
+@pytest.mark.parametrize("script", [CGAN, WGAN_GP, ACCELERATE], ids=["cgan", "wgan-gp", "accelerate"])
+def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):
+    """Each fix, applied at run time, leaves the script running with finite losses, under Accelerate's wrappers too."""
+    if script == ACCELERATE:
+        pytest.importorskip("accelerate")
+    report = diagnose(script)
+    result = try_fixes(script, flags(script, pngs), report, facts(), warmup=1, steps=3, repeats=2)
+    print(result)
+    assert result.tried and not result.interrupted
+    assert not [t.name for t in result.tried if t.outcome == "broke the script"], str(result)
+    assert all(t.outcome in ("kept", "slower", "failed the guard") for t in result.tried)
+    assert not [t.name for t in result.tried if "non-finite" in t.why], str(result)
+
+
+def test_accelerate_loop_is_seen_through_accelerates_wrappers(diagnose):
+    """Accelerate's prepare wraps each optimizer (AcceleratedOptimizer, holding yours) and rebuilds the DataLoader
+    around your dataset; the doctor names them as your code does and places the DataLoader at your line."""
+    pytest.importorskip("accelerate")
+    report = diagnose(ACCELERATE)
+    assert report.complete, report.note
+    assert report.models["G"]["name"] == "netG" and report.models["D"]["name"] == "netD"
+    assert report.optimizers["G"]["name"] == "optimizerG" and report.optimizers["G"]["model"] == "netG"
+    assert report.optimizers["D"]["name"] == "optimizerD" and report.optimizers["D"]["model"] == "netD"
+    assert report.images_per_step == report.batch_size == 16
+    script = str(ACCELERATE.resolve())
+    assert context(report, facts()).g_step_sites == {(script, lines_of(ACCELERATE, "output = netD(fake)")[0])}
+    (loader,) = report.settings["dataloaders"]
+    (built,) = lines_of(ACCELERATE, "dataloader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, "
+                                    "shuffle=True,")
+    assert loader["built_at"] == [script, built] and loader["batch_size"] == 16
+    patch = make_patch(("loader-workers",), report, context(report, facts()))
+    assert not patch.by_hand and re.search(r"^-.*num_workers=args\.num_workers", patch.diff, re.M)
+    assert re.search(r"^\+.*num_workers=\d+, drop_last=True, persistent_workers=True\)$", patch.diff, re.M), patch.diff
+    for f in report.findings:
+        assert not re.search(r"\bAdam (stepped|zeroes)", f.seen + f.why), f
+
+
+STUB = {  # just enough of Lightning for a LightningModule with manual optimization and Fabric's own-loop form
+    "lightning/__init__.py": "from .pytorch import LightningModule, Trainer\n",
+    "lightning/pytorch/__init__.py": '''
+from torch import nn
+
+
+class LightningModule(nn.Module):
+    def optimizers(self):
+        return self._optimizers
+
+
+class Trainer:
+    def __init__(self, max_steps=-1, **kwargs):
+        self.max_steps = max_steps
+
+    def fit(self, model, train_dataloaders):
+        model._optimizers = model.configure_optimizers()
+        step = 0
+        while True:
+            for batch_idx, batch in enumerate(train_dataloaders):
+                model.training_step(batch, batch_idx)
+                step += 1
+                if step == self.max_steps:
+                    return
+''',
+    "lightning/fabric/__init__.py": '''
+class Fabric:
+    def __init__(self, accelerator="auto", **kwargs):
+        pass
+
+    def setup(self, module, *optimizers):
+        return (module, *optimizers)
+
+    def backward(self, loss):
+        loss.backward()
+''',
+}
+MODELS = '''
+import torch
+from torch import nn
+
+
+def generator():
+    return nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Unflatten(1, (1, 8, 8)))
+
+
+def discriminator():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 1))
+
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 1, 8, 8)), batch_size=8)
+'''
+TRAINER_SCRIPT = MODELS + '''
+import lightning as L
+
+
+class GAN(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.G, self.D = generator(), discriminator()
+
+    def training_step(self, batch, batch_idx):
+        opt_g, opt_d = self.optimizers()
+        real = batch[0]
+        fake = self.G(torch.randn(real.size(0), 8))
+        loss_d = self.D(fake.detach()).mean() - self.D(real).mean()
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        loss_g = -self.D(fake).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.G.parameters()), torch.optim.Adam(self.D.parameters())
+
+
+L.Trainer(max_steps=40).fit(GAN(), data)
+'''
+FABRIC_SCRIPT = MODELS + '''
+from lightning.fabric import Fabric
+
+fabric = Fabric(accelerator="cpu")
+G, D = generator(), discriminator()
+G, opt_g = fabric.setup(G, torch.optim.Adam(G.parameters()))
+D, opt_d = fabric.setup(D, torch.optim.Adam(D.parameters()))
+for epoch in range(5):
+    for (real,) in data:
+        fake = G(torch.randn(real.size(0), 8))
+        loss_d = D(fake.detach()).mean() - D(real).mean()
+        opt_d.zero_grad()
+        fabric.backward(loss_d)
+        opt_d.step()
+        loss_g = -D(fake).mean()
+        opt_g.zero_grad()
+        fabric.backward(loss_g)
+        opt_g.step()
+'''
+
+
+def test_a_loop_run_by_lightnings_trainer_is_refused_in_one_line(tmp_path, capsys):
+    """Lightning's Trainer runs the loop itself (precision plugin, closures): the doctor says so at the first
+    optimizer step and names Lightning's own knobs. A loop of your own that merely imports Lightning (Fabric's form:
+    its optimizer steps are not the Trainer's) is not refused."""
+    for name, text in STUB.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "train_lightning.py").write_text(TRAINER_SCRIPT)
+    (tmp_path / "train_fabric.py").write_text(FABRIC_SCRIPT)
+    with pytest.raises(doctor.DoctorError) as refused:
+        doctor.run_script(tmp_path / "train_lightning.py", steps=1, warmup=0, timeout=60, trace=tmp_path / "t.json")
+    text = str(refused.value)
+    assert "\n" not in text and "does not yet diagnose a loop run by Lightning's Trainer" in text, text
+    assert all(knob in text for knob in ('Trainer(precision="bf16-mixed")', "Trainer(benchmark=True)", "num_workers"))
+    assert "lightning" not in sys.modules  # the stub, imported from the script's folder, is forgotten
+    assert not torch_optimizer._global_optimizer_post_hooks and not torch_module._global_forward_hooks
+
+    assert main(["doctor", "--steps", "1", "--warmup", "0", "--trace", str(tmp_path / "t.json"),
+                 str(tmp_path / "train_lightning.py")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.strip().endswith(text), err  # one line, no traceback
+
+    fabric = doctor.run_script(tmp_path / "train_fabric.py", steps=1, warmup=0, timeout=60, trace=tmp_path / "f.json")
+    assert fabric.complete and fabric.models["G"]["name"] == "G" and fabric.optimizers["D"]["name"] == "opt_d"
