@@ -107,7 +107,8 @@ def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
     (printed,) = lines_of(CGAN, PRINTED)
     assert f"cgan_mlp.py:{printed}" in by_kind["host-sync"].seen
     assert "optimizer_G = torch.optim.Adam(" in by_kind["optimizer-for-loop"].patch
-    assert "optimizer_G, optimizer_D" in by_kind["optimizer-for-loop"].seen
+    seen = by_kind["optimizer-for-loop"].seen
+    assert "optimizer_G built at " in seen and "optimizer_D built at " in seen and "cgan_mlp.py:" in seen
     assert_in_script_terms(report, CGAN)
 
 
@@ -191,21 +192,19 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
 @pytest.mark.parametrize("script", [CGAN, WGAN_GP, ACCELERATE], ids=["cgan", "wgan-gp", "accelerate"])
 def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):
     """Each fix, applied at run time, leaves the script running with finite losses, under Accelerate's wrappers too."""
-    if script == ACCELERATE:
-        pytest.importorskip("accelerate")
     report = diagnose(script)
     result = try_fixes(script, flags(script, pngs), report, facts(), warmup=1, steps=3, repeats=2)
     print(result)
     assert result.tried and not result.interrupted
     assert not [t.name for t in result.tried if t.outcome == "broke the script"], str(result)
-    assert all(t.outcome in ("kept", "slower", "failed the guard") for t in result.tried)
+    assert all(t.outcome in ("kept", "not faster", "failed the guard") for t in result.tried)
     assert not [t.name for t in result.tried if "non-finite" in t.why], str(result)
 
 
 def test_accelerate_loop_is_seen_through_accelerates_wrappers(diagnose):
     """Accelerate's prepare wraps each optimizer (AcceleratedOptimizer, holding yours) and rebuilds the DataLoader
-    around your dataset; the doctor names them as your code does and places the DataLoader at your line."""
-    pytest.importorskip("accelerate")
+    around your dataset; the doctor names them as your code does and places the DataLoader at your line (accelerate
+    is in the dev extras: a missing one fails here, not skips)."""
     report = diagnose(ACCELERATE)
     assert report.complete, report.note
     assert report.models["G"]["name"] == "netG" and report.models["D"]["name"] == "netD"
