@@ -309,6 +309,23 @@ def test_a_fix_that_breaks_the_script_is_rejected_with_its_own_traceback_and_the
     assert "your script raised with it" in str(result)
 
 
+def test_the_sigmoid_leaves_each_way_people_build_d_as_valid_python():
+    source = ("import torch.nn as nn\n\n\nclass D(nn.Module):\n    def __init__(self, sigmoid=True):\n"
+              "        super().__init__()\n        layers = [nn.Linear(2, 1), nn.Sigmoid()]\n"
+              "        more = [\n            nn.Linear(2, 1),\n            nn.Sigmoid(),\n        ]\n"
+              "        if sigmoid:\n            layers.append(nn.Sigmoid())\n"
+              "        self.a = nn.Sequential(nn.Linear(2, 1), nn.Sigmoid())\n"
+              "        self.b = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n            nn.Sigmoid()\n"
+              "        )\n\n\nclass G(nn.Module):\n    out = nn.Sigmoid()  # another class's: kept\n")
+    plan = patching._Plan(sigmoid_class="D", autocast="x")
+    edited = patching.edit_source(source, plan)
+    compile(edited, "edited.py", "exec")
+    d_part, g_part = edited.split("class G")
+    assert "Sigmoid" not in d_part and "nn.Sigmoid()" in g_part and "# logit" in d_part
+    assert "self.b = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n        )" in d_part  # the bracket kept
+    assert "if sigmoid:\n            pass" in d_part and "append()" not in d_part
+
+
 def test_a_construct_the_doctor_cannot_edit_is_listed_apply_by_hand(tmp_path):
     """D keeps its Sigmoid as an attribute: the run-time fix can swap the module, a source edit cannot remove it
     without rewriting forward()."""

@@ -147,19 +147,36 @@ class _Edits(cst.CSTTransformer):
     def _in_d(self) -> bool:
         return bool(self.classes) and self.classes[-1] == self.plan.sigmoid_class
 
-    def leave_Arg(self, original, updated):
-        if self._in_d() and _is_sigmoid(updated.value):
-            self.plan.done.add(LOGITS + ":sigmoid")
-            return cst.RemoveFromParent()
-        return updated
+    def leave_List(self, original, updated):
+        return updated.with_changes(elements=self._without_sigmoid(updated.elements)) if self._in_d() else updated
 
-    def leave_Element(self, original, updated):
-        if self._in_d() and _is_sigmoid(updated.value):
-            self.plan.done.add(LOGITS + ":sigmoid")
-            return cst.RemoveFromParent()
-        return updated
+    def leave_Tuple(self, original, updated):
+        return updated.with_changes(elements=self._without_sigmoid(updated.elements)) if self._in_d() else updated
+
+    def _without_sigmoid(self, items) -> list:
+        """Arguments or elements without the nn.Sigmoid() among them; the line break before the closing bracket
+        moves to the item now last, so the bracket keeps its place and indentation."""
+        items = list(items)
+        kept = [x for x in items if not _is_sigmoid(x.value)]
+        if len(kept) == len(items):
+            return items
+        self.plan.done.add(LOGITS + ":sigmoid")
+        if kept and items[-1] not in kept:
+            last, gone = kept[-1], items[-1]
+            closing = (gone.whitespace_after_arg if isinstance(gone, cst.Arg) else
+                       gone.comma.whitespace_after if isinstance(gone.comma, cst.Comma) else None)
+            if isinstance(closing, cst.ParenthesizedWhitespace) and isinstance(last.comma, cst.Comma):
+                after = last.comma.whitespace_after
+                if isinstance(after, cst.ParenthesizedWhitespace):  # its own line's comment stays with it
+                    closing = closing.with_changes(first_line=after.first_line, empty_lines=after.empty_lines)
+                kept[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=closing))
+            elif not isinstance(closing, cst.ParenthesizedWhitespace):  # all on one line: no trailing comma
+                kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return kept
 
     def leave_Call(self, original, updated):
+        if self._in_d() and not _callee(updated).endswith(".append"):
+            updated = updated.with_changes(args=self._without_sigmoid(updated.args))
         if self.plan.rename:
             f = updated.func
             name = f.attr if isinstance(f, cst.Attribute) else f if isinstance(f, cst.Name) else None
