@@ -189,6 +189,27 @@ def test_fp16_scales_each_loss_and_steps_through_one_scaler():
     assert "backward" not in torch.Tensor.__dict__ or torch.Tensor.backward.__name__ == "backward"
 
 
+def test_fp16_keeps_lr_schedulers_working_and_clips_unscaled_gradients():
+    """A scheduler wraps optimizer.step (it needs a bound method); clip_grad_norm_ must see the gradients the
+    optimizer will use, not the scaled ones (PyTorch's AMP recipe: unscale_ before clipping)."""
+    torch.manual_seed(0)
+    g, d = G(), D()
+    norms = {}
+    for fp16 in (False, True):
+        torch.manual_seed(1)
+        model = nn.Linear(4, 1)
+        with fixes.Applied((fixes.AUTOCAST,) if fp16 else (), _ctx(g, d, bf16=False)):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            schedule = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            norms[fp16] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0))
+            opt.step()
+            schedule.step()
+        assert opt.param_groups[0]["lr"] == 0.05
+    assert norms[True] == pytest.approx(norms[False], rel=1e-3)  # unscaled before clipping
+
+
 def test_optimizers_and_dataloaders_get_their_faster_settings_while_applied():
     ctx = _ctx(G(), D())
     ctx.workers = 2
@@ -309,21 +330,68 @@ def test_a_fix_that_breaks_the_script_is_rejected_with_its_own_traceback_and_the
     assert "your script raised with it" in str(result)
 
 
-def test_the_sigmoid_leaves_each_way_people_build_d_as_valid_python():
-    source = ("import torch.nn as nn\n\n\nclass D(nn.Module):\n    def __init__(self, sigmoid=True):\n"
-              "        super().__init__()\n        layers = [nn.Linear(2, 1), nn.Sigmoid()]\n"
-              "        more = [\n            nn.Linear(2, 1),\n            nn.Sigmoid(),\n        ]\n"
-              "        if sigmoid:\n            layers.append(nn.Sigmoid())\n"
-              "        self.a = nn.Sequential(nn.Linear(2, 1), nn.Sigmoid())\n"
-              "        self.b = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n            nn.Sigmoid()\n"
-              "        )\n\n\nclass G(nn.Module):\n    out = nn.Sigmoid()  # another class's: kept\n")
-    plan = patching._Plan(sigmoid_class="D", autocast="x")
+SHAPES_OF_D = {  # D's class, and the source line its final Sigmoid is on
+    "Appended": ("class Appended(nn.Module):\n    def __init__(self, sigmoid=True):\n        super().__init__()\n"
+                 "        layers = [nn.Linear(2, 1)]\n        if sigmoid:\n            layers.append(nn.Sigmoid())\n"
+                 "        self.main = nn.Sequential(*layers)\n"),
+    "Listed": ("class Listed(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+               "        self.main = nn.Sequential(*[\n            nn.Linear(2, 1),\n            nn.Sigmoid(),\n        ])\n"),
+    "Gated": ("class Gated(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.gate = nn.Sequential(nn.Linear(2, 2), nn.Sigmoid())  # squeeze-and-excitation: kept\n"
+              "        self.head = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n            nn.Sigmoid()\n"
+              "        )\n"),
+}
+
+
+@pytest.mark.parametrize("cls", sorted(SHAPES_OF_D))
+def test_d_loses_only_its_final_sigmoid_and_stays_valid_python(cls):
+    source = "import torch.nn as nn\n\n\n" + SHAPES_OF_D[cls] + "\n\nclass G(nn.Module):\n    out = nn.Sigmoid()\n"
+    plan = patching._Plan(sigmoid_class=cls, autocast="x")
     edited = patching.edit_source(source, plan)
     compile(edited, "edited.py", "exec")
-    d_part, g_part = edited.split("class G")
-    assert "Sigmoid" not in d_part and "nn.Sigmoid()" in g_part and "# logit" in d_part
-    assert "self.b = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n        )" in d_part  # the bracket kept
-    assert "if sigmoid:\n            pass" in d_part and "append()" not in d_part
+    assert edited.count("nn.Sigmoid()") == source.count("nn.Sigmoid()") - 1  # one, D's last
+    assert "class G(nn.Module):\n    out = nn.Sigmoid()" in edited
+    if cls == "Appended":
+        assert "if sigmoid:\n            pass" in edited and "append()" not in edited
+    if cls == "Gated":
+        assert "nn.Sequential(nn.Linear(2, 2), nn.Sigmoid())  # squeeze-and-excitation: kept" in edited
+        assert "self.head = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n        )" in edited
+
+
+def test_keyword_edits_follow_what_runs():
+    source = ("import torch\nfrom torch.nn.functional import binary_cross_entropy\nbce = torch.nn.BCELoss\n"
+              "opt = torch.optim.Adam([], lr=1e-3, foreach=True)\n"
+              "loader = torch.utils.data.DataLoader(\n    data,\n    batch_size=8,\n)\n"
+              "old = torch.utils.data.DataLoader(data, 8, True, None, None, 0)\n"
+              "loss = binary_cross_entropy(out, y)\n")
+    plan = patching._Plan(rename=True, autocast="x", keywords={4: ("Adam", {"fused": "True"}),
+                                                               5: ("DataLoader", {"num_workers": "2"}),
+                                                               9: ("DataLoader", {"num_workers": "2"})})
+    edited = patching.edit_source(source, plan)
+    compile(edited, "edited.py", "exec")
+    assert "Adam([], lr=1e-3, fused=True)" in edited  # fused and foreach cannot both be True
+    assert "    batch_size=8,\n    num_workers=2,\n)" in edited  # the call's own trailing-comma style
+    assert "DataLoader(data, 8, True, None, None, 0)" in edited and "keywords:9" not in plan.done  # by hand
+    assert "import binary_cross_entropy_with_logits" in edited and "= binary_cross_entropy_with_logits(out" in edited
+    assert "bce = torch.nn.BCEWithLogitsLoss\n" in edited
+
+
+def test_files_the_doctor_must_not_or_cannot_edit_are_listed_by_hand(tmp_path):
+    """A library's class (torch's own file here) is never edited; a file libcst cannot parse is not a crash."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("class Critic(:\n")
+    ctx = fixes.Context("cpu", True, 0, None, ("Critic", 5), "out", bce=True)
+    for file, said in ((broken, "cannot be read as Python source"), (nn.__file__, "a library's file, not yours")):
+        report = doctor.DoctorReport(str(tmp_path / "train.py"), "cpu", complete=True)
+        report.models = {"D": {"name": "critic", "class": "Critic", "defined_in": str(file), "call_sites": []}}
+        patch = patching.make_patch((fixes.LOGITS,), report, ctx, root=tmp_path)
+        assert patch.diff == "" and any(said in why for _, why in patch.by_hand), patch.by_hand
+
+
+def test_freezing_around_a_return_is_left_to_do_by_hand():
+    source = "def g_loss(fake):\n    return criterion(netD(fake), ones)\n"
+    plan = patching._Plan(freeze={2: "netD"}, autocast="x")
+    assert patching.edit_source(source, plan) == source and "freeze:2" not in plan.done
 
 
 def test_a_construct_the_doctor_cannot_edit_is_listed_apply_by_hand(tmp_path):

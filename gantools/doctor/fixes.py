@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -185,13 +186,14 @@ class Applied:
     g_inputs: list = field(default_factory=list)  # shapes of the tensors G's first call took (noise, labels, ...)
     frozen_calls: int = 0
     _undo: list = field(default_factory=list)
+    _finder: object = None
     _in_scaler_step: bool = False
 
     def __enter__(self) -> "Applied":
         p = set(self.parts)
         try:
-            handle = _module.register_module_forward_pre_hook(self._first_sight)  # G and D found (and fixed)
-            self._undo.append(handle.remove)
+            self._finder = _module.register_module_forward_pre_hook(self._first_sight)  # G and D found (and fixed)
+            self._undo.append(self._finder.remove)
             if LOGITS in p:
                 self._set(nn.BCELoss, "forward", _bce_from_logits)
                 self._set(F, "binary_cross_entropy", _functional_bce_from_logits)
@@ -224,8 +226,15 @@ class Applied:
         return self
 
     def __exit__(self, *exc) -> bool:
+        """Every undo runs, whatever one of them raises (the first error is raised after the rest)."""
+        first = None
         while self._undo:
-            self._undo.pop()()
+            try:
+                self._undo.pop()()
+            except BaseException as e:  # a Ctrl-C landing here must not leave a patch behind
+                first = first or e
+        if first is not None:
+            raise first
         return False
 
     def _set(self, owner, name, value) -> None:
@@ -244,14 +253,17 @@ class Applied:
         if role is None:
             return None
         self.models.setdefault(role, module)
+        if all(r in self.models for r, known in (("G", self.ctx.g), ("D", self.ctx.d)) if known):
+            self._finder.remove()  # both found: the loop runs on without a global hook on every module call
         if role == "G" and not self.g_inputs:
             self.g_inputs = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         p = set(self.parts)
         if LOGITS in p and role == "D" and self.ctx.d_sigmoid:
             parent, _, leaf = self.ctx.d_sigmoid.rpartition(".")
             owner = module.get_submodule(parent) if parent else module
-            if isinstance(getattr(owner, leaf, None), nn.Sigmoid):
-                setattr(owner, leaf, nn.Identity())
+            if not isinstance(getattr(owner, leaf, None), nn.Sigmoid):  # BCE on logits alone would be wrong
+                raise RuntimeError(f"gantools' logits fix found no nn.Sigmoid at D.{self.ctx.d_sigmoid} in this run")
+            setattr(owner, leaf, nn.Identity())
         if CHANNELS_LAST in p:
             module.to(memory_format=torch.channels_last)
         forward = module.forward
@@ -276,7 +288,7 @@ class Applied:
 
         def run(*args, **kwargs):
             params = []
-            if freeze and location(sys._getframe(1)) in sites:
+            if freeze and _called_from(sites):
                 params = [p for p in module.parameters() if p.requires_grad]
                 applied.frozen_calls += 1
             for p in params:
@@ -307,25 +319,51 @@ class Applied:
             self._scale_steps(scaler)
 
     def _scale_steps(self, scaler) -> None:
-        applied = self
+        """Each optimizer's `step` through the scaler (a bound method, as LR schedulers expect one), and gradient
+        clipping on unscaled gradients: `scaler.unscale_` first for the optimizers owning what is clipped, as
+        PyTorch's AMP examples do ("working with unscaled gradients")."""
+        applied, built, unscaled = self, [], set()
         init = torch.optim.Optimizer.__init__
 
         def optimizer_init(opt, *args, **kwargs):
             init(opt, *args, **kwargs)
+            built.append(opt)
             step = opt.step
 
-            def scaled_step(*a, **k):
+            def scaled_step(self, *a, **k):
                 if applied._in_scaler_step:  # GradScaler.step calls optimizer.step itself
                     return step(*a, **k)
                 applied._in_scaler_step = True
                 try:
-                    out = scaler.step(opt, *a, **k)
+                    out = scaler.step(self, *a, **k)
                 finally:
                     applied._in_scaler_step = False
                 scaler.update()
+                unscaled.clear()
                 return out
-            opt.step = scaled_step
+            opt.step = types.MethodType(scaled_step, opt)
         self._set(torch.optim.Optimizer, "__init__", optimizer_init)
+
+        def unscaling(clip):
+            def clip_unscaled(parameters, *args, **kwargs):
+                params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                ids = {id(p) for p in params}
+                for opt in built:
+                    if id(opt) not in unscaled and any(id(p) in ids for g in opt.param_groups for p in g["params"]):
+                        scaler.unscale_(opt)
+                        unscaled.add(id(opt))
+                return clip(params, *args, **kwargs)
+            return clip_unscaled
+        utils = torch.nn.utils
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            self._set(utils, name, unscaling(getattr(utils, name)))
+
+
+@torch.compiler.disable
+def _called_from(sites) -> bool:
+    """Whether the model was called from one of `sites` (FILE, LINE) of your code (kept out of torch.compile's graph:
+    dynamo cannot trace frame inspection)."""
+    return location(sys._getframe(2)) in sites
 
 
 def _bce_from_logits(self, input, target):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .frames import shown
+from .frames import yours
 from .fixes import AUTOCAST, CHANNELS_LAST, COMPILE, CUDNN, FREEZE_D, FUSED, LOGITS, PIN, TF32, WORKERS, Context
 from .report import DoctorReport
 
@@ -105,14 +107,20 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     root = Path(root or os.getcwd()).resolve()
     for file, plan in sorted(plans.items()):
         path = Path(file)
-        if not Path(shown(file)).is_file():  # a notebook cell (IPython keeps each in a temporary file): not yours to patch
+        if _is_cell(file):  # a notebook cell (IPython keeps each in a temporary file): nothing to patch
             continue
-        if not path.is_file():
-            patch.by_hand.append((_name_of(plan), f"{file} is not a file the doctor can read"))
+        if not yours(file):
+            patch.by_hand.append((_name_of(plan), f"{file} is a library's file, not yours: the doctor does not edit "
+                                                  "it; make the change where you use it"))
             continue
-        before = path.read_text()
-        plan.autocast = _autocast_item(before, ctx)
-        after = edit_source(before, plan)
+        try:
+            before = path.read_text(encoding="utf-8")
+            plan.autocast = _autocast_item(before, ctx)
+            after = edit_source(before, plan)
+        except (OSError, UnicodeDecodeError, cst.ParserSyntaxError) as e:
+            patch.by_hand.append((_name_of(plan), f"{os.path.relpath(file)}: cannot be read as Python source here "
+                                                  f"({type(e).__name__}): make the changes by hand"))
+            continue
         _missed(plan, parts, file, patch)
         if after != before:
             rel = os.path.relpath(path.resolve(), root)
@@ -137,6 +145,15 @@ class _Edits(cst.CSTTransformer):
         self.classes: list = []
 
     # -- D's final Sigmoid and the BCE loss -----------------------------------------------------------------------
+    def visit_Module(self, node):
+        """D's final nn.Sigmoid is taken to be the last one its class builds, in source order (an earlier one is a
+        gate inside the network, as in squeeze-and-excitation): only that one is removed, as at run time."""
+        self.final_sigmoid = None
+        if self.plan.sigmoid_class:
+            last = _LastSigmoid(self.plan.sigmoid_class)
+            MetadataWrapper(node, unsafe_skip_copy=True).visit(last)
+            self.final_sigmoid = last.position
+
     def visit_ClassDef(self, node):
         self.classes.append(node.name.value)
 
@@ -147,17 +164,27 @@ class _Edits(cst.CSTTransformer):
     def _in_d(self) -> bool:
         return bool(self.classes) and self.classes[-1] == self.plan.sigmoid_class
 
+    def _is_final_sigmoid(self, original_node) -> bool:
+        return (self.final_sigmoid is not None and _is_sigmoid(original_node)
+                and self._position(original_node) == self.final_sigmoid)
+
     def leave_List(self, original, updated):
-        return updated.with_changes(elements=self._without_sigmoid(updated.elements)) if self._in_d() else updated
+        return self._items(original, updated, "elements")
 
     def leave_Tuple(self, original, updated):
-        return updated.with_changes(elements=self._without_sigmoid(updated.elements)) if self._in_d() else updated
+        return self._items(original, updated, "elements")
 
-    def _without_sigmoid(self, items) -> list:
-        """Arguments or elements without the nn.Sigmoid() among them; the line break before the closing bracket
-        moves to the item now last, so the bracket keeps its place and indentation."""
+    def _items(self, original, updated, field_name):
+        if not self._in_d():
+            return updated
+        return updated.with_changes(**{field_name: self._without_sigmoid(getattr(original, field_name),
+                                                                         getattr(updated, field_name))})
+
+    def _without_sigmoid(self, originals, items) -> list:
+        """Arguments or elements without D's final nn.Sigmoid(); the line break before the closing bracket moves to
+        the item now last, so the bracket keeps its place and indentation, and that item keeps its comment."""
         items = list(items)
-        kept = [x for x in items if not _is_sigmoid(x.value)]
+        kept = [x for o, x in zip(originals, items) if not self._is_final_sigmoid(o.value)]
         if len(kept) == len(items):
             return items
         self.plan.done.add(LOGITS + ":sigmoid")
@@ -167,29 +194,41 @@ class _Edits(cst.CSTTransformer):
                        gone.comma.whitespace_after if isinstance(gone.comma, cst.Comma) else None)
             if isinstance(closing, cst.ParenthesizedWhitespace) and isinstance(last.comma, cst.Comma):
                 after = last.comma.whitespace_after
-                if isinstance(after, cst.ParenthesizedWhitespace):  # its own line's comment stays with it
+                if isinstance(after, cst.ParenthesizedWhitespace):
                     closing = closing.with_changes(first_line=after.first_line, empty_lines=after.empty_lines)
                 kept[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=closing))
             elif not isinstance(closing, cst.ParenthesizedWhitespace):  # all on one line: no trailing comma
                 kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return kept
 
+    def leave_ImportAlias(self, original, updated):
+        """`from torch.nn.functional import binary_cross_entropy` follows the calls it feeds."""
+        if self.plan.rename and isinstance(updated.name, cst.Name) and updated.name.value in RENAMES:
+            self.plan.done.add(LOGITS + ":loss")
+            return updated.with_changes(name=cst.Name(RENAMES[updated.name.value]))
+        return updated
+
+    def leave_Attribute(self, original, updated):
+        """`nn.BCELoss(...)`, `F.binary_cross_entropy(...)`, and either named without a call (`loss = nn.BCELoss`)."""
+        if self.plan.rename and updated.attr.value in RENAMES:
+            self.plan.done.add(LOGITS + ":loss")
+            return updated.with_changes(attr=cst.Name(RENAMES[updated.attr.value]))
+        return updated
+
     def leave_Call(self, original, updated):
         if self._in_d() and not _callee(updated).endswith(".append"):
-            updated = updated.with_changes(args=self._without_sigmoid(updated.args))
-        if self.plan.rename:
-            f = updated.func
-            name = f.attr if isinstance(f, cst.Attribute) else f if isinstance(f, cst.Name) else None
-            if name is not None and name.value in RENAMES:
-                self.plan.done.add(LOGITS + ":loss")
-                new = name.with_changes(value=RENAMES[name.value])
-                updated = updated.with_changes(func=f.with_changes(attr=new) if isinstance(f, cst.Attribute) else new)
+            updated = updated.with_changes(args=self._without_sigmoid(original.args, updated.args))
+        if self.plan.rename and isinstance(updated.func, cst.Name) and updated.func.value in RENAMES:
+            self.plan.done.add(LOGITS + ":loss")  # the name imported from torch.nn(.functional), renamed there too
+            updated = updated.with_changes(func=cst.Name(RENAMES[updated.func.value]))
         line = self._line(original)
         if line in self.plan.keywords:
             suffix, kws = self.plan.keywords[line]
             if _callee(updated).endswith(suffix):
-                updated = _set_keywords(updated, kws)
-                self.plan.done.add(f"keywords:{line}")
+                edited = _set_keywords(updated, kws)
+                if edited is not None:
+                    updated = edited
+                    self.plan.done.add(f"keywords:{line}")
         return updated
 
     # -- statements: autocast, freezing, removals -------------------------------------------------------------
@@ -219,15 +258,17 @@ class _Edits(cst.CSTTransformer):
                 flush()
                 out.append(new)
                 continue
-            if self._in_d() and _appends_sigmoid(new):
+            if self._in_d() and self._appends_final_sigmoid(orig):
                 self.plan.done.add(LOGITS + ":sigmoid")
                 continue
             lines = self._lines(orig)
             group = [new]
-            frozen = [self.plan.freeze[x] for x in lines if x in self.plan.freeze]
-            name = _callee_named(new, frozen[0]) if frozen else None
+            frozen = [x for x in lines if x in self.plan.freeze]
+            name = _callee_named(new, self.plan.freeze[frozen[0]]) if frozen else None
+            if name and _leaves(new):  # D unfrozen after a return would never run: left to do by hand
+                name = None
             if name:
-                self.plan.done.add(FREEZE_D)
+                self.plan.done.update(f"freeze:{x}" for x in frozen)
                 group = [cst.parse_statement(f"{name}.requires_grad_(False)  # no weight gradients for {name} "
                                              "in G's step\n").with_changes(leading_lines=new.leading_lines),
                          new.with_changes(leading_lines=[]),
@@ -258,6 +299,22 @@ class _Edits(cst.CSTTransformer):
         self.plan.done.add("imports")
         return body[:last + 1] + [cst.parse_statement(s + "\n") for s in self.plan.after_imports] + body[last + 1:]
 
+    def _appends_final_sigmoid(self, stmt) -> bool:
+        """`layers.append(nn.Sigmoid())` whose Sigmoid is D's final one."""
+        for small in stmt.body:
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                call = small.value
+                if _callee(call).endswith(".append") and call.args and self._is_final_sigmoid(call.args[0].value):
+                    return True
+        return False
+
+    def _position(self, node):
+        try:
+            pos = self.get_metadata(PositionProvider, node)
+        except KeyError:
+            return None
+        return pos.start.line, pos.start.column
+
     def _line(self, node) -> int | None:
         try:
             return self.get_metadata(PositionProvider, node).start.line
@@ -276,16 +333,30 @@ def _is_sigmoid(node) -> bool:
     return isinstance(node, cst.Call) and _callee(node).split(".")[-1] == "Sigmoid"
 
 
-def _appends_sigmoid(stmt) -> bool:
-    """`layers.append(nn.Sigmoid())` or `layers += [nn.Sigmoid()]` (left empty once its element is removed)."""
-    for small in stmt.body:
-        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-            call = small.value
-            if _callee(call).endswith(".append") and (not call.args or _is_sigmoid(call.args[0].value)):
-                return True
-        if isinstance(small, cst.AugAssign) and isinstance(small.value, cst.List) and not small.value.elements:
-            return True
-    return False
+class _LastSigmoid(cst.CSTVisitor):
+    """The position of the last nn.Sigmoid() call inside a class, in source order."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, cls: str):
+        super().__init__()
+        self.cls, self.classes, self.position = cls, [], None
+
+    def visit_ClassDef(self, node):
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, node):
+        self.classes.pop()
+
+    def visit_Call(self, node):
+        if self.classes and self.classes[-1] == self.cls and _is_sigmoid(node):
+            pos = self.get_metadata(PositionProvider, node).start
+            self.position = (pos.line, pos.column)
+
+
+def _leaves(stmt) -> bool:
+    """A statement after which the next line does not run (return, raise)."""
+    return any(isinstance(small, (cst.Return, cst.Raise)) for small in stmt.body)
 
 
 def _callee(call: cst.Call) -> str:
@@ -308,8 +379,16 @@ def _callee_named(stmt, name: str) -> str | None:
     return found[0] if found else None
 
 
-def _set_keywords(call: cst.Call, kws: dict) -> cst.Call:
-    args = list(call.args)
+def _set_keywords(call: cst.Call, kws: dict) -> cst.Call | None:
+    """The call with keywords set (replaced where given, added otherwise, in the call's own comma style); `fused`
+    drops a `foreach` argument (the two cannot both be True). None when an argument is given by position (a
+    DataLoader's sixth) or through **kwargs: then the edit is left to do by hand."""
+    positional = sum(1 for a in call.args if a.keyword is None and not a.star)
+    if any(a.star == "**" for a in call.args) or ("num_workers" in kws and positional > 5):
+        return None
+    args = [a for a in call.args if not ("fused" in kws and a.keyword is not None and a.keyword.value == "foreach")]
+    if len(args) < len(call.args) and args and not isinstance(call.args[-1].comma, cst.Comma):
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     for k, v in kws.items():
         value = cst.parse_expression(v)
         for i, a in enumerate(args):
@@ -317,11 +396,16 @@ def _set_keywords(call: cst.Call, kws: dict) -> cst.Call:
                 args[i] = a.with_changes(value=value)
                 break
         else:
-            if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
+            new = cst.Arg(value=value, keyword=cst.Name(k),
+                          equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                whitespace_after=cst.SimpleWhitespace("")))
+            if args and isinstance(args[-1].comma, cst.Comma):  # a trailing comma: the new one goes on its own line
+                new = new.with_changes(comma=args[-1].comma)
+                args[-1] = args[-1].with_changes(comma=args[-2].comma if len(args) > 1 and isinstance(
+                    args[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            elif args:
                 args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            args.append(cst.Arg(value=value, keyword=cst.Name(k),
-                                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                                      whitespace_after=cst.SimpleWhitespace(""))))
+            args.append(new)
     return call.with_changes(args=args)
 
 
@@ -340,10 +424,17 @@ def _is_import(stmt) -> bool:
                                                              for s in stmt.body)
 
 
+def _is_cell(file: str) -> bool:
+    """IPython runs each notebook cell from a temporary file that it names In[N] / Cell In[N] in tracebacks."""
+    ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    name = getattr(getattr(ipython, "compile", None), "format_code_name", lambda name: None)(file)
+    return bool(name)
+
+
 def _autocast_item(source: str, ctx: Context) -> str:
-    """`torch.autocast(device.type, ...)` where the script has `device = torch.device(...)`, else the device type
-    measured, as a literal."""
-    device = "device.type" if "device = torch.device(" in source else repr(ctx.device_type)
+    """`torch.autocast(device.type, ...)` where the script binds `device = torch.device(...)` at module level (so the
+    name is in scope at every site), else the device type measured, as a literal."""
+    device = "device.type" if re.search(r"^device = torch\.device\(", source, re.M) else repr(ctx.device_type)
     return f"torch.autocast({device}, dtype=torch.bfloat16)"
 
 
@@ -366,9 +457,14 @@ def _missed(plan: _Plan, parts: set, file: str, patch: Patch) -> None:
     if plan.wrap and AUTOCAST not in plan.done:
         patch.by_hand.append((AUTOCAST, f"{shown}: no plain statement at lines {sorted(plan.wrap)} to wrap in "
                                         "torch.autocast"))
-    if plan.freeze and FREEZE_D not in plan.done:
-        patch.by_hand.append((FREEZE_D, f"{shown}: D's call in G's step at lines {sorted(plan.freeze)} not found "
-                                        "by its name: wrap it in D.requires_grad_(False) / (True)"))
+    missing = sorted(x for x in plan.freeze if f"freeze:{x}" not in plan.done)
+    if missing:
+        patch.by_hand.append((FREEZE_D, f"{shown}: D's call in G's step at line(s) {missing} could not be bracketed "
+                                        "(a return statement, or D called by another name): call "
+                                        "D.requires_grad_(False) before G's step and D.requires_grad_(True) after it"))
+    if plan.rename and plan.sigmoid_class and LOGITS + ":loss" not in plan.done:
+        patch.by_hand.append((LOGITS, f"{shown}: no BCELoss / binary_cross_entropy found to rename: use "
+                                      "nn.BCEWithLogitsLoss where D's output goes into the loss"))
     if plan.sigmoid_class and LOGITS + ":sigmoid" not in plan.done:
         patch.by_hand.append((LOGITS, f"{shown}: class {plan.sigmoid_class} builds its final nn.Sigmoid in a way "
                                       "the doctor cannot edit: remove it by hand"))

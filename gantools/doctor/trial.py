@@ -1,16 +1,19 @@
 """One run of your script for `--try`: with a set of fixes applied at run time (`fixes.Applied`), `warmup`
 iterations left out, then `steps` iterations timed with the device synchronised at each one's end, and every scalar
 you call `backward()` on kept on the device (read once, after the run) for the quality guard. Nothing else is
-hooked, so the times are your loop's own. The script's output is kept, not printed."""
+hooked but what finds G and D (removed once both are found) and a thin wrapper on `backward()`, so the times are
+your loop's own. The script's output is kept, not printed."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import os
 import signal
 import statistics
 import threading
+import traceback
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,8 @@ from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..measuring import IterationClock
 from ..state import ProcessSnapshot, on_interrupt
 from .fixes import Applied, Context
+
+_FIXES_FILE = inspect.getsourcefile(Applied)
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Trial:
     images_per_iteration: float = 0.0
     traceback: str = ""
     output: str = ""
+    ours: bool = False                    # it raised inside gantools' own fix code, not in the script
     samples: torch.Tensor | None = None   # images from G after the run, when asked for (`samples=`)
 
     @property
@@ -57,8 +63,9 @@ class _Pace:
     """Marks an iteration at each step of the optimizer that paces the loop (its place in construction order, as the
     diagnosis saw it), times the measured ones and collects the losses."""
 
-    def __init__(self, device: torch.device, pacer: int, warmup: int, steps: int):
+    def __init__(self, device: torch.device, pacer: int, warmup: int, steps: int, on_mark=None):
         self.device, self.pacer, self.warmup, self.steps = device, pacer, warmup, steps
+        self.on_mark = on_mark or (lambda: None)
         self.owner = (os.getpid(), threading.get_ident())
         self.built: list = []
         self.marks = 0
@@ -76,6 +83,7 @@ class _Pace:
         if not self.mine() or self.pacer >= len(self.built) or opt is not self.built[self.pacer]:
             return
         self.marks += 1
+        self.on_mark()
         if self.marks == self.warmup + 1:
             self.clock.start()
         elif self.marks > self.warmup + 1:
@@ -98,7 +106,8 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     images drawn from G (unconditional: noise shaped like its first input) after the run, for FID."""
     from .script import _user_traceback, execute
 
-    pace = _Pace(torch.device(ctx.device_type), pacer, warmup, steps)
+    watchdog = _Watchdog(timeout)
+    pace = _Pace(torch.device(ctx.device_type), pacer, warmup, steps, on_mark=watchdog.arm)
     out = io.StringIO()
     init = torch.optim.Optimizer.__init__
 
@@ -113,14 +122,19 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
 
     handle = _optim.register_optimizer_step_post_hook(pace.step_hook)
     torch.optim.Optimizer.__init__ = counted_init
+    drawn = None
     try:
-        with ProcessSnapshot(), on_interrupt(interrupt), _time_limit(timeout), contextlib.redirect_stdout(out), \
+        with ProcessSnapshot(), on_interrupt(interrupt), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(out), _workers_ended(), _seeds_moved(seed_offset), \
                 Applied(parts, ctx, on_loss=pace.loss_seen) as applied:
-            outcome, error = execute(path, args)
-            drawn = _draw(applied, samples) if samples and outcome == "measured" else None
+            with watchdog:  # armed while the script runs, nowhere else
+                outcome, error = execute(path, args)
+            if samples and outcome == "measured":
+                drawn = _draw(applied, samples)
     except ScriptInterrupted:  # the Ctrl-C landed outside the script (setting up or tearing down the run)
         raise KeyboardInterrupt() from None
+    except ScriptTimeout:  # the alarm rang as the script stopped, before the watchdog was disarmed
+        outcome, error = "timeout", None
     finally:
         handle.remove()
         torch.optim.Optimizer.__init__ = init
@@ -129,9 +143,21 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     losses = [torch.stack(row).tolist() if row else [] for row in pace.losses]  # the one read, after the run
     trial = Trial(parts, outcome, pace.clock.times_ms[:steps], losses, images_per_iteration, output=out.getvalue())
     if error is not None:
-        trial.traceback = _user_traceback(error, path)
+        trial.ours = _raised_in_fixes(error)
+        trial.traceback = ("".join(traceback.format_exception(error)) if trial.ours
+                           else _user_traceback(error, path))
     trial.samples = drawn
     return trial
+
+
+def _raised_in_fixes(error: BaseException) -> bool:
+    """Whether the error comes from gantools' own fix code (a frame in fixes.py), not from the script."""
+    tb = error.__traceback__
+    while tb is not None:
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(_FIXES_FILE):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 class NotScorable(Exception):
@@ -154,24 +180,37 @@ def _draw(applied: Applied, n: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _seeds_moved(offset: int):
-    """torch.manual_seed, random.seed and numpy's seed moved by `offset` (0: untouched): the run with another seed."""
+    """Every seed the script sets moved by `offset` (0: untouched), for another seed of the same run: torch's
+    manual_seed (CPU and all CUDA devices: `torch.manual_seed` seeds both), `torch.cuda.manual_seed[_all]`
+    (scripts often call them too), Python's `random.seed` and numpy's `np.random.seed`."""
     if not offset:
         yield
         return
     import random
     import sys
-    targets = [(torch, "manual_seed"), (random, "seed")]
+    targets = [(torch, "manual_seed"), (torch.random, "manual_seed"), (torch.cuda, "manual_seed"),
+               (torch.cuda, "manual_seed_all"), (random, "seed")]
     if "numpy" in sys.modules:
         targets.append((sys.modules["numpy"].random, "seed"))
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     for owner, name, original in originals:
-        setattr(owner, name, lambda seed=None, *a, _f=original, **k: _f(None if seed is None else seed + offset,
-                                                                        *a, **k))
+        setattr(owner, name, _moved(original, offset))
     try:
         yield
     finally:
-        for owner, name, original in originals:
+        for owner, name, original in reversed(originals):
             setattr(owner, name, original)
+
+
+def _moved(seed_function, offset: int):
+    def seeded(*args, **kwargs):
+        if args and isinstance(args[0], int):
+            args = (args[0] + offset, *args[1:])
+        for key in ("seed", "a"):
+            if isinstance(kwargs.get(key), int):
+                kwargs[key] += offset
+        return seed_function(*args, **kwargs)
+    return seeded
 
 
 @contextlib.contextmanager
@@ -193,20 +232,32 @@ def _workers_ended():
             it._shutdown_workers()
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float | None):
-    """The whole run within `seconds` (SIGALRM, the main thread only): a fix that hangs the script ends as a
-    timeout, not a stuck doctor."""
-    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _Watchdog:
+    """Ends the run (as a timeout) when no iteration has ended for `seconds`: the first one counts from the start, so
+    a slow set-up gets as long as the diagnosis gave it, and a fix that hangs the loop does not hang the doctor.
+    SIGALRM, in the main thread only; re-armed at each iteration's end, disarmed when the script stops."""
 
-    def alarm(signum, frame):
-        raise ScriptTimeout()
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def __init__(self, seconds: float | None):
+        self.on = bool(seconds) and hasattr(signal, "setitimer") and \
+            threading.current_thread() is threading.main_thread()
+        self.seconds, self.previous = seconds, None
+
+    def arm(self) -> None:
+        if self.on:
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def __enter__(self):
+        if self.on:
+            self.previous = signal.signal(signal.SIGALRM, _alarm)
+            self.arm()
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+        return False
+
+
+def _alarm(signum, frame):
+    raise ScriptTimeout()

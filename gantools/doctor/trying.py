@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import hardware
 from ..bench import QUALITY_TARGET, decide
 from ..errors import DoctorError
-from .fixes import Context, candidates, context
+from .fixes import WORKERS, Context, candidates, context
 from .report import DoctorReport
 from .rules import MachineFacts, not_judged
 from .trial import Trial, run_trial
@@ -59,6 +59,7 @@ class TryReport:
     not_judged: list = field(default_factory=list)
     together: dict | None = None                 # speedup, spread, images_per_sec of all kept fixes vs the start
     interrupted: bool = False
+    error: str = ""                              # why measuring stopped early, when it did (not Ctrl-C)
     quality: dict | None = None                  # the FID check (`--fid`): FIDs, seed spread, limit, verdict
 
     @property
@@ -75,7 +76,7 @@ class TryReport:
                           "start_images_per_sec": self.start_images_per_sec, "kept": self.kept,
                           "tried": [t.__dict__ for t in self.tried], "skipped": self.skipped,
                           "not_judged": self.not_judged, "together": self.together,
-                          "interrupted": self.interrupted, "quality": self.quality})
+                          "interrupted": self.interrupted, "error": self.error, "quality": self.quality})
 
     def __str__(self):
         lines = [f"gantools doctor --try: {self.source} on {self.device} ({self.machine})",
@@ -83,10 +84,13 @@ class TryReport:
                  "warm-up left out); kept if it wins"]
         if self.interrupted:
             lines.append("  interrupted (Ctrl-C): what was measured before it follows; no patch was written")
+        if self.error:
+            lines.append(f"  stopped early: {self.error}; what was measured before it follows")
         for t in self.tried:
             lines.append(f"  {t.outcome:>16}: {t.title}: {t.why}")
             if t.traceback:
-                lines += ["      your script raised with it:"] + ["      " + x for x in t.traceback.splitlines()]
+                who = "gantools' fix raised" if "gantools bug" in t.why else "your script raised with it"
+                lines += [f"      {who}:"] + ["      " + x for x in t.traceback.splitlines()]
         for name, why in self.skipped:
             lines.append(f"  {'not tried':>16}: {name}: {why}")
         if self.together:
@@ -148,12 +152,16 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
         if best:
             progress("measuring all kept fixes together against the start ...")
             a, b = runner.pair((), best, repeats)
+            if b and not b[-1].measured:
+                raise DoctorError(f"all kept fixes together: the run {_failed(b[-1])}")
             ratios = [y.images_per_sec / x.images_per_sec for x, y in zip(a, b)]
             result.together = {"speedup": statistics.median(ratios), "spread": (min(ratios), max(ratios)),
                                "images_per_sec": statistics.median(t.images_per_sec for t in b)}
             start_runs = a
     except KeyboardInterrupt:
         result.interrupted = True
+    except DoctorError as e:  # a run that had worked before failed (the machine, or a flaky script): keep the rest
+        result.error = str(e)
     if start_runs:
         result.start_images_per_sec = statistics.median(t.images_per_sec for t in start_runs)
     return result
@@ -216,8 +224,15 @@ class _Runner:
 
     def run(self, parts: tuple, warmup: int | None = None, steps: int | None = None, **kwargs) -> Trial:
         return run_trial(self.path, self.args, parts, self.ctx, self.pacer, self.images,
-                         self.warmup if warmup is None else warmup, self.steps if steps is None else steps,
+                         self.warmup_for(parts) if warmup is None else warmup, self.steps if steps is None else steps,
                          self.timeout, **kwargs)
+
+    def warmup_for(self, *runs: tuple) -> int:
+        """Warm-up long enough that DataLoader workers are past the batches they prepare ahead (num_workers x
+        prefetch_factor, 2 by default): timed sooner, a run with workers is served from that buffer while one
+        without pays for every batch (the reason `bench.prefetched` exists for tune)."""
+        workers = max([w for w, _, _ in self.ctx.loaders] + [self.ctx.workers for r in runs if WORKERS in r] + [0])
+        return max(self.warmup, 2 * workers + 1) if workers else self.warmup
 
     def pair(self, a: tuple, b: tuple, repeats: int) -> tuple[list, list]:
         """Runs of `a` and `b` back to back, the order alternating per repeat; stops at the first failed run of
@@ -225,12 +240,13 @@ class _Runner:
         runs_a, runs_b = [], []
         for r in range(repeats):
             for which in ((a, b) if r % 2 == 0 else (b, a)):
-                trial = self.run(which)
+                trial = self.run(which, warmup=self.warmup_for(a, b))  # the same warm-up for both
                 if not trial.measured:
                     if which is b and b != a:
                         runs_b.append(trial)
                         return runs_a, runs_b
-                    raise DoctorError(f"the run without the fixes being tried {_failed(trial)}")
+                    raise DoctorError(f"the run without the fixes being tried {_failed(trial)}"
+                                      + (f":\n{trial.traceback}" if trial.traceback else ""))
                 (runs_a if which is a else runs_b).append(trial)
         return runs_a, runs_b
 
@@ -259,11 +275,13 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
 
 
 def _failed(trial: Trial) -> str:
+    if trial.outcome == "raised" and trial.ours:
+        return "failed inside gantools' own fix code: a gantools bug, not yours (please report it)"
     if trial.outcome == "raised":
-        return "raised (its traceback below)"
+        return "raised"
     if trial.outcome == "timeout":
-        return "did not finish in time"
-    return f"{trial.outcome} before the doctor had timed {len(trial.times_ms)} iterations"
+        return "stopped: no iteration ended within --timeout seconds"
+    return f"{trial.outcome} after {len(trial.times_ms)} of the iterations the doctor times"
 
 
 def guard(best: list, candidate: list) -> str | None:
