@@ -285,10 +285,13 @@ class Applied:
     def _wrapped(self, module, forward, autocast: bool, freeze: bool):
         dtype = torch.bfloat16 if self.ctx.bf16 else torch.float16
         device_type, sites, applied = self.ctx.device_type, self.ctx.g_step_sites, self
+        # under torch.compile the site lookup stays out of the graph (dynamo cannot trace frame inspection); made
+        # here, not at import, since importing dynamo changes process-wide settings
+        called_from = torch.compiler.disable(_called_from) if COMPILE in self.parts else _called_from
 
         def run(*args, **kwargs):
             params = []
-            if freeze and _called_from(sites):
+            if freeze and called_from(sites):
                 params = [p for p in module.parameters() if p.requires_grad]
                 applied.frozen_calls += 1
             for p in params:
@@ -359,10 +362,8 @@ class Applied:
             self._set(utils, name, unscaling(getattr(utils, name)))
 
 
-@torch.compiler.disable
 def _called_from(sites) -> bool:
-    """Whether the model was called from one of `sites` (FILE, LINE) of your code (kept out of torch.compile's graph:
-    dynamo cannot trace frame inspection)."""
+    """Whether the model was called from one of `sites` (FILE, LINE) of your code."""
     return location(sys._getframe(2)) in sites
 
 
