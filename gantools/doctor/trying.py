@@ -58,6 +58,7 @@ class TryReport:
     together: dict | None = None                 # speedup, spread, images_per_sec of all kept fixes vs the start
     interrupted: bool = False
     sites: dict = field(default_factory=dict)    # what the kept fixes touched at run time (for the patch)
+    repeats: int = REPEATS                       # paired repeats per comparison (five more when undecided)
 
     @property
     def kept(self) -> list:
@@ -77,7 +78,7 @@ class TryReport:
 
     def __str__(self):
         lines = [f"gantools doctor --try: {self.source} on {self.device} ({self.machine})",
-                 f"  each fix applied at run time, measured against the best so far ({REPEATS}+ paired repeats, "
+                 f"  each fix applied at run time, measured against the best so far ({self.repeats}+ paired repeats, "
                  "warm-up left out); kept if it wins"]
         if self.interrupted:
             lines.append("  interrupted (Ctrl-C): what was measured before it follows; no patch was written")
@@ -123,7 +124,7 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
     ctx = context(report, facts)
     fixes, skipped = candidates(report, facts)
     result = TryReport(str(path), report.device, hardware.machine_info(report.device)["device_name"],
-                       skipped=skipped, not_judged=not_judged(facts))
+                       skipped=skipped, not_judged=not_judged(facts), repeats=repeats)
     runner = _Runner(path, args, ctx, pacer_index(report), report.images_per_step, warmup, steps, timeout)
     best: tuple = ()
     start_runs: list = []
