@@ -77,6 +77,34 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
     return Conclusion(text, gap <= tolerance)
 
 
+def estimate_held(change: str, estimate: float | None, measured: float, spread: tuple | None = None) -> Conclusion:
+    """Whether a speed-up measured on the code itself (`doctor --try`'s paired repeats: `measured`, with the lowest and
+    highest paired ratios in `spread`) bears out the doctor's estimate for that fix: an upper bound ("up to 1.30x",
+    Amdahl's law on a profiled share under an assumption such as "autocast halves the convolutions' time"), or None
+    where it made none ("measure it"). The noise is the wider of `SPEED_BAND` and the spread's half-width. `keep` is
+    True when the measurement stayed within the bound, noise allowed: the estimate held (a bound promises no gain,
+    so a fix that gave none within it does not contradict it)."""
+    noise = max(SPEED_BAND, (spread[1] - spread[0]) / 2 / measured if spread else 0.0)
+    shown = f"{measured:.2f}x" + (f" (paired {spread[0]:.2f}x-{spread[1]:.2f}x)" if spread else "")
+    gained = measured >= 1 + noise
+    text = f"**{change}**: measured {shown}"
+    if estimate is None:
+        return Conclusion(f"{text}; the doctor made no estimate (\"measure it\"), so the measurement is the only "
+                          f"figure: **{'a gain' if gained else 'no gain beyond the noise'}** here.", True)
+    text += f" against the doctor's estimate of up to {estimate:.2f}x"
+    if measured > estimate * (1 + noise):
+        return Conclusion(f"{text}: **more than the estimate allowed**, beyond the noise (±{100 * noise:.0f}%): the "
+                          "assumption behind the estimate was too modest on this machine; the measurement is the "
+                          "figure to trust.", False)
+    within = "within the bound" if measured <= estimate else "above the bound by less than the noise"
+    if not gained:
+        return Conclusion(f"{text}: {within}, but **no gain beyond the noise** (±{100 * noise:.0f}%): an estimate "
+                          "says what a fix could give at most, and here it gave nothing measurable.", True)
+    share = (measured - 1) / (estimate - 1) if estimate > 1 else 1.0
+    return Conclusion(f"{text}: {within}: **the estimate held**, and the fix gave {100 * min(share, 1):.0f}% of the "
+                      "gain it allowed.", True)
+
+
 def same_story(a: dict, b: dict, a_name: str, b_name: str, tolerance: float = 0.10) -> Conclusion:
     """Whether two profiles' shares (`profiling.time_shares`, name -> share) agree within `tolerance` (a share, so
     0.10 is ten points): whether a plain loop's profile and gantools' say the same about where the time goes."""

@@ -89,6 +89,21 @@ def render_glyphs(n: int, image_size: int = 32, channels: int = 1, seed: int = 0
     return x, torch.from_numpy(labels).long()
 
 
+def write_glyph_pngs(root, n: int = 2000, image_size: int = 64, channels: int = 1, seed: int = 0) -> Path:
+    """n rendered glyphs written as PNG files, one sub-folder per digit (root/3/00017.png), the layout torchvision's
+    `ImageFolder` reads: data for a script written the way people write them, which opens image files. Returns root."""
+    from PIL import Image
+
+    root = Path(root)
+    images, labels = render_glyphs(n, image_size, channels, seed=seed)
+    for i, (image, label) in enumerate(zip(images, labels.tolist())):
+        folder = root / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        array = image.permute(1, 2, 0).numpy()
+        Image.fromarray(array[..., 0] if channels == 1 else array).save(folder / f"{i:05d}.png")
+    return root
+
+
 def load_glyphs(image_size: int = 32, channels: int = 1, split: str = "train", root=None, seed: int = 0):
     """Glyphs from the cache under data/glyphs, rendering (seconds) and caching them atomically on first use."""
     if split not in GLYPH_SPLITS:

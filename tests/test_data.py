@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ from PIL import Image
 import gantools.data as gdata
 from gantools import (DataError, DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, TrainConfig, Trainer,
                       data_root, load_glyphs, make_dataset, make_loader, render_glyphs)
+
+from gantools.data import write_glyph_pngs
 
 from conftest import SHARED_DATA
 
@@ -112,6 +115,20 @@ def test_folder_with_class_subfolders_gives_labels_and_resized_images(tmp_path):
     assert image.shape == (3, 32, 32) and image.dtype == torch.uint8
     grey, _ = ImageFolderDataset(tmp_path, image_size=28, channels=1, transform="per-sample")[0]
     assert grey.shape == (1, 28, 28) and grey.dtype == torch.float32
+
+
+def test_glyph_pngs_are_an_image_folder_of_the_rendered_glyphs(tmp_path):
+    """What a plain script's torchvision ImageFolder reads (notebook 06 gives one to `gantools doctor --try`)."""
+    from torchvision.datasets import ImageFolder
+
+    root = write_glyph_pngs(tmp_path / "pngs", n=24, image_size=40, channels=1, seed=5)
+    images, labels = render_glyphs(24, 40, 1, seed=5)
+    folder = ImageFolder(root, loader=lambda p: Image.open(p).copy())
+    assert len(folder) == 24 and folder.classes == sorted({str(x) for x in labels.tolist()})
+    for path, index in folder.samples:
+        i = int(Path(path).stem)
+        assert folder.classes[index] == str(labels[i].item())
+        assert torch.equal(torch.from_numpy(np.asarray(Image.open(path)))[None], images[i])
 
 
 def test_flat_folder_is_one_class(tmp_path):

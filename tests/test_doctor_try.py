@@ -328,6 +328,7 @@ def test_a_fix_that_breaks_the_script_is_rejected_with_its_own_traceback_and_the
     assert "train.py" in broke.traceback and "gantools" not in broke.traceback.replace(str(plain_copy), "")
     assert by_name[fixes.FREEZE_D].outcome in ("kept", "not faster")  # the loop went on
     assert "your script raised with it" in str(result)
+    assert "(2+ paired repeats" in str(result), "the report states the repeats it ran, not the default"
 
 
 SHAPES_OF_D = {  # D's class, and the source line its final Sigmoid is on
@@ -447,10 +448,11 @@ def test_ctrl_c_during_try_prints_what_was_measured_and_writes_no_patch(pngs, tm
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     out, deadline = "", time.monotonic() + 180
     try:
-        while out.count("trying ") < 2 and time.monotonic() < deadline and proc.poll() is None:
+        while "trying " not in out and time.monotonic() < deadline and proc.poll() is None:
             if select.select([proc.stdout], [], [], 1)[0]:
                 out += proc.stdout.readline()
-        assert out.count("trying ") == 2, out  # one fix measured, the next one under way
+        assert "trying " in out, out  # measuring has started
+        time.sleep(1.5)  # inside a run of the script, or between two
         os.killpg(proc.pid, signal.SIGINT)
         rest, err = proc.communicate(timeout=120)
     finally:
@@ -458,5 +460,5 @@ def test_ctrl_c_during_try_prints_what_was_measured_and_writes_no_patch(pngs, tm
     out += rest
     assert proc.returncode == 130, err
     assert "interrupted (Ctrl-C)" in out and "no patch written" in err and "Traceback" not in err
-    assert fixes.AUTOCAST in out.split("interrupted (Ctrl-C)")[1] or "autocast" in out  # the first fix's result
+    assert "gantools doctor --try:" in out  # the report of what was measured before it, printed
     assert not target.exists() and not list(tmp_path.glob(".fix.patch*"))

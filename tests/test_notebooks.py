@@ -80,3 +80,19 @@ def test_stored_outputs_are_one_real_run_top_to_bottom(name):
     assert "real mode" in text and "quick mode (tiny runs" not in text, f"{name}: stored outputs are not a real run"
     size = (NOTEBOOKS / name).stat().st_size
     assert size < 2_000_000, f"{name} is {size / 1e6:.1f} MB: store it smaller"
+
+
+def test_06_measures_the_doctors_fixes_on_its_loop_as_a_script_and_shows_the_patch():
+    """06 writes its loop as a script, runs `gantools doctor --try --patch` on it, shows the diff, sets the doctor's
+    estimates against what --try measured, and times the patched script against the original; its stored run shows
+    the --try report and the patch."""
+    name = "06_your_own_gan.ipynb"
+    code = cells(name, "code")
+    assert any(c.startswith("%%writefile") for c in code), f"{name}: its loop is never written as a script"
+    assert any('"--try"' in c and '"--patch"' in c for c in code), f"{name}: doctor --try --patch is never run"
+    assert any(re.search(r"\bestimate_held\(", c) for c in code), f"{name}: no estimate set against --try's figure"
+    assert any('"patch", "-p1"' in c for c in code), f"{name}: the patch is never applied and timed"
+    nb = json.loads((NOTEBOOKS / name).read_text())
+    shown = json.dumps([c["outputs"] for c in nb["cells"] if c["cell_type"] == "code"])
+    assert "gantools doctor --try:" in shown, f"{name}: the stored run shows no --try report"
+    assert "+++ b/your_gan.py" in shown or "--try kept no fix" in shown, f"{name}: the stored run shows no patch"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gantools import tutorial
-from gantools.conclusions import FID_BAND, SPEED_BAND, agreement, bottleneck, still_learning, verdict
+from gantools.conclusions import (FID_BAND, SPEED_BAND, agreement, bottleneck, estimate_held, still_learning,
+                                  verdict)
 
 TINY = dict(nz=8, ngf=8, ndf=8, batch_size=16)
 
@@ -123,3 +124,15 @@ def test_agreement_between_the_plain_loop_and_the_switch():
     assert agreement(1.58, 1.62).keep and "agree" in str(agreement(1.58, 1.62))
     far = agreement(1.2, 1.8)
     assert not far.keep and "differ by 33%" in far.text
+
+
+def test_a_measured_speedup_is_read_against_the_doctors_upper_bound():
+    held = estimate_held("autocast", 1.5, 1.25, (1.2, 1.3))
+    assert held.keep and "the estimate held" in held.text and "50% of the gain" in held.text
+    beyond = estimate_held("autocast", 1.2, 1.6, (1.5, 1.7))
+    assert not beyond.keep and "more than the estimate allowed" in beyond.text
+    assert estimate_held("autocast", 1.2, 1.6, (1.0, 2.4)).keep, "a spread this wide holds the bound within the noise"
+    nothing = estimate_held("workers", 1.3, 1.01, (0.97, 1.04))
+    assert nothing.keep and "no gain beyond the noise" in nothing.text
+    unestimated = estimate_held("D frozen", None, 1.3)
+    assert unestimated.keep and "no estimate" in unestimated.text and "a gain" in unestimated.text

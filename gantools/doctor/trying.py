@@ -61,6 +61,7 @@ class TryReport:
     interrupted: bool = False
     error: str = ""                              # why measuring stopped early, when it did (not Ctrl-C)
     quality: dict | None = None                  # the FID check (`--fid`): FIDs, seed spread, limit, verdict
+    repeats: int = REPEATS                       # paired repeats per comparison (five more when undecided)
 
     @property
     def kept(self) -> list:
@@ -80,7 +81,7 @@ class TryReport:
 
     def __str__(self):
         lines = [f"gantools doctor --try: {self.source} on {self.device} ({self.machine})",
-                 f"  each fix applied at run time, measured against the best so far ({REPEATS}+ paired repeats, "
+                 f"  each fix applied at run time, measured against the best so far ({self.repeats}+ paired repeats, "
                  "warm-up left out); kept if it wins"]
         if self.interrupted:
             lines.append("  interrupted (Ctrl-C): what was measured before it follows; no patch was written")
@@ -133,7 +134,7 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
     ctx = context(report, facts)
     fixes, skipped = candidates(report, facts)
     result = TryReport(str(path), report.device, hardware.machine_info(report.device)["device_name"],
-                       skipped=skipped, not_judged=not_judged(facts))
+                       skipped=skipped, not_judged=not_judged(facts), repeats=repeats)
     runner = _Runner(path, args, ctx, pacer_index(report), report.images_per_step, warmup, steps, timeout)
     best: tuple = ()
     start_runs: list = []

@@ -1,22 +1,12 @@
 """Write a folder of PNG images (one sub-folder per digit, as torchvision's ImageFolder reads them) from gantools'
 rendered glyphs, for the user-style scripts next to this file: `python glyph_pngs.py OUT [--n 2000] [--size 64]`."""
 import argparse
-from pathlib import Path
+
+from gantools.data import write_glyph_pngs
 
 
-def write_pngs(root, n: int = 2000, size: int = 64, channels: int = 3, seed: int = 0) -> Path:
-    from PIL import Image
-
-    from gantools import render_glyphs
-
-    root = Path(root)
-    images, labels = render_glyphs(n, size, channels, seed=seed)
-    for i, (image, label) in enumerate(zip(images, labels.tolist())):
-        folder = root / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        array = image.permute(1, 2, 0).numpy()
-        Image.fromarray(array[..., 0] if channels == 1 else array).save(folder / f"{i:05d}.png")
-    return root
+def write_pngs(root, n: int = 2000, size: int = 64, channels: int = 3, seed: int = 0):
+    return write_glyph_pngs(root, n, size, channels, seed)
 
 
 if __name__ == "__main__":
