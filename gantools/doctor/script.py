@@ -130,7 +130,7 @@ def _interrupt(doc: Watch):
     (`state.on_interrupt` calls this once, in the main process; a second Ctrl-C acts as usual)."""
     def callback(signum, frame):
         doc.interrupted = True  # remembered: the raise below can land where Python ignores it
-        if frame is not None and frame.f_code.co_name in _AT_FORK and frame.f_code.co_filename == logging.__file__:
+        if ignored_here(frame):
             return  # raising here would be printed and ignored; the next optimizer step raises it instead
         raise ScriptInterrupted()
     return callback
@@ -160,6 +160,19 @@ def _watchdog(doc: Watch, timeout: float | None):
 # logging's at-fork callbacks, run in the parent around every fork (a DataLoader starting its workers): an exception
 # raised in one is printed as "Exception ignored in" with a traceback, and lost (os.register_at_fork)
 _AT_FORK = ("_acquireLock", "_releaseLock")
+
+
+def ignored_here(frame) -> bool:
+    """Whether an exception raised in `frame` would be printed as "Exception ignored" and lost: inside logging's
+    at-fork callbacks (a DataLoader starting its workers) or inside a `__del__` (a DataLoader iterator shutting its
+    workers down) anywhere up the stack."""
+    if frame is not None and frame.f_code.co_name in _AT_FORK and frame.f_code.co_filename == logging.__file__:
+        return True
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _interrupt_if_asked(doc: Watch):

@@ -104,7 +104,7 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     once the script has stopped; the script's own exceptions come back in `Trial.traceback`, as its own.
     `seed_offset`: every seed the script sets is moved by it (another seed of the same run); `samples`: that many
     images drawn from G (unconditional: noise shaped like its first input) after the run, for FID."""
-    from .script import _user_traceback, execute
+    from .script import _user_traceback, execute, ignored_here
 
     watchdog = _Watchdog(timeout)
     pace = _Pace(torch.device(ctx.device_type), pacer, warmup, steps, on_mark=watchdog.arm)
@@ -117,8 +117,9 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
             pace.built.append(opt)
 
     def interrupt(signum, frame):
-        pace.interrupted = True
-        raise ScriptInterrupted()
+        pace.interrupted = True  # the next optimizer step raises it where Python would ignore it (`ignored_here`)
+        if not ignored_here(frame):
+            raise ScriptInterrupted()
 
     handle = _optim.register_optimizer_step_post_hook(pace.step_hook)
     torch.optim.Optimizer.__init__ = counted_init
