@@ -201,7 +201,9 @@ class ProcessSnapshot:
     """The process state a script may change, taken at construction and put back by `restore()` (or as
     `with ProcessSnapshot(): ...`): sys.argv, sys.path, the working directory, torch's CPU RNG and, when CUDA is
     initialised, every device's CUDA RNG, torch's thread count, deterministic algorithms, cudnn.benchmark and the
-    float32 matmul precision. Modules a script imported are its caller's to remove."""
+    TF32 settings (the float32 matmul precision and, on torch >= 2.9, the per-backend strings: a script that used the
+    new API must not leave the next run's legacy reads raising). Modules a script imported are its caller's to
+    remove."""
 
     def __init__(self):
         self.argv, self.path, self.cwd = sys.argv[:], sys.path[:], os.getcwd()
@@ -213,6 +215,7 @@ class ProcessSnapshot:
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.cudnn_benchmark = torch.backends.cudnn.benchmark
         self.matmul_precision = _matmul_precision()
+        self.precision_strings = [(obj, obj.fp32_precision) for obj in _precision_settings()]
 
     def restore(self) -> None:
         sys.argv[:], sys.path[:] = self.argv, self.path
@@ -223,6 +226,8 @@ class ProcessSnapshot:
         os.chdir(self.cwd)  # a script's os.chdir must not move where the caller's files land
         if self.matmul_precision is not None:
             torch.set_float32_matmul_precision(self.matmul_precision)
+        for obj, value in self.precision_strings:  # after the legacy write, as backend_flags restores
+            obj.fp32_precision = value
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gantools import doctor
 from gantools.cli import main
@@ -187,6 +188,28 @@ def test_fp16_scales_each_loss_and_steps_through_one_scaler():
     assert any(not torch.equal(a, b) for a, b in zip(before, d.parameters()))  # the scaler let the steps through
     assert torch.isfinite(grad).all() and grad.abs().max() < 100  # unscaled before the step
     assert "backward" not in torch.Tensor.__dict__ or torch.Tensor.backward.__name__ == "backward"
+
+
+def test_fp16_step_the_scaler_skips_still_ends_an_iteration():
+    """An overflow makes GradScaler skip optimizer.step (no step hook runs): the trial's clock must still see the
+    iteration end, or two iterations would be timed as one."""
+    model = nn.Linear(4, 1)
+    skipped, hooked = [], []
+    post = register_optimizer_step_post_hook(lambda opt, a, k: hooked.append(opt))
+    try:
+        with fixes.Applied((fixes.AUTOCAST,), _ctx(G(), D(), bf16=False),
+                           on_skipped_step=lambda opt, a, k: skipped.append(opt)):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            before = model.weight.detach().clone()
+            (model(torch.randn(8, 4)).mean() * float("inf")).backward()  # inf gradients: this step is skipped
+            opt.step()
+            assert skipped == [opt] and hooked == [] and torch.equal(model.weight, before)
+            opt.zero_grad()
+            model(torch.randn(8, 4)).mean().backward()  # a clean one goes through the optimizer as usual
+            opt.step()
+            assert skipped == [opt] and hooked == [opt] and not torch.equal(model.weight, before)
+    finally:
+        post.remove()
 
 
 def test_fp16_keeps_lr_schedulers_working_and_clips_unscaled_gradients():
@@ -462,3 +485,20 @@ def test_ctrl_c_during_try_prints_what_was_measured_and_writes_no_patch(pngs, tm
     assert "interrupted (Ctrl-C)" in out and "no patch written" in err and "Traceback" not in err
     assert "gantools doctor --try:" in out  # the report of what was measured before it, printed
     assert not target.exists() and not list(tmp_path.glob(".fix.patch*"))
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: one TF32 API")
+def test_tf32_and_cudnn_fixes_work_whichever_tf32_api_the_process_used():
+    """The fixes go through the trainer's `backend_flags`: after a script wrote the per-backend strings (the API
+    torch's deprecation notice asks for), reading the legacy flags would raise instead of applying the fix."""
+    from gantools.hardware import tf32_matmuls
+    from gantools.state import ProcessSnapshot
+    benchmark = torch.backends.cudnn.benchmark
+    with ProcessSnapshot():
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        with fixes.Applied((fixes.CUDNN, fixes.TF32), _ctx(G(), D())):
+            assert torch.backends.cudnn.benchmark and tf32_matmuls()
+            assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee" == torch.backends.cudnn.conv.fp32_precision
+        assert torch.backends.cudnn.benchmark == benchmark

@@ -131,3 +131,16 @@ def test_importing_gantools_changes_nothing_global():
             "print(before == now())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: one TF32 API")
+def test_a_snapshot_undoes_a_script_that_set_tf32_through_the_per_backend_api():
+    """A script following torch's deprecation notice writes `fp32_precision` strings; left behind, they make the
+    legacy reads of the next run in this process (`get_float32_matmul_precision`, `cudnn.allow_tf32`) raise."""
+    precision = torch.get_float32_matmul_precision()
+    with ProcessSnapshot():
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()  # what the next run would meet without the restore
+    assert torch.get_float32_matmul_precision() == precision and torch.backends.cudnn.allow_tf32

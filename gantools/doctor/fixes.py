@@ -18,9 +18,11 @@ How a fix reaches code it did not write (all of it global, so one run at a time,
   next step of its own optimizer (the recipe of one scaler per network; PyTorch's AMP examples, "multiple models").
   A loop that runs both backwards before either step would see G's gradients unscaled with a scale that changed in
   between: only when the scale changes (an overflow, or every 2000 clean steps), and the guard watches the losses.
+  A step the scaler skips (inf/NaN gradients) calls no optimizer step hook: `on_skipped_step` ends the iteration.
 - **Optimizers**: their classes' `__init__` gets `fused=True` (or `foreach=True` where the class has no fused
   kernel). **DataLoaders**: `num_workers`, `persistent_workers` (and `pin_memory` on CUDA) set at construction.
-- **Backend flags**: cudnn.benchmark, TF32 (restored by the trial's `ProcessSnapshot` and here).
+- **Backend flags**: cudnn.benchmark and TF32 through `state.backend_flags`, the trainer's switch, which works
+  whichever TF32 API (legacy or per-backend) the script itself used, and restores both exactly.
 - **torch.compile**: `module.compile()` on first sight (in place; the first call runs eagerly), CUDA only: on a CPU
   compiling costs minutes per trial and rarely pays for models this small."""
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
+from ..state import backend_flags
 from .frames import location
 from .report import DoctorReport
 from .rules import MachineFacts
@@ -181,6 +184,7 @@ class Applied:
     parts: tuple
     ctx: Context
     on_loss: object = None   # called with each scalar your code calls backward() on, before any scaling
+    on_skipped_step: object = None  # called with (optimizer, args, kwargs) when the scaler skipped its step
     seen: dict = field(default_factory=dict)   # id(module) -> "G" / "D" / None for every module with parameters
     models: dict = field(default_factory=dict)  # "G" / "D" -> the module, once called
     g_inputs: list = field(default_factory=list)  # shapes of the tensors G's first call took (noise, labels, ...)
@@ -188,6 +192,7 @@ class Applied:
     _undo: list = field(default_factory=list)
     _finder: object = None
     _in_scaler_step: bool = False
+    _stepped: bool = False
 
     def __enter__(self) -> "Applied":
         p = set(self.parts)
@@ -213,13 +218,11 @@ class Applied:
                 if PIN in p or (WORKERS in p and self.ctx.device_type == "cuda"):
                     kwargs.update(pin_memory=True)
                 self._set(loader, "__init__", _with_kwargs(loader.__init__, kwargs))
-            if CUDNN in p:
-                self._set(torch.backends.cudnn, "benchmark", True)
-            if TF32 in p:
-                self._set(torch.backends.cudnn, "allow_tf32", True)
-                precision = torch.get_float32_matmul_precision()
-                torch.set_float32_matmul_precision("high")  # the documented switch on every torch version
-                self._undo.append(lambda: torch.set_float32_matmul_precision(precision))
+            if CUDNN in p or TF32 in p:  # the trainer's own switch: safe whichever TF32 API the script used
+                flags = backend_flags(tf32=True if TF32 in p else None,
+                                      cudnn_benchmark=True if CUDNN in p else None)
+                flags.__enter__()
+                self._undo.append(lambda: flags.__exit__(None, None, None))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -335,14 +338,18 @@ class Applied:
 
             def scaled_step(self, *a, **k):
                 if applied._in_scaler_step:  # GradScaler.step calls optimizer.step itself
+                    applied._stepped = True
                     return step(*a, **k)
-                applied._in_scaler_step = True
+                applied._in_scaler_step, applied._stepped = True, False
                 try:
                     out = scaler.step(self, *a, **k)
                 finally:
                     applied._in_scaler_step = False
                 scaler.update()
                 unscaled.clear()
+                # inf/NaN gradients: the scaler skipped optimizer.step, so no step hook saw this iteration end
+                if not applied._stepped and applied.on_skipped_step is not None:
+                    applied.on_skipped_step(self, a, k)
                 return out
             opt.step = types.MethodType(scaled_step, opt)
         self._set(torch.optim.Optimizer, "__init__", optimizer_init)

@@ -127,7 +127,7 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     try:
         with ProcessSnapshot(), on_interrupt(interrupt), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(out), _workers_ended(), _seeds_moved(seed_offset), \
-                Applied(parts, ctx, on_loss=pace.loss_seen) as applied:
+                Applied(parts, ctx, on_loss=pace.loss_seen, on_skipped_step=pace.step_hook) as applied:
             with watchdog:  # armed while the script runs, nowhere else
                 outcome, error = execute(path, args)
             if samples and outcome == "measured":
