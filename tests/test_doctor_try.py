@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -290,8 +291,14 @@ def test_the_fid_check_on_a_real_script_trains_the_start_twice_with_moved_seeds(
                             report.images_per_step, 1, 3, 300)
     result = trying.TryReport(str(TUTORIAL), "cpu", "cpu")
     result.tried = [trying.Tried(fixes.FREEZE_D, "freeze", (fixes.FREEZE_D,), "kept", "")]
-    q = trying.quality_check(runner, result, report, "glyphs", 64, lambda line: None)
+    steps = Counter()  # optimizer -> its steps; the pacer's count is the run's iterations
+    handle = register_optimizer_step_post_hook(lambda opt, a, k: steps.update([opt]))
+    try:
+        q = trying.quality_check(runner, result, report, "glyphs", 64, lambda line: None)
+    finally:
+        handle.remove()
     assert q["images"] == 64 and q["start_fid"] > 0 and q["kept_fid"] > 0
+    assert len(steps) == 6 and max(steps.values()) == 64 / report.images_per_step  # 3 runs of G and D: as many images
     assert q["seed_fid"] != q["start_fid"]  # the script seeds itself: moved seeds trained another run
     assert q["spread"] >= 1 and q["limit"] == max(1.1, q["spread"])
 

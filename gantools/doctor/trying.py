@@ -186,7 +186,8 @@ def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, da
 
     def fid(parts, seed_offset=0, what=""):
         progress(f"quality: training {what} for {steps * runner.images:.0f} images, then FID ...")
-        trial = runner.run(parts, warmup=0, steps=steps, seed_offset=seed_offset, samples=meter.n)
+        # a run's first pacer step only starts the clock: `steps - 1` timed laps end it after `steps` iterations
+        trial = runner.run(parts, warmup=0, steps=steps - 1, seed_offset=seed_offset, samples=meter.n)
         if not trial.measured:
             raise DoctorError(f"the quality run of {what} {_failed(trial)}")
         return meter.score(trial.samples)["fid"]
