@@ -298,7 +298,7 @@ def test_the_fid_check_on_a_real_script_trains_the_start_twice_with_moved_seeds(
     finally:
         handle.remove()
     assert q["images"] == 64 and q["start_fid"] > 0 and q["kept_fid"] > 0
-    assert len(steps) == 6 and max(steps.values()) == 64 / report.images_per_step  # 3 runs of G and D: as many images
+    assert len(steps) == 6 and max(steps.values()) == 64 / report.images_per_step  # 3 runs, G and D each
     assert q["seed_fid"] != q["start_fid"]  # the script seeds itself: moved seeds trained another run
     assert q["spread"] >= 1 and q["limit"] == max(1.1, q["spread"])
 
