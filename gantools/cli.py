@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import typing
 from dataclasses import MISSING, fields
@@ -322,8 +323,14 @@ def _try(args: dict, report) -> int:
             print(f"  apply by hand ({fix}): {why}")
         _write_atomically(Path(args["patch"]), patch.diff)
         p = args["patch"]
-        print(f"patch: {p} (edits {', '.join(patch.files)}); apply it with: git apply {p}  (or: patch -p1 < {p})"
-              if patch else f"patch: {p} is empty: no fix was kept")
+        if patch.root != str(Path.cwd().resolve()):  # the script is not below here: apply it from its folder
+            p = os.path.abspath(p)
+            where = f"cd {shlex.quote(patch.root)} && "
+        else:
+            where = ""
+        p = shlex.quote(p)
+        print(f"patch: {args['patch']} (edits {', '.join(patch.files)}); apply it with: {where}git apply {p}  "
+              f"(or: {where}patch -p1 < {p})" if patch else f"patch: {args['patch']} is empty: no fix was kept")
     return 0
 
 

@@ -87,13 +87,16 @@ def _line_of(path: Path, text: str) -> int:
 
 @pytest.mark.slow
 def test_the_patch_applies_keeps_comments_and_the_patched_script_runs_without_the_findings(pngs, tmp_path,
-                                                                                          plain_copy):
+                                                                                          plain_copy, monkeypatch):
     script = plain_copy / "train.py"
     report = diagnose(script, tiny(pngs), tmp_path)
     ctx = fixes.context(report, CPU)
     parts = (fixes.LOGITS, fixes.AUTOCAST, fixes.FREEZE_D, fixes.FUSED, fixes.WORKERS)
-    patch = patching.make_patch(parts, report, ctx, root=plain_copy)
-    assert patch.files == ["train.py"] and not patch.by_hand, patch.by_hand
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the script is not below here: the patch is the script's folder's
+    patch = patching.make_patch(parts, report, ctx)
+    assert patch.root == str(plain_copy.resolve()) and patch.files == ["train.py"], patch.files
+    assert not patch.by_hand, patch.by_hand
     assert script.read_text() == PLAIN.read_text()  # never edited in place
     (tmp_path / "fix.patch").write_text(patch.diff)
     done = subprocess.run(["patch", "-p1", "-i", str(tmp_path / "fix.patch")], cwd=plain_copy, capture_output=True,
@@ -109,6 +112,16 @@ def test_the_patch_applies_keeps_comments_and_the_patched_script_runs_without_th
                             after.images_per_step, 1, 3, 120)
     trial = runner.run(())
     assert trial.measured and trial.finite and trial.losses, trial.traceback
+
+
+def test_a_patch_applies_from_here_when_its_files_are_below_else_from_the_folder_they_share(tmp_path, monkeypatch):
+    files = [str(tmp_path / "project" / "train.py"), str(tmp_path / "project" / "models" / "nets.py")]
+    for folder in ("project", "elsewhere"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert patching._root_for(files) == str(tmp_path)
+    monkeypatch.chdir(tmp_path / "elsewhere")  # `git apply` would refuse the ../project paths
+    assert patching._root_for(files) == str(tmp_path / "project")
 
 
 # -- the fixes at run time ------------------------------------------------------------------------------------------
@@ -324,7 +337,11 @@ def test_try_measures_each_fix_and_the_patch_holds_what_was_kept(pngs, tmp_path,
     assert "not judged on this device (cpu): pinned memory" in printed
     patch = (tmp_path / "fix.patch").read_text()
     if tried["kept"]:
-        assert tried["together"]["speedup"] > 0 and patch.startswith("--- a/")
+        assert tried["together"]["speedup"] > 0 and patch.startswith("--- a/train.py")
+        assert f"apply it with: cd {plain_copy.resolve()} && git apply {tmp_path / 'fix.patch'}" in printed
+        done = subprocess.run(["git", "apply", "--check", str(tmp_path / "fix.patch")], cwd=plain_copy,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr  # as printed, from the script's folder
     else:
         assert patch == "" and "nothing kept" in printed
 

@@ -1,6 +1,6 @@
 """The fixes as source edits of your own files, in your names, made with libcst (a concrete syntax tree: your
 formatting and comments survive) and handed back as a unified diff (`git apply` or `patch -p1`, from the folder the
-doctor ran in). Your files are never written.
+doctor ran in, or the script's folder when the script is not below it). Your files are never written.
 
 Where each edit goes comes from the diagnosed run: the lines that called G and D (autocast wraps those statements),
 the lines of D's calls in G's step (freezing D around them), where each optimizer and DataLoader was built (a keyword
@@ -33,7 +33,8 @@ class Patch:
 
     diff: str = ""
     by_hand: list = field(default_factory=list)   # (fix, why)
-    files: list = field(default_factory=list)
+    files: list = field(default_factory=list)     # relative to `root`
+    root: str = ""                                # the folder to apply it from (absolute)
 
     def __bool__(self):
         return bool(self.diff)
@@ -55,7 +56,8 @@ class _Plan:
 
 
 def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
-    """The edits for `parts` (fix parts, `fixes`) as one unified diff, paths relative to `root` (default: here)."""
+    """The edits for `parts` (fix parts, `fixes`) as one unified diff, paths relative to `root`; by default here, or
+    the folder the edited files share when one is not below here (`git apply` and `patch` refuse `..` in a path)."""
     parts = set(parts)
     plans: dict = defaultdict(_Plan)
     patch = Patch()
@@ -104,7 +106,7 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     if TF32 in parts:
         plans[script].after_imports += ['torch.set_float32_matmul_precision("high")',
                                         "torch.backends.cudnn.allow_tf32 = True"]
-    root = Path(root or os.getcwd()).resolve()
+    edited = []  # (absolute path, before, after)
     for file, plan in sorted(plans.items()):
         path = Path(file)
         if _is_cell(file):  # a notebook cell (IPython keeps each in a temporary file): nothing to patch
@@ -123,11 +125,22 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
             continue
         _missed(plan, parts, file, patch)
         if after != before:
-            rel = os.path.relpath(path.resolve(), root)
-            patch.files.append(rel)
-            patch.diff += "".join(difflib.unified_diff(before.splitlines(keepends=True),
-                                                       after.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"))
+            edited.append((str(path.resolve()), before, after))
+    patch.root = str(Path(root).resolve()) if root else _root_for([f for f, _, _ in edited])
+    for file, before, after in edited:
+        rel = os.path.relpath(file, patch.root)
+        patch.files.append(rel)
+        patch.diff += "".join(difflib.unified_diff(before.splitlines(keepends=True),
+                                                   after.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"))
     return patch
+
+
+def _root_for(files: list) -> str:
+    """Here, when every file is below it; else the folder the files share."""
+    here = str(Path.cwd().resolve())
+    if all(os.path.commonpath([here, f]) == here for f in files):
+        return here
+    return os.path.commonpath([os.path.dirname(f) for f in files])
 
 
 def edit_source(source: str, plan: _Plan) -> str:
