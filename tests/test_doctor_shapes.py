@@ -1,6 +1,7 @@
 """gantools doctor on the loops people write (tests/scripts/): PyTorch-GAN's conditional GAN (G's step first, Variable
 and FloatTensor-era code, numpy noise) and WGAN-GP (five critic steps, a gradient penalty, fakes not detached in D's
-step), a DCGAN under Hugging Face Accelerate, and a loop run by Lightning's Trainer (refused in one line)."""
+step), the tutorials' vanilla MLP GAN on flattened images inside main(), a DCGAN under Hugging Face Accelerate, and a
+loop run by Lightning's Trainer (refused in one line)."""
 import math
 import os
 import re
@@ -8,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +26,7 @@ from gantools.doctor.trying import pacer_index, try_fixes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CGAN, WGAN_GP, ACCELERATE = SCRIPTS / "cgan_mlp.py", SCRIPTS / "wgan_gp_mlp.py", SCRIPTS / "accelerate_dcgan.py"
+VANILLA = SCRIPTS / "vanilla_gan_main.py"
 TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
 PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
 LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
@@ -52,6 +55,9 @@ def flags(script, pngs, epochs=50) -> list:
     if script == ACCELERATE:
         return common + ["--cpu", "--batch_size", "16", "--nz", "16", "--ngf", "8", "--ndf", "8",
                          "--num_epochs", str(epochs)]
+    if script == VANILLA:
+        return common + ["--batch-size", "16", "--img-size", "16", "--nz", "16", "--hidden", "32",
+                         "--epochs", str(epochs)]
     return common + ["--batch_size", "16" if script == CGAN else "8", "--latent_dim", "16", "--hidden", "16",
                      "--sample_interval", "0", "--n_epochs", str(epochs)]
 
@@ -110,6 +116,44 @@ def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
     seen = by_kind["optimizer-for-loop"].seen
     assert "optimizer_G built at " in seen and "optimizer_D built at " in seen and "cgan_mlp.py:" in seen
     assert_in_script_terms(report, CGAN)
+
+
+def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_main_binds(diagnose, pngs, tmp_path):
+    """The vanilla GAN's G returns (B, 256) rows, not an image batch: G is the model feeding the one that returns one
+    value per image. Its loop lives in main(), whose `device = torch.device(...)` the autocast lines name."""
+    report = diagnose(VANILLA)
+    assert report.complete, report.note
+    assert (report.models["G"]["name"], report.models["D"]["name"]) == ("G", "D")
+    assert report.optimizers["G"]["name"] == "g_opt" and report.optimizers["D"]["name"] == "d_opt"
+    assert "sigmoid-bce" in report.kinds()
+    ctx = context(report, facts())
+    (g_step,) = lines_of(VANILLA, "g_loss = loss_fn(D(fake), ones)")
+    assert ctx.g_step_sites == {(str(VANILLA.resolve()), g_step)}
+    patch = make_patch(("logits", "autocast", FREEZE_D), report, ctx, root=SCRIPTS)
+    assert not patch.by_hand, patch.by_hand
+    added = [line[1:].strip() for line in patch.diff.splitlines() if line.startswith("+")]
+    assert added.count("with torch.autocast(device.type, dtype=torch.bfloat16):") == 3, patch.diff
+    assert "fake = G(torch.randn(real.size(0), args.nz, device=device))" in added  # G's line, under autocast
+    assert "D.requires_grad_(False)  # no weight gradients for D in G's step" in added
+    shutil.copy(VANILLA, tmp_path)
+    applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert all(math.isfinite(v) for v in run_copy(VANILLA, tmp_path, pngs))
+
+
+@pytest.mark.parametrize("source, named", [
+    ("import torch\ndevice = torch.device('cpu')\ndef main():\n    x = 1\n", True),  # the module's, seen in main
+    ("import torch\ndef main():\n    device = torch.device('cpu')\n    x = 1\n", True),
+    ("import torch\ndef main(device):\n    x = 1\n", False),  # a parameter: a string, perhaps
+    ("import torch\ndevice = torch.device('cpu')\ndef main():\n    device = 'cpu'\n    x = 1\n", False),
+    ("import torch\ndef setup():\n    device = torch.device('cpu')\ndef main():\n    x = 1\n", False),
+], ids=["module", "main", "parameter", "string", "another-function"])
+def test_autocast_names_device_only_where_the_wrapped_line_sees_a_torch_device(source, named):
+    from gantools.doctor.patching import _autocast_item
+    line = source.splitlines().index("    x = 1") + 1  # the line to wrap, inside main()
+    item = _autocast_item(source, SimpleNamespace(device_type="cuda"), [line])
+    assert item == ("torch.autocast(device.type, dtype=torch.bfloat16)" if named
+                    else "torch.autocast('cuda', dtype=torch.bfloat16)")
 
 
 def test_wgan_gp_counts_five_critic_steps_and_freezes_only_g_steps_call(diagnose):
@@ -189,7 +233,8 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
         assert all(math.isfinite(v) for v in losses), (name, losses)
 
 
-@pytest.mark.parametrize("script", [CGAN, WGAN_GP, ACCELERATE], ids=["cgan", "wgan-gp", "accelerate"])
+@pytest.mark.parametrize("script", [CGAN, WGAN_GP, VANILLA, ACCELERATE],
+                         ids=["cgan", "wgan-gp", "vanilla", "accelerate"])
 def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):
     """Each fix, applied at run time, leaves the script running with finite losses, under Accelerate's wrappers too."""
     report = diagnose(script)

@@ -145,19 +145,25 @@ class Observations:
 
     def classify(self) -> None:
         """G is the model whose output is images and feeds another model, D the model fed by G (else the one
-        returning one value per image); an optimizer over one model's parameters is that model's."""
+        returning one value per image); an MLP's G, whose images are flat rows (B, 784), is the model feeding the one
+        that returns one value per image. An optimizer over one model's parameters is that model's."""
         models = list(self.models.values())
         images = [m for m in models if m.out_shape and len(m.out_shape) == 4 and m.out_shape[-1] > 1
                   and m.out_shape[-2] > 1]
+        scalar = [m for m in models if m.out_shape and math.prod(m.out_shape[1:]) == 1]
         fed = Counter()
         for m in models:
             for producer, n in m.fed_by.items():
                 if producer in images:
                     fed[(producer, m)] += n
+        if not fed:
+            for m in scalar:
+                for producer, n in m.fed_by.items():
+                    if producer is not m and producer not in scalar:
+                        fed[(producer, m)] += n
         if fed:
             g, d = max(fed, key=fed.get)
         else:
-            scalar = [m for m in models if m.out_shape and math.prod(m.out_shape[1:]) == 1]
             g = max(images, key=lambda m: m.calls) if images else None
             d = max(scalar, key=lambda m: m.calls) if scalar else None
         for m, role in ((g, "G"), (d, "D")):

@@ -9,9 +9,9 @@ found as written (a model built dynamically, a Sigmoid kept as an attribute) is 
 the diagnosis saw."""
 from __future__ import annotations
 
+import ast
 import difflib
 import os
-import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -117,9 +117,9 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
             continue
         try:
             before = path.read_text(encoding="utf-8")
-            plan.autocast = _autocast_item(before, ctx)
+            plan.autocast = _autocast_item(before, ctx, plan.wrap)
             after = edit_source(before, plan)
-        except (OSError, UnicodeDecodeError, cst.ParserSyntaxError) as e:
+        except (OSError, UnicodeDecodeError, SyntaxError, cst.ParserSyntaxError) as e:
             patch.by_hand.append((_name_of(plan), f"{os.path.relpath(file)}: cannot be read as Python source here "
                                                   f"({type(e).__name__}): make the changes by hand"))
             continue
@@ -444,11 +444,41 @@ def _is_cell(file: str) -> bool:
     return bool(name)
 
 
-def _autocast_item(source: str, ctx: Context) -> str:
-    """`torch.autocast(device.type, ...)` where the script binds `device = torch.device(...)` at module level (so the
-    name is in scope at every site), else the device type measured, as a literal."""
-    device = "device.type" if re.search(r"^device = torch\.device\(", source, re.M) else repr(ctx.device_type)
+def _autocast_item(source: str, ctx: Context, lines) -> str:
+    """`torch.autocast(device.type, ...)` where the `device` each wrapped line sees is bound by `device =
+    torch.device(...)` (in its function, an enclosing one or the module), else the device type measured, as a literal
+    (a `device` parameter or string could be anything)."""
+    tree = ast.parse(source)
+    seen = [_device_binding(tree, line) for line in lines]
+    device = "device.type" if seen and all(seen) else repr(ctx.device_type)
     return f"torch.autocast({device}, dtype=torch.bfloat16)"
+
+
+def _device_binding(tree: ast.Module, line: int) -> bool:
+    """Whether the nearest binding of `device` that `line` sees is `device = torch.device(...)`."""
+    functions = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)
+    for scope in [*functions, tree]:  # innermost first
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and "device" in {
+                a.arg for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)}:
+            return False
+        assigned = _assignments(scope, "device")
+        if assigned:
+            return all(isinstance(v, ast.Call) and ast.unparse(v.func) == "torch.device" for v in assigned)
+    return False
+
+
+def _assignments(scope, name: str) -> list:
+    """The values assigned to `name` in the scope's own body (nested functions and classes not entered)."""
+    values, todo = [], list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            values.append(node.value)
+        todo.extend(ast.iter_child_nodes(node))
+    return values
 
 
 def _takes_fused(name: str) -> bool:
