@@ -239,14 +239,18 @@ class ProcessSnapshot:
 
 
 # -- Ctrl-C ----------------------------------------------------------------------------------------------------------
+def _silent(*exc_info) -> None:
+    """An excepthook that prints nothing (a DataLoader worker after the Ctrl-C that stops its parent)."""
 @contextlib.contextmanager
 def on_interrupt(callback, signals=(signal.SIGINT,)):
     """Inside the block the first of `signals` (Ctrl-C, Jupyter's interrupt) calls `callback(signum, frame)`
     (which may raise) instead of raising KeyboardInterrupt wherever it lands; it first puts that signal's previous
     handler back, so a second Ctrl-C acts as usual. Only the main thread can receive signals: elsewhere this does
     nothing. A forked child (a DataLoader worker) that inherited the handler ignores the signal: a terminal's Ctrl-C
-    reaches the whole process group, and the worker ends when its parent shuts it down. The previous handlers are
-    back after the block."""
+    reaches the whole process group, and the worker ends when its parent shuts it down. From then on the child prints
+    no tracebacks: its threads fail as the parent goes (multiprocessing's file-descriptor sharer, which hands batches
+    to the parent, reports a broken connection through sys.excepthook), which would read as a crash after a clean
+    stop. The previous handlers are back after the block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -255,6 +259,7 @@ def on_interrupt(callback, signals=(signal.SIGINT,)):
 
     def handler(signum, frame):
         if os.getpid() != owner:
+            sys.excepthook = threading.excepthook = _silent
             return
         signal.signal(signum, previous[signum])
         callback(signum, frame)

@@ -1,7 +1,8 @@
 """gantools doctor on the loops people write (tests/scripts/): PyTorch-GAN's conditional GAN (G's step first, Variable
 and FloatTensor-era code, numpy noise) and WGAN-GP (five critic steps, a gradient penalty, fakes not detached in D's
-step), the tutorials' vanilla MLP GAN on flattened images inside main(), a DCGAN under Hugging Face Accelerate, and a
-loop run by Lightning's Trainer (refused in one line)."""
+step), the tutorials' vanilla MLP GAN on flattened images inside main(), a DCGAN written as a trainer class
+(`self.G`, `self.opt_d`), a DCGAN under Hugging Face Accelerate, and a loop run by Lightning's Trainer (refused in one
+line)."""
 import math
 import os
 import re
@@ -26,7 +27,7 @@ from gantools.doctor.trying import pacer_index, try_fixes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CGAN, WGAN_GP, ACCELERATE = SCRIPTS / "cgan_mlp.py", SCRIPTS / "wgan_gp_mlp.py", SCRIPTS / "accelerate_dcgan.py"
-VANILLA = SCRIPTS / "vanilla_gan_main.py"
+VANILLA, TRAINER_CLASS = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "trainer_class_dcgan.py"
 TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
 PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
 LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
@@ -55,6 +56,8 @@ def flags(script, pngs, epochs=50) -> list:
     if script == ACCELERATE:
         return common + ["--cpu", "--batch_size", "16", "--nz", "16", "--ngf", "8", "--ndf", "8",
                          "--num_epochs", str(epochs)]
+    if script == TRAINER_CLASS:
+        return common + ["--batch-size", "16", "--nz", "16", "--width", "8", "--epochs", str(epochs)]
     if script == VANILLA:
         return common + ["--batch-size", "16", "--img-size", "16", "--nz", "16", "--hidden", "32",
                          "--epochs", str(epochs)]
@@ -141,19 +144,45 @@ def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_mai
     assert all(math.isfinite(v) for v in run_copy(VANILLA, tmp_path, pngs))
 
 
+def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagnose, pngs, tmp_path):
+    """Models, optimizers and the device as attributes of a trainer object: the report and the patch name them as the
+    code does (`self.D`, `self.opt_g`, `self.device.type`), not by their classes."""
+    report = diagnose(TRAINER_CLASS)
+    assert report.complete, report.note
+    assert (report.models["G"]["name"], report.models["D"]["name"]) == ("self.G", "self.D")
+    assert (report.optimizers["G"]["name"], report.optimizers["D"]["name"]) == ("self.opt_g", "self.opt_d")
+    for f in report.findings:  # this script has a `self.criterion` of its own: no tutorial names to look for
+        assert not re.search(r"\b(netD|netG|optimizerD|optimizerG|Adam|Discriminator)\.", f.change + f.patch), f.kind
+    ctx = context(report, facts())
+    patch = make_patch(("logits", "autocast", FREEZE_D), report, ctx, root=SCRIPTS)
+    assert not patch.by_hand, patch.by_hand
+    added = [line[1:].strip() for line in patch.diff.splitlines() if line.startswith("+")]
+    assert added.count("with torch.autocast(self.device.type, dtype=torch.bfloat16):") == 3, patch.diff
+    assert "self.D.requires_grad_(False)  # no weight gradients for self.D in G's step" in added
+    assert "self.criterion = nn.BCEWithLogitsLoss()" in added
+    shutil.copy(TRAINER_CLASS, tmp_path)
+    applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert all(math.isfinite(v) for v in run_copy(TRAINER_CLASS, tmp_path, pngs))
+
+
 @pytest.mark.parametrize("source, named", [
     ("import torch\ndevice = torch.device('cpu')\ndef main():\n    x = 1\n", True),  # the module's, seen in main
     ("import torch\ndef main():\n    device = torch.device('cpu')\n    x = 1\n", True),
     ("import torch\ndef main(device):\n    x = 1\n", False),  # a parameter: a string, perhaps
     ("import torch\ndevice = torch.device('cpu')\ndef main():\n    device = 'cpu'\n    x = 1\n", False),
     ("import torch\ndef setup():\n    device = torch.device('cpu')\ndef main():\n    x = 1\n", False),
-], ids=["module", "main", "parameter", "string", "another-function"])
+    ("import torch\nclass T:\n    def __init__(self):\n        self.device = torch.device('cpu')\n"
+     "    def main(self):\n        x = 1\n", "self.device"),  # a trainer class's attribute
+    ("import torch\nclass T:\n    def __init__(self, device):\n        self.device = device\n"
+     "    def main(self):\n        x = 1\n", False),
+], ids=["module", "main", "parameter", "string", "another-function", "self-device", "self-device-parameter"])
 def test_autocast_names_device_only_where_the_wrapped_line_sees_a_torch_device(source, named):
     from gantools.doctor.patching import _autocast_item
-    line = source.splitlines().index("    x = 1") + 1  # the line to wrap, inside main()
+    line = [x.strip() for x in source.splitlines()].index("x = 1") + 1  # the line to wrap, inside main()
     item = _autocast_item(source, SimpleNamespace(device_type="cuda"), [line])
-    assert item == ("torch.autocast(device.type, dtype=torch.bfloat16)" if named
-                    else "torch.autocast('cuda', dtype=torch.bfloat16)")
+    expected = {True: "device.type", False: "'cuda'"}.get(named, f"{named}.type")
+    assert item == f"torch.autocast({expected}, dtype=torch.bfloat16)"
 
 
 def test_wgan_gp_counts_five_critic_steps_and_freezes_only_g_steps_call(diagnose):
@@ -233,8 +262,8 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
         assert all(math.isfinite(v) for v in losses), (name, losses)
 
 
-@pytest.mark.parametrize("script", [CGAN, WGAN_GP, VANILLA, ACCELERATE],
-                         ids=["cgan", "wgan-gp", "vanilla", "accelerate"])
+@pytest.mark.parametrize("script", [CGAN, WGAN_GP, VANILLA, TRAINER_CLASS, ACCELERATE],
+                         ids=["cgan", "wgan-gp", "vanilla", "trainer-class", "accelerate"])
 def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):
     """Each fix, applied at run time, leaves the script running with finite losses, under Accelerate's wrappers too."""
     report = diagnose(script)

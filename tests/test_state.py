@@ -144,3 +144,32 @@ def test_a_snapshot_undoes_a_script_that_set_tf32_through_the_per_backend_api():
         with pytest.raises(RuntimeError):
             torch.get_float32_matmul_precision()  # what the next run would meet without the restore
     assert torch.get_float32_matmul_precision() == precision and torch.backends.cudnn.allow_tf32
+
+
+def test_a_forked_worker_that_got_the_ctrl_c_prints_no_tracebacks():
+    """A DataLoader worker gets the terminal's Ctrl-C with its parent; its threads then fail as the parent goes
+    (multiprocessing's fd sharer reports through sys.excepthook): noise after a clean stop, so the worker goes quiet.
+    Before the Ctrl-C it prints as usual."""
+    with on_interrupt(lambda *a: None):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                os.close(r)
+                sys.stderr = os.fdopen(w, "w", buffering=1)
+                for when in ("before", "after"):
+                    try:
+                        raise ValueError(f"{when} the Ctrl-C")
+                    except ValueError:
+                        sys.excepthook(*sys.exc_info())
+                    if when == "before":
+                        os.kill(os.getpid(), signal.SIGINT)
+                sys.stderr.flush()
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.waitpid(pid, 0)
+        with os.fdopen(r) as pipe:
+            printed = pipe.read()
+    assert "ValueError: before the Ctrl-C" in printed and "after the Ctrl-C" not in printed, printed
+    assert sys.excepthook is sys.__excepthook__  # the parent's own hooks untouched

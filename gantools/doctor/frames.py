@@ -52,13 +52,20 @@ def shown(filename: str) -> str:
 
 
 def name_in_frames(obj, frame) -> str | None:
-    """The name your code gives `obj`: a local or global bound to it in the first of your frames that has one."""
+    """The name your code gives `obj`: a local or global bound to it in the first of your frames that has one, or an
+    attribute of that frame's `self` (`self.G`, `self.opt_d`: a loop written as a trainer class's method)."""
     while frame is not None:
         if yours(frame.f_code.co_filename):
             for scope in (frame.f_locals, frame.f_globals):
                 for name, value in scope.items():
                     if (value is obj or _wraps(value, obj)) and not name.startswith("_") and name != "self":
                         return name
+            me = frame.f_locals.get("self")
+            if me is not None and me is not obj:  # an nn.Module keeps its submodules in _modules, not in __dict__
+                attributes = {**(getattr(me, "_modules", None) or {}), **getattr(me, "__dict__", {})}
+                for name, value in attributes.items():
+                    if (value is obj or _wraps(value, obj)) and not name.startswith("_"):
+                        return f"self.{name}"
         frame = frame.f_back
     return None
 

@@ -446,26 +446,41 @@ def _is_cell(file: str) -> bool:
 
 def _autocast_item(source: str, ctx: Context, lines) -> str:
     """`torch.autocast(device.type, ...)` where the `device` each wrapped line sees is bound by `device =
-    torch.device(...)` (in its function, an enclosing one or the module), else the device type measured, as a literal
-    (a `device` parameter or string could be anything)."""
+    torch.device(...)` (in its function, an enclosing one or the module), `self.device.type` in the methods of a class
+    that sets `self.device = torch.device(...)`, else the device type measured, as a literal (a `device` parameter or
+    string could be anything)."""
     tree = ast.parse(source)
-    seen = [_device_binding(tree, line) for line in lines]
-    device = "device.type" if seen and all(seen) else repr(ctx.device_type)
+    seen = {_device_expression(tree, line) for line in lines}
+    device = seen.pop() if len(seen) == 1 and None not in seen else repr(ctx.device_type)
     return f"torch.autocast({device}, dtype=torch.bfloat16)"
 
 
-def _device_binding(tree: ast.Module, line: int) -> bool:
-    """Whether the nearest binding of `device` that `line` sees is `device = torch.device(...)`."""
-    functions = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)
-    for scope in [*functions, tree]:  # innermost first
-        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and "device" in {
+def _device_expression(tree: ast.Module, line: int) -> str | None:
+    """`device.type` when the nearest binding of `device` that `line` sees is `device = torch.device(...)`;
+    `self.device.type` when no `device` is bound there and `line` is in a method of a class setting `self.device =
+    torch.device(...)`; None otherwise."""
+    around = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)  # innermost first
+    for scope in [*(n for n in around if not isinstance(n, ast.ClassDef)), tree]:
+        if not isinstance(scope, ast.Module) and "device" in {
                 a.arg for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)}:
-            return False
+            return None
         assigned = _assignments(scope, "device")
         if assigned:
-            return all(isinstance(v, ast.Call) and ast.unparse(v.func) == "torch.device" for v in assigned)
-    return False
+            return "device.type" if all(_is_torch_device(v) for v in assigned) else None
+    method = next((n for n in around if not isinstance(n, ast.ClassDef)), None)
+    owner = next((n for n in around if isinstance(n, ast.ClassDef)), None)
+    if method is None or owner is None or method not in owner.body or not method.args.args \
+            or method.args.args[0].arg != "self":
+        return None
+    assigned = [node.value for node in ast.walk(owner) if isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and t.attr == "device" and isinstance(t.value, ast.Name) and t.value.id == "self"
+        for t in node.targets)]
+    return "self.device.type" if assigned and all(_is_torch_device(v) for v in assigned) else None
+
+
+def _is_torch_device(value) -> bool:
+    return isinstance(value, ast.Call) and ast.unparse(value.func) == "torch.device"
 
 
 def _assignments(scope, name: str) -> list:
