@@ -166,6 +166,28 @@ def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagno
     assert all(math.isfinite(v) for v in run_copy(TRAINER_CLASS, tmp_path, pngs))
 
 
+def test_models_and_optimizers_are_named_as_the_code_reaches_them():
+    """A plain name first; else `self.X` in a method; else an attribute of a module or of an object of your class
+    (`gan.generator`, `pair.opt`), never the class's name (the report's and the patch's names are the code's)."""
+    from gantools.doctor.frames import name_in_frames
+
+    class Pair:
+        def __init__(self):
+            self.G = torch.nn.Linear(1, 1)
+            self.opt = torch.optim.SGD(self.G.parameters(), lr=0.1)
+
+        def name_of_g(self):
+            return name_in_frames(self.G, sys._getframe())
+
+    pair, gan = Pair(), torch.nn.Module()
+    gan.generator = torch.nn.Linear(1, 1)
+    here = sys._getframe()
+    assert (name_in_frames(pair.G, here), name_in_frames(pair.opt, here)) == ("pair.G", "pair.opt")
+    assert name_in_frames(gan.generator, here) == "gan.generator" and pair.name_of_g() == "self.G"
+    d = gan.generator
+    assert name_in_frames(d, sys._getframe()) == "d"
+
+
 @pytest.mark.parametrize("source, named", [
     ("import torch\ndevice = torch.device('cpu')\ndef main():\n    x = 1\n", True),  # the module's, seen in main
     ("import torch\ndef main():\n    device = torch.device('cpu')\n    x = 1\n", True),

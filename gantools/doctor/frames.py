@@ -52,22 +52,48 @@ def shown(filename: str) -> str:
 
 
 def name_in_frames(obj, frame) -> str | None:
-    """The name your code gives `obj`: a local or global bound to it in the first of your frames that has one, or an
-    attribute of that frame's `self` (`self.G`, `self.opt_d`: a loop written as a trainer class's method)."""
+    """The name your code gives `obj`, from the first of your frames that has one: a local or global bound to it, an
+    attribute of that frame's `self` (`self.G`, `self.opt_d`: a loop written as a trainer class's method), or an
+    attribute of a local or global that is a module or an object of a class of yours (`gan.generator`)."""
     while frame is not None:
         if yours(frame.f_code.co_filename):
-            for scope in (frame.f_locals, frame.f_globals):
+            scopes = (frame.f_locals, frame.f_globals)
+            for scope in scopes:
                 for name, value in scope.items():
-                    if (value is obj or _wraps(value, obj)) and not name.startswith("_") and name != "self":
+                    if _is(value, obj) and name.isidentifier() and not name.startswith("_") and name != "self":
                         return name
             me = frame.f_locals.get("self")
-            if me is not None and me is not obj:  # an nn.Module keeps its submodules in _modules, not in __dict__
-                attributes = {**(getattr(me, "_modules", None) or {}), **getattr(me, "__dict__", {})}
-                for name, value in attributes.items():
-                    if (value is obj or _wraps(value, obj)) and not name.startswith("_"):
-                        return f"self.{name}"
+            if me is not None and me is not obj:
+                name = _attribute_naming(me, obj)
+                if name:
+                    return f"self.{name}"
+            for scope in scopes:
+                for owner, value in list(scope.items()):
+                    if owner.startswith("_") or owner == "self" or not owner.isidentifier() or not (
+                            isinstance(value, nn.Module) or _of_your_class(value)):
+                        continue
+                    name = _attribute_naming(value, obj)
+                    if name:
+                        return f"{owner}.{name}"
         frame = frame.f_back
     return None
+
+
+def _is(value, obj) -> bool:
+    return value is obj or _wraps(value, obj)
+
+
+def _of_your_class(value) -> bool:
+    """An instance of a class your code defines (its methods' code is in your files)."""
+    return any(yours(f.__code__.co_filename) for f in vars(type(value)).values() if hasattr(f, "__code__"))
+
+
+def _attribute_naming(owner, obj) -> str | None:
+    """The attribute of `owner` bound to `obj` (an nn.Module keeps its submodules in _modules, not in __dict__)."""
+    if owner is obj:
+        return None
+    attributes = {**(getattr(owner, "_modules", None) or {}), **(getattr(owner, "__dict__", None) or {})}
+    return next((name for name, value in attributes.items() if _is(value, obj) and not name.startswith("_")), None)
 
 
 def _wraps(value, obj) -> bool:
