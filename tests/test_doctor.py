@@ -224,6 +224,30 @@ def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
     assert_nothing_left_behind()
 
 
+def test_each_epoch_start_of_workers_that_do_not_persist_is_timed(glyphs64):
+    """A DataLoader whose workers are not persistent starts new ones every epoch: the time from its new iterator to
+    the first batch is measured (the workers-restart finding's evidence); persistent workers start once."""
+    G, D = BatchFreeG(), BatchFreeD()
+    opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+
+    def train_step(batch):
+        real = batch[0].float() / 127.5 - 1
+        opt_d.zero_grad()
+        (D(G(torch.randn(real.shape[0], 8)).detach()).mean() - D(real).mean()).backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        (-D(G(torch.randn(real.shape[0], 8))).mean()).backward()
+        opt_g.step()
+
+    for persistent in (False, True):
+        loader = DataLoader(glyphs64, batch_size=16, num_workers=1, persistent_workers=persistent)
+        report = doctor.run(train_step, loader, steps=2, warmup=1)
+        (seen,) = report.settings["dataloaders"]
+        assert seen["batches_per_epoch"] == 4 and seen["persistent_workers"] == persistent
+        assert (seen["epoch_start_ms"] is None) if persistent else seen["epoch_start_ms"] > 0, seen
+    assert_nothing_left_behind()
+
+
 def test_a_bug_in_the_doctor_is_not_blamed_on_the_script(pngs, monkeypatch):
     monkeypatch.setattr(Hooks, "_model", None)  # a hook of ours now fails inside gantools/doctor/
     with pytest.raises(TypeError, match="not callable"):  # raised as ours, with its traceback, not as ScriptError

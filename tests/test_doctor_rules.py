@@ -50,6 +50,8 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
     "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader()]}), CPU),
     "too-many-workers": (report(settings={"dataloaders": [loader(num_workers=16)]}), CPU),  # Lightning's example
+    "workers-restart": (report(settings={"dataloaders": [  # 2.5 s to restart spawned workers, 4 batches an epoch
+        {**loader(num_workers=2), "epoch_start_ms": 2500.0, "batches_per_epoch": 4}]}), CPU),
     "pin-memory": (report("cuda:0", settings={"h2d_copy_ms": 10.0, "dataloaders": [loader(num_workers=4)]}),
                    dataclasses.replace(A100, cudnn_benchmark=True)),
     "host-sync": (report(host_syncs_per_step=3.0, device_busy_ms=50.0,
@@ -72,6 +74,8 @@ NOT_FIRING = {
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
     "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader(num_workers=4)]}), CPU),
     "too-many-workers": (report(settings={"dataloaders": [loader(num_workers=2)]}), CPU),  # one per core
+    "workers-restart": (report(settings={"dataloaders": [  # forked workers, 1,000 batches an epoch: 0.05 ms each
+        {**loader(num_workers=2), "epoch_start_ms": 50.0, "batches_per_epoch": 1000}]}), CPU),
     "pin-memory": (FIRES["pin-memory"][0], CPU),  # no GPU: nothing to pin for
     "host-sync": (report(host_syncs_per_step=0.5), A100),  # one read every other iteration
     "sigmoid-bce": (report(settings={"loss_ops_per_iteration": {"aten::binary_cross_entropy_with_logits": 3.0}}),

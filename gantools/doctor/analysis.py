@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
@@ -274,10 +275,24 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     s["d_last_module"] = d.last_module if d else None
     s["d_final_sigmoid"] = d.sigmoid_path if d else None
     s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
-    s["dataloaders"] = [dict(describe_loader(loader), built_at=_at(obs.built_at.get(id(loader))))
+    s["dataloaders"] = [dict(describe_loader(loader), built_at=_at(obs.built_at.get(id(loader))),
+                             epoch_start_ms=_median(obs.epoch_starts.get(id(loader))),
+                             batches_per_epoch=_length(loader))
                         for loader in obs.loaders]
     g_opt = obs.optimizer_of("G")
     s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / n) if g_opt and d else 0
     if facts.cuda:
         s["cudnn_benchmark"], s["tf32"], s["gpu"] = facts.cudnn_benchmark, facts.tf32, facts.gpu
     return s
+
+
+def _median(values) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
+def _length(loader) -> int | None:
+    """Batches per epoch (None for a dataset without a length)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None

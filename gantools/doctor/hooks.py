@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections import Counter
 
 import torch
@@ -269,22 +270,35 @@ class Hooks:
 
     # -- data -----------------------------------------------------------------------------------------------------
     def _wrap_iter(self, original):
-        obs = self.obs
+        obs, hooks = self.obs, self
 
         def __iter__(loader):
             if loader not in obs.loaders:
                 obs.loaders.append(loader)
-            return original(loader)
+            restarts = loader.num_workers > 0 and not loader.persistent_workers and hooks.mine()
+            started = time.perf_counter()
+            it = original(loader)
+            if restarts:  # a new iterator starts new workers: timed until its first batch is in (`__next__`)
+                it._gantools_epoch_start = (loader, started)
+            return it
         return __iter__
 
     def _wrap_next(self, original):
         hooks = self
 
         def __next__(it):
-            if hooks.in_data or not hooks.mine():
+            if not hooks.mine():
                 return original(it)
-            hooks.obs.data_site = hooks.obs.data_site or site(sys._getframe(1))[0]
-            return hooks.fetch(lambda: original(it))
+            start = it.__dict__.pop("_gantools_epoch_start", None)
+            if hooks.in_data:  # inside a fetch already (`watch.data`)
+                batch = original(it)
+            else:
+                hooks.obs.data_site = hooks.obs.data_site or site(sys._getframe(1))[0]
+                batch = hooks.fetch(lambda: original(it))
+            if start is not None:
+                loader, started = start
+                hooks.obs.epoch_starts.setdefault(id(loader), []).append(1e3 * (time.perf_counter() - started))
+            return batch
         return __next__
 
     def fetch(self, get):

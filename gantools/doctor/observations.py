@@ -104,6 +104,7 @@ class Observations:
     ranges: dict = field(default_factory=dict)        # profiler range id -> Call or Optimizer
     data_site: str | None = None                      # where your loop takes its batches
     loaders: list = field(default_factory=list)
+    epoch_starts: dict = field(default_factory=dict)  # id(DataLoader) -> ms from a new iterator to its first batch
     losses: Counter = field(default_factory=Counter)  # loss modules called at the top level
     conv_shapes: defaultdict = field(default_factory=lambda: defaultdict(set))  # conv -> input shapes seen
     window: Window = field(default_factory=Window)

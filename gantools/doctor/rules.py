@@ -118,6 +118,30 @@ def too_many_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         notebook("num_workers"), None)
 
 
+def workers_restart(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    step = r.step_time_ms
+    batches_per_iteration = r.images_per_step / r.batch_size if r.images_per_step and r.batch_size else 1.0
+    for x in r.settings["dataloaders"]:
+        ms, batches = x.get("epoch_start_ms"), x.get("batches_per_epoch")
+        if not (x["num_workers"] > 0 and not x["persistent_workers"] and ms and batches):
+            continue
+        per_iteration = ms * batches_per_iteration / batches
+        gain = amdahl(step, min(per_iteration, step))
+        if gain < MIN_GAIN:
+            continue
+        return Finding(
+            "workers-restart", "the DataLoader starts its workers again every epoch",
+            f"DataLoader(num_workers={x['num_workers']}, persistent_workers=False){_built(x)}: each epoch's start "
+            f"takes {ms:.0f} ms to its first batch, over {batches} batches an epoch: {per_iteration:.1f} ms per "
+            f"iteration ({100 * per_iteration / step:.0f}% of a {step:.1f} ms iteration)",
+            "without persistent workers every epoch's iterator starts new worker processes, which (with spawn, the "
+            "default on macOS and Windows) import torch and your script again, and the loop waits for their first "
+            "batches; persistent workers start once",
+            f"DataLoader(dataset, ..., num_workers={x['num_workers']}, persistent_workers=True)",
+            notebook("num_workers"), gain)
+    return None
+
+
 def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     s, step = r.settings, r.step_time_ms
     h2d = s.get("h2d_copy_ms", 0.0)
@@ -342,8 +366,8 @@ def not_judged(facts: MachineFacts) -> list:
             "fp16 with a GradScaler, cudnn.benchmark, TF32 and torch.compile (CUDA settings)"]
 
 
-RULES = (per_sample_transforms, no_workers, too_many_workers, pin_memory, host_sync, sigmoid_bce, fp32_convolutions, d_grads_in_g_step,
-         optimizer_for_loop, channels_last, cudnn_benchmark, tf32)
+RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync, sigmoid_bce,
+         fp32_convolutions, d_grads_in_g_step, optimizer_for_loop, channels_last, cudnn_benchmark, tf32)
 
 
 def findings(r: DoctorReport, facts: MachineFacts) -> list:
