@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-browser book workbook setup chromium clean
+.PHONY: lab test test-browser book workbook setup chromium clean gpu-evidence gpu-wheels
 
 # Create .venv if missing, then install the project with pinned versions.
 # Re-runs only when pyproject.toml or constraints.txt change.
@@ -65,5 +65,17 @@ workbook: setup
 	    echo "$$nb: $$(( $$(date +%s) - t )) s"; \
 	done; echo "the whole workbook: $$(( ($$(date +%s) - start) / 60 )) min"
 
+# The evidence a GPU machine owes the project, in one command under 8 minutes (docs/testing.md, "On a GPU"): run with
+# the machine's own Python, the one that has torch (PYTHON=...), never .venv's; what it lacks comes from gpu-wheels/.
+# DRY=1 runs the same parts on a CPU at tiny sizes (make test does). The report goes to $GANTOOLS_EVIDENCE_DIR.
+gpu-evidence:
+	$(PYTHON) gpu/evidence.py $(if $(DRY),--dry)
+
+# The wheel folder for gpu-evidence, made here (it needs the package registry): what gantools and the notebook
+# runner need beside the GPU machine's torch, for its Python (GPU_PYTHON_VERSION), under 60 MB.
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels:
+	$(PYTHON) gpu/wheels.py --out gpu-wheels --python-version $(GPU_PYTHON_VERSION)
+
 clean:
-	rm -rf $(VENV) runs notebooks/runs .pytest_cache artifacts build
+	rm -rf $(VENV) runs notebooks/runs .pytest_cache artifacts build gpu-evidence gpu-wheels

@@ -8,8 +8,9 @@ each optimizer implementation), gradient accumulation,
 channels_last, torch.compile (default; reduce-overhead on CUDA), TF32 and cudnn.benchmark on CUDA), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
 penalty also with fp16 + GradScaler and with CUDA graphs), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
-no host sync, so `gantools profile` must count none, its own synchronisations left out) and a dataset of your own
-that returns its images already on the GPU (trained with the defaults: nothing pinned, no workers), and DDP with
+no host sync, so `gantools profile` must count none, its own synchronisations left out), a dataset of your own
+that returns its images already on the GPU (trained with the defaults: nothing pinned, no workers) and a real
+out-of-memory (`OOM_ROW`: told apart by `recovery.is_out_of_memory`, then training goes on), and DDP with
 2 processes (gloo on a CPU, NCCL where 2 GPUs exist) it checks:
 - every logged loss is finite;
 - no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
@@ -55,6 +56,7 @@ BASE = dict(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, log_in
             checkpoint_interval=0, loader="dataloader", num_workers=0)
 STEPS = 2  # per segment: 2 steps, checkpoint, 2 steps; then back to the checkpoint and the same 2 steps again
 PROFILE_ROW = "profile: no host syncs in the step"
+OOM_ROW = "out of memory told apart, then training again"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
 CUDA_TENSORS = "a dataset returning CUDA tensors"
 
@@ -79,12 +81,12 @@ OPTIMIZER_PHASES = ("D optimizer step", "G optimizer step")
 SYNC_MODE_NOTICE = "Synchronization debug mode is a prototype feature"  # said once, when the mode is first set
 
 
-def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
+def techniques(device: torch.device, compile_ok: bool, fast_bf16: bool | None = None) -> dict[str, dict]:
     """technique -> config changes from BASE, for what this device supports: fp32, every technique's check rows
-    (`techniques.TECHNIQUES`, in its order), then the GAN family."""
+    (`techniques.TECHNIQUES`, in its order), then the GAN family. `fast_bf16` as in `techniques.rows`."""
     cuda = device.type == "cuda"
     rows = {"fp32": {}}
-    for row in techniques_.rows("checks", device, compile_ok):
+    for row in techniques_.rows("checks", device, compile_ok, fast_bf16):
         rows[row.name] = dict(row.change)
     # the GAN family: the penalties' double backward, n_critic's data position, the EMA copy, labels in the loader
     rows["WGAN-GP, 2 D steps"] = {"loss": "wgan-gp", "d_steps": 2}
@@ -95,6 +97,13 @@ def techniques(device: torch.device, compile_ok: bool) -> dict[str, dict]:
         rows["WGAN-GP + compile reduce-overhead"] = {"loss": "wgan-gp", "compile": "reduce-overhead"}
         rows[CUDA_TENSORS] = {}  # the defaults (pin_memory auto, no workers), on ROW_DATASETS' dataset
     return rows
+
+
+def cuda_only(compile_ok: bool = True) -> list[str]:
+    """The rows a CUDA GPU (with fast bf16) runs and this CPU does not: what a check here cannot speak for."""
+    cpu = row_names(techniques(torch.device("cpu"), compile_ok), torch.device("cpu"), 0)
+    gpu = row_names(techniques(torch.device("cuda"), compile_ok, fast_bf16=True), torch.device("cuda"), 1)
+    return [name for name in gpu if name not in cpu and not name.startswith("DDP")]
 
 
 def expected_graphs(cfg: TrainConfig) -> int:
@@ -229,6 +238,34 @@ def check_profile_syncs(cfg: TrainConfig, dataset) -> dict:
                                               "makes none"}
 
 
+def check_out_of_memory(cfg: TrainConfig, dataset) -> dict:
+    """A real out-of-memory on the GPU: an allocation larger than the device (the caching allocator raises
+    torch.OutOfMemoryError, documented for torch.cuda) must be told apart by `recovery.is_out_of_memory`, the one
+    test fit(), tune and the device loader use; then the same process must train 2 steps with finite losses (the
+    failed allocation left nothing behind)."""
+    device = torch.device(cfg.device)
+    too_big = torch.cuda.get_device_properties(device).total_memory + 2**30
+    caught = None
+    try:
+        torch.empty(too_big, dtype=torch.uint8, device=device)
+    except Exception as e:  # noqa: BLE001 (what the device raises is the finding)
+        caught = e
+    told = caught is not None and is_out_of_memory(caught)
+    trainer = Trainer(cfg, dataset=dataset)
+    trainer.fit(STEPS)
+    finite = all(math.isfinite(r[m]) for r in trainer.history for m in METRICS)
+    problems = []
+    if caught is None:
+        problems.append(f"allocating {too_big / 2**30:.0f} GiB raised nothing")
+    elif not told:
+        problems.append(f"{type(caught).__name__} was not classified as out of memory: {str(caught)[:120]}")
+    if not finite:
+        problems.append("non-finite losses after the out-of-memory")
+    return {"ok": not problems, "reason": "; ".join(problems) or None,
+            "images_per_sec": trainer.history[-1]["images_per_sec"],
+            "checks": {"out of memory told apart": told, "finite losses after": finite}}
+
+
 def check_ddp(device: torch.device, dataset: ImageTensorDataset, work: Path, timeout: float = 300) -> dict:
     """2 processes under torchrun train the base config through the CLI, on the check's images written out as a
     folder of PNGs (so nothing waits for a dataset cache): every rank must finish, and rank 0's history must hold
@@ -259,10 +296,10 @@ def check_ddp(device: torch.device, dataset: ImageTensorDataset, work: Path, tim
 
 
 def row_names(plan: dict, device: torch.device, gpus: int) -> list:
-    """The rows of a check: the techniques, the profiled step on CUDA (on a CPU there is no host sync to count),
-    then DDP (last)."""
+    """The rows of a check: the techniques, on CUDA the profiled step (on a CPU there is no host sync to count) and
+    a real out-of-memory, then DDP (last)."""
     ddp = "DDP, 2 processes (NCCL)" if gpus >= 2 else "DDP, 2 processes (gloo, CPU)"
-    return [*plan, *([PROFILE_ROW] if device.type == "cuda" else []), ddp]
+    return [*plan, *([PROFILE_ROW, OOM_ROW] if device.type == "cuda" else []), ddp]
 
 
 def run(device: str = "auto", progress=print, only=None) -> dict:
@@ -292,6 +329,8 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
                     row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), dataset, work)
                 elif name == PROFILE_ROW:
                     row = check_profile_syncs(base.replace(out_dir=str(work)).validate(), dataset)
+                elif name == OOM_ROW:
+                    row = check_out_of_memory(base.replace(out_dir=str(work)).validate(), dataset)
                 else:
                     cfg = base.replace(**plan[name], out_dir=str(work))
                     data = ROW_DATASETS[name](dataset, dev) if name in ROW_DATASETS else dataset
@@ -303,7 +342,8 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
             rows.append({"technique": name, **row, "seconds": round(time.perf_counter() - t0, 1)})
             progress(f"{name}: {'ok' if row['ok'] else 'FAILED'} ({rows[-1]['seconds']} s)")
     result = {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "ok": all(r["ok"] for r in rows), "rows": rows}
+              "date": time.strftime("%Y-%m-%d"), "ok": all(r["ok"] for r in rows), "rows": rows,
+              "cuda_only_not_run": cuda_only(can_compile(dev)) if dev.type == "cpu" else []}
     if dev.type == "cuda" and not only:
         record(result)
     return result

@@ -135,11 +135,13 @@ def priors() -> dict[str, tuple]:
     return {t.knob: t.prior for t in TECHNIQUES}
 
 
-def rows(kind: str, device: torch.device, compile_ok: bool) -> list[Row]:
+def rows(kind: str, device: torch.device, compile_ok: bool, fast_bf16: bool | None = None) -> list[Row]:
     """The benchmark's (`kind='ladder'`) or the check's (`kind='checks'`) rows that apply on `device`, in order, each
-    with `together` decided for this device (a 16-bit row only with the device's own 16-bit precision)."""
-    have = {None: True, "compile": compile_ok, "bf16": hardware.supports_bf16(device)}
-    own = ("fp32", hardware.autocast_precision(device))
+    with `together` decided for this device (a 16-bit row only with the device's own 16-bit precision). `fast_bf16`
+    answers `hardware.supports_bf16` for a device that is not here (the rows a GPU would run, listed on a CPU)."""
+    bf16 = hardware.supports_bf16(device) if fast_bf16 is None else fast_bf16
+    have = {None: True, "compile": compile_ok, "bf16": bf16}
+    own = ("fp32", "bf16" if bf16 else "fp16")
     return [dataclasses.replace(row, together=row.together and row.change.get("precision", "fp32") in own)
             for t in TECHNIQUES for row in getattr(t, kind)
             if device.type in (row.devices or t.devices) and have[row.needs]]

@@ -39,7 +39,7 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
 
 
 def test_a_broken_technique_fails_the_check_with_its_reason(tmp_path, capsys, monkeypatch):
-    def broken(device, compile_ok):
+    def broken(device, compile_ok, fast_bf16=None):
         return {"fp32": {}, "D not frozen": {"freeze_d": False}, "crashes": {"optimizer_impl": "fused"}}
 
     real_make = check.Trainer
@@ -164,3 +164,33 @@ def test_the_check_counts_host_syncs_in_the_optimizer_steps_and_fails_fused_adam
     text = check.table(result)
     assert "ok (0 host syncs per step in the optimizer steps)" in text
     assert "ok (2 host syncs per step in the optimizer steps)" in text
+
+
+def test_only_the_rows_named_run_and_a_cpu_check_lists_what_only_a_gpu_runs(tmp_path, capsys):
+    path = tmp_path / "check.json"
+    assert main(["check", "--device", "cpu", "--only", "fp32", "channels_last", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert [r["technique"] for r in result["rows"]] == ["fp32", "channels_last"]
+    cuda_only = result["cuda_only_not_run"]
+    assert {"fp16 + Adam fused", "compile max-autotune", check.PROFILE_ROW, check.OOM_ROW} <= set(cuda_only)
+    assert not {"fp32", "bf16 autocast", "channels_last"} & set(cuda_only)
+    assert main(["check", "--device", "cpu", "--only", "warp drive", "--json", str(path)]) == 2
+    assert "unknown technique(s) ['warp drive']" in capsys.readouterr().err
+
+
+def test_a_real_out_of_memory_must_be_told_apart_and_training_go_on(glyphs64, monkeypatch, tmp_path):
+    """The CUDA row's logic, on the CPU: the allocation larger than the device stands in for the GPU's."""
+    cfg = TrainConfig(**check.BASE, device="cpu", out_dir=str(tmp_path)).validate()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 2**20}))
+
+    def refuse(*args, **kwargs):  # what the caching allocator raises
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: refuse() if a and a[0] == 2**20 + 2**30 else real_empty(*a, **k))
+    row = check.check_out_of_memory(cfg, glyphs64)
+    assert row["ok"] and row["checks"] == {"out of memory told apart": True, "finite losses after": True}
+    # an error that is not out of memory (the host's allocator saying no in its own words) fails the row
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("can't allocate memory"))
+                        if a and a[0] == 2**20 + 2**30 else real_empty(*a, **k))
+    row = check.check_out_of_memory(cfg, glyphs64)
+    assert not row["ok"] and "RuntimeError was not classified as out of memory" in row["reason"]

@@ -62,12 +62,15 @@ def _json_values(node, out: list[float]) -> None:
 
 
 def source_values(relpath: str) -> list[float]:
-    """Every number in a stored notebook's outputs, or every value of a docs/*.json file."""
+    """Every number in a stored notebook's outputs, or every value of a docs/*.json file (a GPU run's
+    docs/gpu/RUN/evidence.json included)."""
     path = ROOT / relpath
     assert path.is_file(), f"source {relpath} does not exist"
     if path.suffix == ".ipynb":
         return [v for v, _, _ in _numbers(_notebook_outputs(path))]
-    assert path.suffix == ".json" and path.parent == ROOT / "docs", f"a source is a notebook or docs/*.json: {relpath}"
+    gpu_run = path.name == "evidence.json" and path.parent.parent == ROOT / "docs" / "gpu"
+    assert path.suffix == ".json" and (path.parent == ROOT / "docs" or gpu_run), \
+        f"a source is a notebook, docs/*.json or docs/gpu/RUN/evidence.json: {relpath}"
     values: list[float] = []
     _json_values(json.loads(path.read_text(encoding="utf-8")), values)
     return values

@@ -186,6 +186,15 @@ def test_models_and_optimizers_are_named_as_the_code_reaches_them():
     assert name_in_frames(gan.generator, here) == "gan.generator" and pair.name_of_g() == "self.G"
     d = gan.generator
     assert name_in_frames(d, sys._getframe()) == "d"
+    del d
+
+    class Config(dict):  # a config object whose attributes are its keys: reading `_modules` raises KeyError
+        def __getattr__(self, key):
+            return self[key]
+        run = lambda self: None  # noqa: E731 (a method defined here, so it counts as one of your classes)
+
+    cfg, nets = Config(), torch.nn.ModuleList([torch.nn.Linear(1, 1)])
+    assert cfg is not None and name_in_frames(nets[0], sys._getframe()) is None  # never `nets.0`, never a KeyError
 
 
 @pytest.mark.parametrize("source, named", [
@@ -198,7 +207,11 @@ def test_models_and_optimizers_are_named_as_the_code_reaches_them():
      "    def main(self):\n        x = 1\n", "self.device"),  # a trainer class's attribute
     ("import torch\nclass T:\n    def __init__(self, device):\n        self.device = device\n"
      "    def main(self):\n        x = 1\n", False),
-], ids=["module", "main", "parameter", "string", "another-function", "self-device", "self-device-parameter"])
+    ("import torch\ndevice = torch.device('cpu')\ndef main():\n    device: str = 'cpu'\n    x = 1\n", False),
+    ("import torch\ndevice = torch.device('cpu')\ndef main():\n    for device in ['cpu']:\n        x = 1\n", False),
+    ("import torch\ndef main():\n    x = 1\n    device = torch.device('cpu')\n", False),  # bound after the line
+], ids=["module", "main", "parameter", "string", "another-function", "self-device", "self-device-parameter",
+        "annotated", "loop-variable", "bound-after"])
 def test_autocast_names_device_only_where_the_wrapped_line_sees_a_torch_device(source, named):
     from gantools.doctor.patching import _autocast_item
     line = [x.strip() for x in source.splitlines()].index("x = 1") + 1  # the line to wrap, inside main()
@@ -446,3 +459,16 @@ def test_a_loop_run_by_lightnings_trainer_is_refused_in_one_line(tmp_path, capsy
 
     fabric = doctor.run_script(tmp_path / "train_fabric.py", steps=1, warmup=0, timeout=60, trace=tmp_path / "f.json")
     assert fabric.complete and fabric.models["G"]["name"] == "G" and fabric.optimizers["D"]["name"] == "opt_d"
+
+
+def test_packages_installed_outside_site_packages_are_not_your_code(tmp_path, monkeypatch):
+    """A `pip install --target` folder on PYTHONPATH (how `make gpu-evidence` installs what a GPU machine lacks), or
+    Debian's dist-packages, holds libraries: their frames are never named as yours; a folder of scripts is yours."""
+    from gantools.doctor.frames import yours
+    target, scripts = tmp_path / "site", tmp_path / "project"
+    (target / "somelib-1.0.dist-info").mkdir(parents=True)
+    (target / "somelib").mkdir()
+    scripts.mkdir()
+    monkeypatch.setattr(sys, "path", [str(scripts), str(target), *sys.path])
+    assert not yours(str(target / "somelib" / "loader.py"))
+    assert yours(str(scripts / "train.py"))

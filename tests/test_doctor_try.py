@@ -177,9 +177,27 @@ def test_logits_and_bf16_autocast_compute_the_same_loss_from_logits():
         d(g(z))  # first calls run as written
         out = d(g(z))
         loss = nn.BCELoss()(out, target)
-    assert isinstance(d.net[3], nn.Identity) and out.dtype == torch.bfloat16
+    # computed in bf16 (the cast back is in its graph), handed back in float32: a loss outside autocast sees one dtype
+    assert isinstance(d.net[3], nn.Identity) and out.dtype == torch.float32
+    assert type(out.grad_fn).__name__ == "ToCopyBackward0"
     assert abs(loss.item() - expected.item()) < 0.02, (loss, expected)
     assert nn.BCELoss.forward is not fixes._bce_from_logits  # undone
+
+
+def test_autocast_hands_float32_outputs_to_a_loss_outside_it():
+    """MSELoss (LSGAN, PyTorch-GAN's CGAN) on D's output beside a float32 target: before torch 2.14 its backward
+    refused a bf16 input (pytorch/pytorch#36553), so the fix hands G's and D's outputs back in float32, as
+    torch.autocast's documentation advises for tensors used outside the region; tuples of outputs too."""
+    torch.manual_seed(0)
+    g, d = G(), D()
+    z, target = torch.randn(6, 8), torch.ones(6, 1)
+    with fixes.Applied((fixes.AUTOCAST,), _ctx(g, d)):
+        d(g(z))  # first calls run as written
+        fake = g(z)
+        out = d(fake)
+        nn.MSELoss()(out, target).backward()
+    assert fake.dtype == out.dtype == torch.float32 and all(p.grad is not None for p in g.parameters())
+    assert fixes._float32((torch.ones(1, dtype=torch.bfloat16), 3), torch.bfloat16)[0].dtype == torch.float32
 
 
 def test_fp16_scales_each_loss_and_steps_through_one_scaler():

@@ -303,7 +303,8 @@ class Applied:
             try:
                 if autocast:
                     with torch.autocast(device_type, dtype=dtype):
-                        return forward(*args, **kwargs)
+                        out = forward(*args, **kwargs)
+                    return _float32(out, dtype)
                 return forward(*args, **kwargs)
             finally:
                 for p in params:  # the graph is recorded: D's weights got no gradient edges in this call
@@ -400,3 +401,15 @@ def _with_kwargs(init, changes: dict):
                 bound.arguments[k] = v
         return init(*bound.args, **bound.kwargs)
     return __init__
+
+
+def _float32(out, dtype):
+    """The outputs of G's or D's forward under autocast, back in float32 where autocast made them 16-bit, as
+    torch.autocast's documentation advises for tensors used outside the autocast region: your loss then sees one
+    dtype (MSELoss's backward refuses a bf16 input beside a float32 target before torch 2.14, pytorch/pytorch#36553;
+    the patch puts the loss inside the block instead, where autocast runs losses in float32 anyway)."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype == dtype else out
+    if isinstance(out, (tuple, list)) and not hasattr(out, "_fields"):
+        return type(out)(_float32(x, dtype) for x in out)
+    return out

@@ -2,6 +2,7 @@
 torch's, gantools' or the standard library's."""
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -18,8 +19,23 @@ NOT_YOURS = LIBRARIES + tuple(str(Path(p).resolve()) + os.sep for p in {sysconfi
                                                                         ("stdlib", "purelib", "platlib")})
 
 
+@functools.lru_cache(maxsize=8)
+def _installed_dirs(path: tuple) -> tuple:
+    """The folders on sys.path that hold installed packages (an `*.dist-info` inside): what sysconfig does not name,
+    Debian's /usr/lib/python3/dist-packages, a user site, a `pip install --target` folder on PYTHONPATH."""
+    found = []
+    for entry in path:
+        try:
+            folder = Path(entry or ".").resolve()
+            if folder.is_dir() and next(folder.glob("*.dist-info"), None) is not None:
+                found.append(str(folder) + os.sep)
+        except OSError:
+            continue
+    return tuple(found)
+
+
 def yours(filename: str) -> bool:
-    return not filename.startswith(NOT_YOURS) and not filename.startswith("<frozen")
+    return not filename.startswith(NOT_YOURS + _installed_dirs(tuple(sys.path))) and not filename.startswith("<frozen")
 
 
 def site(frame) -> tuple[str, str]:
@@ -52,30 +68,44 @@ def shown(filename: str) -> str:
 
 
 def name_in_frames(obj, frame) -> str | None:
-    """The name your code gives `obj`, from the first of your frames that has one: a local or global bound to it, an
-    attribute of that frame's `self` (`self.G`, `self.opt_d`: a loop written as a trainer class's method), or an
-    attribute of a local or global that is a module or an object of a class of yours (`gan.generator`)."""
+    """The name your code gives `obj`: a local or global bound to it in the first of your frames that has one; else
+    an attribute of a frame's `self` (`self.G`, `self.opt_d`: a loop written as a trainer class's method) or of a
+    local or global that is a module or an object of a class of yours (`gan.generator`). Never raises: a naming
+    heuristic must not break your script."""
+    frames = []
     while frame is not None:
         if yours(frame.f_code.co_filename):
-            scopes = (frame.f_locals, frame.f_globals)
-            for scope in scopes:
-                for name, value in scope.items():
-                    if _is(value, obj) and name.isidentifier() and not name.startswith("_") and name != "self":
-                        return name
-            me = frame.f_locals.get("self")
-            if me is not None and me is not obj:
-                name = _attribute_naming(me, obj)
-                if name:
-                    return f"self.{name}"
-            for scope in scopes:
-                for owner, value in list(scope.items()):
-                    if owner.startswith("_") or owner == "self" or not owner.isidentifier() or not (
-                            isinstance(value, nn.Module) or _of_your_class(value)):
-                        continue
-                    name = _attribute_naming(value, obj)
-                    if name:
-                        return f"{owner}.{name}"
+            frames.append(frame)
         frame = frame.f_back
+    for f in frames:
+        for scope in (f.f_locals, f.f_globals):
+            for name, value in scope.items():
+                if _is(value, obj) and name.isidentifier() and not name.startswith("_") and name != "self":
+                    return name
+    for f in frames:
+        try:
+            name = _attribute_name(obj, f)
+        except Exception:  # your objects' own __getattr__ and friends
+            name = None
+        if name:
+            return name
+    return None
+
+
+def _attribute_name(obj, frame) -> str | None:
+    me = frame.f_locals.get("self")
+    if me is not None:
+        name = _attribute_naming(me, obj)
+        if name:
+            return f"self.{name}"
+    for scope in (frame.f_locals, frame.f_globals):
+        for owner, value in list(scope.items()):
+            if not owner.isidentifier() or owner.startswith("_") or owner == "self" or not (
+                    isinstance(value, nn.Module) or _of_your_class(value)):
+                continue
+            name = _attribute_naming(value, obj)
+            if name:
+                return f"{owner}.{name}"
     return None
 
 
@@ -89,11 +119,17 @@ def _of_your_class(value) -> bool:
 
 
 def _attribute_naming(owner, obj) -> str | None:
-    """The attribute of `owner` bound to `obj` (an nn.Module keeps its submodules in _modules, not in __dict__)."""
+    """The attribute of `owner` bound to `obj`, read from its instance dict (never through your class's __getattr__;
+    an nn.Module keeps its submodules in _modules there)."""
     if owner is obj:
         return None
-    attributes = {**(getattr(owner, "_modules", None) or {}), **(getattr(owner, "__dict__", None) or {})}
-    return next((name for name, value in attributes.items() if _is(value, obj) and not name.startswith("_")), None)
+    try:
+        own = object.__getattribute__(owner, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    attributes = {**(own.get("_modules") or {}), **own}
+    return next((name for name, value in attributes.items()
+                 if _is(value, obj) and name.isidentifier() and not name.startswith("_")), None)
 
 
 def _wraps(value, obj) -> bool:

@@ -117,7 +117,7 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
             continue
         try:
             before = path.read_text(encoding="utf-8")
-            plan.autocast = _autocast_item(before, ctx, plan.wrap)
+            plan.autocast = _autocast_item(before, ctx, plan.wrap) if plan.wrap else ""
             after = edit_source(before, plan)
         except (OSError, UnicodeDecodeError, SyntaxError, cst.ParserSyntaxError) as e:
             patch.by_hand.append((_name_of(plan), f"{os.path.relpath(file)}: cannot be read as Python source here "
@@ -138,9 +138,12 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
 def _root_for(files: list) -> str:
     """Here, when every file is below it; else the folder the files share."""
     here = str(Path.cwd().resolve())
-    if all(os.path.commonpath([here, f]) == here for f in files):
+    try:
+        if all(os.path.commonpath([here, f]) == here for f in files):
+            return here
+        return os.path.commonpath([os.path.dirname(f) for f in files])
+    except ValueError:  # files on different drives (Windows): no folder holds them all
         return here
-    return os.path.commonpath([os.path.dirname(f) for f in files])
 
 
 def edit_source(source: str, plan: _Plan) -> str:
@@ -256,9 +259,10 @@ class _Edits(cst.CSTTransformer):
         return updated.with_changes(body=body)
 
     def _statements(self, originals, updated) -> list:
-        out, run = [], []
+        out, run, made = [], [], set()  # made: the names the autocast run assigns
 
         def flush():
+            made.clear()
             if run:
                 out.append(cst.With(items=[cst.WithItem(cst.parse_expression(self.plan.autocast))],
                                     body=cst.IndentedBlock(body=[s.with_changes(leading_lines=[]) if i == 0 else s
@@ -287,8 +291,12 @@ class _Edits(cst.CSTTransformer):
                          new.with_changes(leading_lines=[]),
                          cst.parse_statement(f"{name}.requires_grad_(True)  # (the graph is recorded: "
                                              "gradients still flow through it to G)\n")]
-            if self.plan.wrap & set(lines):
+            if self.plan.wrap & set(lines) or (run and not frozen and _loss_of(orig, made)):
+                # a statement right after the wrapped forward that computes from its outputs (the loss) joins the
+                # block, as in PyTorch's AMP recipe: losses in autocast's float32 list see one dtype (MSELoss's
+                # backward refuses a bf16 input beside a float32 target before torch 2.14: pytorch/pytorch#36553)
                 self.plan.done.add(AUTOCAST)
+                made.update(_assigned_names(orig))
                 run.extend(group)
             else:
                 flush()
@@ -422,6 +430,34 @@ def _set_keywords(call: cst.Call, kws: dict) -> cst.Call | None:
     return call.with_changes(args=args)
 
 
+def _assigned_names(stmt) -> set:
+    """The plain names a simple statement assigns (`a = ...`, `a, b = ...`, `a += ...`)."""
+    names = set()
+    for small in stmt.body:
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+            [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
+        for target in targets:
+            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+            names.update(e.value for e in elements if isinstance(e, cst.Name))
+    return names
+
+
+def _loss_of(stmt, made: set) -> bool:
+    """An assignment (no backward, no optimizer step) that reads a name in `made`: the loss of the forward above."""
+    if not made or not all(isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for small in stmt.body):
+        return False
+    read, calls = set(), []
+
+    class Find(cst.CSTVisitor):
+        def visit_Name(self, node):
+            read.add(node.value)
+
+        def visit_Call(self, node):
+            calls.append(_callee(node).split(".")[-1])
+    stmt.visit(Find())
+    return bool(read & made) and not {"backward", "step", "zero_grad"} & set(calls)
+
+
 def _assigns(stmt, name: str) -> bool:
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
@@ -456,18 +492,22 @@ def _autocast_item(source: str, ctx: Context, lines) -> str:
 
 
 def _device_expression(tree: ast.Module, line: int) -> str | None:
-    """`device.type` when the nearest binding of `device` that `line` sees is `device = torch.device(...)`;
-    `self.device.type` when no `device` is bound there and `line` is in a method of a class setting `self.device =
-    torch.device(...)`; None otherwise."""
+    """`device.type` when the nearest binding of `device` that `line` sees is `device = torch.device(...)` (made before
+    the line, in the line's own scope); `self.device.type` when no `device` is bound there and `line` is in a method of
+    a class setting `self.device = torch.device(...)`; None otherwise (a parameter, a string, a loop variable...)."""
     around = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                      and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)  # innermost first
-    for scope in [*(n for n in around if not isinstance(n, ast.ClassDef)), tree]:
-        if not isinstance(scope, ast.Module) and "device" in {
-                a.arg for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)}:
+    for i, scope in enumerate([*(n for n in around if not isinstance(n, ast.ClassDef)), tree]):
+        if not isinstance(scope, ast.Module):
+            args = scope.args
+            named = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
+            if "device" in named:
+                return None
+        bindings = _bindings(scope, "device")
+        if bindings is None:
             return None
-        assigned = _assignments(scope, "device")
-        if assigned:
-            return "device.type" if all(_is_torch_device(v) for v in assigned) else None
+        if bindings:
+            return "device.type" if i > 0 or min(bindings) < line else None
     method = next((n for n in around if not isinstance(n, ast.ClassDef)), None)
     owner = next((n for n in around if isinstance(n, ast.ClassDef)), None)
     if method is None or owner is None or method not in owner.body or not method.args.args \
@@ -479,21 +519,29 @@ def _device_expression(tree: ast.Module, line: int) -> str | None:
     return "self.device.type" if assigned and all(_is_torch_device(v) for v in assigned) else None
 
 
-def _is_torch_device(value) -> bool:
-    return isinstance(value, ast.Call) and ast.unparse(value.func) == "torch.device"
-
-
-def _assignments(scope, name: str) -> list:
-    """The values assigned to `name` in the scope's own body (nested functions and classes not entered)."""
-    values, todo = [], list(ast.iter_child_nodes(scope))
+def _bindings(scope, name: str) -> list | None:
+    """The lines where the scope's own body (nested functions and classes not entered) binds `name`, when every
+    binding is `name = torch.device(...)`; None when another kind binds it (a loop, a `with`, an annotation, a
+    tuple, a `global`)."""
+    lines, good, todo = [], set(), list(ast.iter_child_nodes(scope))
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            values.append(node.value)
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return None
+        if isinstance(node, ast.Assign) and _is_torch_device(node.value):
+            good.update(id(t) for t in node.targets if isinstance(t, ast.Name))
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            lines.append((node.lineno, id(node)))
         todo.extend(ast.iter_child_nodes(node))
-    return values
+    if any(key not in good for _, key in lines):
+        return None
+    return [n for n, _ in lines]
+
+
+def _is_torch_device(value) -> bool:
+    return isinstance(value, ast.Call) and ast.unparse(value.func) == "torch.device"
 
 
 def _takes_fused(name: str) -> bool:

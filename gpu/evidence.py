@@ -1,0 +1,631 @@
+"""`make gpu-evidence`: everything a GPU machine should tell gantools, in one command, in under 8 minutes.
+
+A GPU reaches this project rarely and briefly, bare: its own Python and PyTorch, no network. So the run is prepared
+here and needs nothing there but a `python3` with torch and the wheel folder that `make gpu-wheels` fills:
+
+1. install: the packages gantools needs that this Python lacks, from the wheel folder, into a folder of their own
+   (`pip install --no-index --no-deps --target`): its torch and everything else it has are never touched;
+2. the parts (`PARTS`), each a child process with its own time budget (what an earlier part left unused is added to
+   the next), stopped with all its children when it overruns, so one failure cannot eat the rest: the machine;
+   the data the parts train on; `gantools check` (every row, the CUDA-only ones included); the benchmark ladder at
+   DCGAN 64 px (images/s, FLOPs, MFU against the published peak and against the bf16 matmul peak measured here);
+   `gantools doctor --try --patch` on the tutorial's plain DCGAN and on a WGAN-GP; FID of the ladder's best beside
+   the reference's where the time left fits a meaningful budget; the notebooks in quick mode;
+3. one folder, `<device>-<date>` under $GANTOOLS_EVIDENCE_DIR (default gpu-evidence/), rewritten after every part
+   (a run cut off still leaves what it measured): `report.md` (the machine, each part's result, each failure with
+   its traceback), `evidence.json` (the same, and every number), `log.txt` (everything the parts printed), the
+   ladder's chart and the doctor's patches: ready to copy into docs/gpu/.
+
+`--dry` runs the same parts on a CPU at tiny sizes in a minute or two (CUDA-only rows listed as not applicable):
+`make test` runs it, so the command cannot rot between GPU runs. `--parts` (or $GANTOOLS_EVIDENCE_PARTS) runs a few
+parts again, e.g. a second try of one that failed. Standard library only: it runs before anything is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wheels import ROOT, normalize  # noqa: E402 (the folder's other script: one way to compare names)
+
+TOTAL_S = 470     # the whole run, install included, under 8 minutes on one H100
+DRY_TOTAL_S = 300
+REPORT, EVIDENCE, LOG = "report.md", "evidence.json", "log.txt"
+TAIL = 6000       # characters of a part's output kept in evidence.json (log.txt has it all)
+MIN_FID_IMAGES = 128 * 800  # below this FID on glyphs still falls steeply: shorter budgets compare noise (bench.PLAN)
+FID_IMAGES = 128 * 3000     # the ladder's own quality budget on a GPU (bench.PLAN)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One child process's worth of evidence: its budget in seconds on a GPU and in the dry run, and what it shows."""
+
+    name: str
+    budget_s: int
+    dry_budget_s: int
+    what: str
+
+
+PARTS = (
+    Part("machine", 15, 30, "the GPU, its driver, torch, CUDA and cuDNN (`gantools info`, nvidia-smi)"),
+    Part("data", 25, 40, "the glyph caches the ladder trains on and the PNG folder the doctor's scripts read"),
+    Part("check", 110, 90, "`gantools check`: every technique a few steps, each verified (CUDA-only rows on a GPU)"),
+    Part("ladder", 100, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
+                            "throughput; images/s, FLOPs, MFU"),
+    Part("doctor-dcgan", 90, 60, "`gantools doctor --try --patch` on the PyTorch tutorial's plain DCGAN script"),
+    Part("doctor-wgan-gp", 50, 60, "`gantools doctor --try --patch` on a WGAN-GP script (PyTorch-GAN's)"),
+    Part("quality", 30, 60, "FID at an equal image budget: the reference against all together"),
+    Part("notebooks", 50, 90, "the notebooks in quick mode (nbval), where Jupyter came in the wheel folder"),
+)
+
+
+class Run:
+    """Where one run keeps its state: the options, the folders, the environment of its children, the parts so far."""
+
+    def __init__(self, dry: bool, out_root: Path, wheels: Path, python: str, commit: str | None):
+        self.dry, self.wheels, self.python = dry, wheels, python
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + (DRY_TOTAL_S if dry else TOTAL_S)
+        self.scratch = Path(tempfile.mkdtemp(prefix="gantools-evidence-"))
+        self.site = self.scratch / "site"
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(self.site), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+        self.env.pop("GANTOOLS_QUICK", None)  # each part says its own size
+        self.out_root = out_root
+        self.out: Path | None = None  # named for the device once the machine part has run
+        self.evidence = {"dry": dry, "date": time.strftime("%Y-%m-%d"), "started": time.strftime("%H:%M:%S %Z"),
+                         "commit": commit or _commit(), "total_budget_s": DRY_TOTAL_S if dry else TOTAL_S,
+                         "python": python, "install": None, "machine": None, "parts": []}
+        self.logs: list[str] = []
+        self.slack = 0.0
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# -- install ----------------------------------------------------------------------------------------------------------
+
+def installed(python: str) -> set[str]:
+    """The distributions `python` already has (normalized names), as importlib.metadata finds them."""
+    code = "import importlib.metadata as m, json; print(json.dumps([d.metadata['Name'] for d in m.distributions()]))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return {normalize(n) for n in json.loads(done.stdout) if n}
+
+
+def missing_wheels(wheels: Path, have: set[str]) -> list[Path]:
+    """The wheels in the folder whose distribution `have` lacks (a wheel's name starts with its distribution's)."""
+    return sorted(w for w in wheels.glob("*.whl") if normalize(w.name.split("-")[0]) not in have)
+
+
+def unpack(wheels: list[Path], site: Path) -> None:
+    """Install wheels without pip, for a Python that has none: a wheel is a zip of what goes into site-packages
+    (PEP 427), its `.data/purelib` and `.data/platlib` folders moved there too; scripts and headers are not needed."""
+    import zipfile
+
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            for member in z.namelist():
+                parts = member.split("/")
+                if parts[0].endswith(".data"):
+                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                        continue
+                    parts = parts[2:]
+                target = site.joinpath(*parts)
+                if member.endswith("/"):
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(z.read(member))
+
+
+def install(run: Run) -> dict:
+    """Install what this Python lacks from the wheel folder into the run's own site folder; then gantools and every
+    package it imports must import. Returns what was done; raises RuntimeError with the reason when it cannot."""
+    t = time.monotonic()
+    have = installed(run.python)
+    if "torch" not in have:
+        raise RuntimeError(f"{run.python} has no torch: run with PYTHON=/path/to/the/python/that/has/torch")
+    todo = missing_wheels(run.wheels, have) if run.wheels.is_dir() else []
+    if todo:
+        done = subprocess.run([run.python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                               "--no-compile", "--no-cache-dir", "--target", str(run.site), *map(str, todo)],
+                              capture_output=True, text=True, timeout=max(10, run.left()))
+        if done.returncode and "No module named pip" in done.stderr:
+            unpack(todo, run.site)
+        elif done.returncode:
+            raise RuntimeError(f"pip could not install from {run.wheels}: {done.stderr.strip()[-2000:]}")
+    check = ("import importlib, json, torch\n"
+             "mods = ['gantools', 'gantools.doctor', 'libcst', 'ipywidgets', 'torchmetrics', 'matplotlib']\n"
+             "bad = {}\nfor m in mods:\n"
+             "    try: importlib.import_module(m)\n"
+             "    except Exception as e: bad[m] = f'{type(e).__name__}: {e}'\n"
+             "print(json.dumps({'torch': torch.__version__, 'cuda': torch.cuda.is_available(), 'failed': bad}))")
+    done = subprocess.run([run.python, "-c", check], capture_output=True, text=True, timeout=120, env=run.env)
+    if done.returncode:
+        raise RuntimeError(f"importing gantools failed: {done.stderr.strip()[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    lacking = sorted(n for n in ("libcst", "ipywidgets", "torchmetrics", "matplotlib", "nbval", "ipykernel")
+                     if normalize(n) not in have and not any(normalize(w.name.split("-")[0]) == n for w in todo))
+    info = {"wheel_folder": str(run.wheels), "installed": [w.name for w in todo], "site": str(run.site),
+            "torch": result["torch"], "cuda_available": result["cuda"], "import_failures": result["failed"],
+            "not_available": lacking, "seconds": round(time.monotonic() - t, 1)}
+    if result["failed"]:
+        raise RuntimeError("these would not import: " + "; ".join(f"{k} ({v})" for k, v in result["failed"].items())
+                           + (f" (not in {run.wheels}: run `make gpu-wheels` here first)" if lacking else ""))
+    return info
+
+
+# -- running a part ---------------------------------------------------------------------------------------------------
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The part's whole process group (its DataLoader workers, torchrun's ranks, compile workers): TERM, a few
+    seconds for the part to end, then KILL for whatever of the group is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_commands(commands: list[list[str]], env: dict, seconds: float, log: Path) -> tuple[int | None, float]:
+    """Run the commands one after another in a new process group, output to `log`, within `seconds` for all of them.
+    Returns (the last exit status, or None when stopped at the limit; seconds taken)."""
+    t = time.monotonic()
+    with open(log, "ab") as out:
+        for command in commands:
+            out.write(f"$ {shlex.join(command)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                code = proc.wait(max(1.0, seconds - (time.monotonic() - t)))
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                return None, time.monotonic() - t
+            finally:
+                if proc.poll() is None:
+                    _kill(proc)
+            if code != 0:
+                return code, time.monotonic() - t
+    return 0, time.monotonic() - t
+
+
+def _traceback(text: str) -> str | None:
+    """The last traceback (or gantools error) in a part's output."""
+    at = text.rfind("Traceback (most recent call last)")
+    if at >= 0:
+        return text[at:][-TAIL:]
+    errors = [line for line in text.splitlines() if "error" in line.lower()]
+    return "\n".join(errors[-5:]) or None
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# -- the parts --------------------------------------------------------------------------------------------------------
+
+def _py(run: Run, *args: str) -> list[str]:
+    return [run.python, *args]
+
+
+@dataclass
+class Built:
+    """A part ready to run: its commands, how to read its result afterwards, and its environment if not the run's."""
+
+    commands: list
+    result: object = lambda: None
+    env: dict | None = None
+
+
+def part_machine(run: Run, seconds: float) -> Built:
+    info = run.scratch / "info.json"
+    code = f"import json, gantools.hardware as h; open({str(info)!r}, 'w').write(json.dumps(h.machine_info()))"
+
+    def result():
+        gpu = {}
+        for key, field in (("name", "name"), ("driver", "driver_version"), ("memory", "memory.total"),
+                           ("max_sm_clock", "clocks.max.sm"), ("power_limit", "power.limit")):
+            value = _nvidia_smi(field)  # one field at a time: a field this driver lacks costs only itself
+            if value:
+                gpu[key] = value
+        return {"info": _json(info), "nvidia_smi": gpu or None}
+    return Built([_py(run, "-c", code)], result)
+
+
+def _nvidia_smi(field: str) -> str | None:
+    """One field of the first GPU as nvidia-smi reports it, or None (no nvidia-smi, or a field it does not know)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        q = subprocess.run([smi, f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = q.stdout.strip().splitlines()
+    return lines[0].strip() if q.returncode == 0 and lines else None
+
+
+def part_data(run: Run, seconds: float) -> Built:
+    size = 32 if run.dry else 64
+    code = (f"from gantools.data import load_glyphs, write_glyph_pngs\n"
+            f"load_glyphs({size}, {1 if run.dry else 3})\n"
+            f"write_glyph_pngs({str(run.scratch / 'pngs')!r}, {64 if run.dry else 2000}, {size}, 3)")
+    return Built([_py(run, "-c", code)], lambda: {"pngs": str(run.scratch / "pngs")})
+
+
+def part_check(run: Run, seconds: float) -> Built:
+    path = run.scratch / "check.json"
+    device = ["--device", "cpu", "--only", "fp32", "bf16 autocast"] if run.dry else ["--device", "cuda"]
+    return Built([_py(run, "-m", "gantools", "check", *device, "--json", str(path))], lambda: _json(path))
+
+
+def part_ladder(run: Run, seconds: float) -> Built:
+    path = run.scratch / "bench.json"
+    size = (["--size", "cpu", "--device", "cpu", "--variants", "bf16 autocast", "--repeats", "2", "--no-compile"]
+            if run.dry else ["--size", "gpu", "--device", "cuda", "--repeats", "3"])
+    return Built([_py(run, "-m", "gantools", "bench", *size, "--json", str(path), "--png",
+                       str(run.out / "bench.png"))], lambda: _json(path))
+
+
+def _doctor(run: Run, name: str, script: str, args: list[str], dry_args: list[str]) -> Built:
+    path, patch = run.scratch / f"{name}.json", run.out / f"{name}.patch"
+    # two paired runs per fix (two more when undecided): each run starts the script again, and a GPU's short
+    # steps make that start-up, not the steps, most of the part's time; compile, the slowest to try, comes last
+    steps = ["--steps", "2", "--warmup", "1", "--repeats", "2"] if run.dry else ["--repeats", "2"]
+    command = _py(run, "-m", "gantools", "doctor", *steps, "--patch", str(patch), "--json", str(path),
+                  str(ROOT / "tests" / "scripts" / script), "--dataroot", str(run.scratch / "pngs"),
+                  *(dry_args if run.dry else args))
+    return Built([command], lambda: _json(path))
+
+
+def part_doctor_dcgan(run: Run, seconds: float) -> Built:
+    return _doctor(run, "doctor-dcgan", "dcgan_plain.py", ["--epochs", "100"],
+                   ["--batch-size", "16", "--ngf", "8", "--ndf", "8", "--nz", "16", "--epochs", "50", "--workers", "0"])
+
+
+def part_doctor_wgan_gp(run: Run, seconds: float) -> Built:
+    return _doctor(run, "doctor-wgan-gp", "wgan_gp_mlp.py", ["--n_epochs", "200", "--sample_interval", "0"],
+                   ["--batch_size", "16", "--hidden", "16", "--latent_dim", "16", "--n_epochs", "50",
+                    "--sample_interval", "0"])
+
+
+def quality_images(ladder: dict | None, seconds: float, dry: bool) -> tuple[int | None, str]:
+    """Training images per variant for the quality part: the ladder's own budget, or as many as `seconds` holds at the
+    speeds the ladder measured (the reference and all together each train them, after their warm-ups again); None
+    with the reason when fewer than a meaningful budget fit."""
+    if dry:
+        return 128 * 4, "the dry run's tiny budget (its FID means nothing)"
+    rows = {r["variant"]: r for r in (ladder or {}).get("rows", [])}
+    ref, together = rows.get("reference (tutorial loop)"), rows.get("all together")
+    if not ref or not together:
+        return None, "the ladder measured no reference and all-together speeds to size it by"
+    train_s = seconds - 1.5 * (ref["warmup_s"] + together["warmup_s"]) - 15  # warm-ups, the FID classifier
+    per_image = 1 / ref["images_per_sec"] + 1 / together["images_per_sec"]
+    fits = int(max(0.0, train_s) / per_image) // 128 * 128
+    if fits < MIN_FID_IMAGES:
+        return None, (f"{MIN_FID_IMAGES:,} images each need about {MIN_FID_IMAGES * per_image + seconds - train_s:.0f}"
+                      f" s at the ladder's speeds; {seconds:.0f} s were left")
+    n = min(fits, FID_IMAGES)
+    return n, f"{n:,} images each ({'the ladder budget' if n == FID_IMAGES else 'what the time left holds'})"
+
+
+def part_quality(run: Run, seconds: float) -> Built | str:
+    n, why = quality_images((_part(run.evidence, "ladder") or {}).get("result"), seconds, run.dry)
+    if n is None:
+        return why
+    path = run.scratch / "quality.json"
+    size = (["--size", "cpu", "--device", "cpu", "--variants", "bf16 autocast", "--no-compile"]
+            if run.dry else ["--size", "gpu", "--device", "cuda", "--variants", "all together"])
+    command = _py(run, "-m", "gantools", "bench", *size, "--repeats", "1", "--quality", "--quality-images", str(n),
+                  "--json", str(path), "--png", str(run.scratch / "quality.png"))
+    return Built([command], lambda: {**(_json(path) or {}), "images_each": n, "why": why})
+
+
+def part_notebooks(run: Run, seconds: float) -> Built | str:
+    probe = subprocess.run([run.python, "-c", "import nbval, ipykernel"], env=run.env, capture_output=True, text=True)
+    if probe.returncode:
+        return ("Jupyter is not here (nbval and ipykernel did not import: "
+                f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else '?'})")
+    notebooks = ["notebooks/00_baseline.ipynb"] if run.dry else ["notebooks"]
+    env = {**run.env, "GANTOOLS_QUICK": "1"}
+    command = _py(run, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "-o", "addopts=", *notebooks)
+    return Built([command], env=env)
+
+
+BUILDERS = {"machine": part_machine, "data": part_data, "check": part_check, "ladder": part_ladder,
+            "doctor-dcgan": part_doctor_dcgan, "doctor-wgan-gp": part_doctor_wgan_gp, "quality": part_quality,
+            "notebooks": part_notebooks}
+
+
+def run_part(run: Run, part: Part) -> dict:
+    budget = part.dry_budget_s if run.dry else part.budget_s
+    allowed = min(budget + run.slack, run.left())
+    entry = {"name": part.name, "what": part.what, "budget_s": budget, "allowed_s": round(allowed),
+             "seconds": 0.0, "status": None, "returncode": None, "output_tail": "", "traceback": None, "result": None}
+    if allowed < 5:
+        entry["status"] = "not started: the run's time is spent"
+        return entry
+    print(f"[{part.name}] budget {budget} s (+{run.slack:.0f} s left over), {run.left():.0f} s of the run left: "
+          f"{part.what}", flush=True)
+    built = BUILDERS[part.name](run, allowed)
+    if isinstance(built, str):
+        run.slack = allowed  # all of it is the next part's
+        entry["status"] = f"skipped: {built}"
+        print(f"[{part.name}] {entry['status']}", flush=True)
+        return entry
+    log = run.scratch / f"{part.name}.log"
+    code, seconds = run_commands(built.commands, built.env or run.env, allowed, log)
+    text = log.read_text(errors="replace")
+    run.logs.append(f"===== {part.name} =====\n{text}")
+    entry.update(seconds=round(seconds, 1), returncode=code, output_tail=text[-TAIL:])
+    try:
+        entry["result"] = built.result()
+    except Exception as e:  # noqa: BLE001 (a part's result that cannot be read is reported, not fatal)
+        entry["result"] = None
+        entry["traceback"] = f"reading the result: {type(e).__name__}: {e}"
+    if code is None:
+        entry["status"] = f"over budget: stopped after {seconds:.0f} s"
+        entry["traceback"] = _traceback(text) or "(stopped at its time limit; the end of its output is in log.txt)"
+    elif code == 0:
+        entry["status"] = "ok"
+    elif part.name == "check" and code == 1 and entry["result"]:
+        entry["status"] = "ran: some rows FAILED"
+    else:
+        entry["status"] = f"FAILED (exit status {code})"
+        entry["traceback"] = _traceback(text)
+    run.slack = max(0.0, allowed - seconds) if code is not None else 0.0
+    print(f"[{part.name}] {entry['status']} in {seconds:.0f} s", flush=True)
+    return entry
+
+
+# -- the report -------------------------------------------------------------------------------------------------------
+
+def device_name(evidence: dict) -> str:
+    info = (evidence.get("machine") or {}).get("info") or {}
+    return info.get("device_name") or "unknown device"
+
+
+def folder_name(evidence: dict) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name(evidence).lower()).strip("-")[:40] or "unknown-device"
+    return f"{slug}{'-dry' if evidence['dry'] else ''}-{evidence['date']}"
+
+
+def _part(evidence: dict, name: str) -> dict | None:
+    return next((p for p in evidence["parts"] if p["name"] == name), None)
+
+
+def headline(evidence: dict) -> dict:
+    """What the README and docs/results.md show of a stored run: the device and date, the ladder's best against the
+    reference, the max-throughput row's MFU (against the published bf16 peak and the bf16 matmul measured there),
+    FID where measured, and every check row."""
+    ladder = (_part(evidence, "ladder") or {}).get("result") or {}
+    rows = ladder.get("rows") or []
+    out = {"device": device_name(evidence), "date": evidence["date"], "dry": evidence["dry"], "ladder": None,
+           "check": [], "quality": None}
+    if rows:
+        ref, best = rows[0], max(rows, key=lambda r: r["speedup"])
+        top = next((r for r in rows if r["variant"].startswith("max throughput")), best)
+        half = next((k for k in ladder.get("measured_matmul_flops", {}) if k != "fp32"), None)
+        measured = ladder["measured_matmul_flops"].get(half) if half else None
+        out["ladder"] = {
+            "reference_images_per_sec": ref["images_per_sec"], "best": best["variant"],
+            "best_images_per_sec": best["images_per_sec"], "best_speedup": best["speedup"],
+            "top": top["variant"], "top_tflops": top["tflops"], "top_mfu": top.get("mfu"),
+            "gflop_per_image": top["flops_per_image"] / 1e9,
+            "matmul_precision": half, "matmul_tflops": measured / 1e12 if measured else None,
+            "top_of_matmul": top["tflops"] * 1e12 / measured if measured else None}
+    check = (_part(evidence, "check") or {}).get("result") or {}
+    out["check"] = [{"row": r["technique"], "ok": r["ok"], "reason": r["reason"]} for r in check.get("rows", [])]
+    quality = (_part(evidence, "quality") or {}).get("result") or {}
+    scored = [r for r in quality.get("rows", []) if "fid" in r]
+    if len(scored) >= 2:
+        out["quality"] = {"images": scored[0]["images_trained"], "reference_fid": scored[0]["fid"],
+                          "variant": scored[-1]["variant"], "fid": scored[-1]["fid"]}
+    return out
+
+
+def headline_markdown(evidence: dict, source: str) -> str:
+    """The headline as Markdown, its measured table marked with its source (tests/test_docs.py checks the numbers)."""
+    h = headline(evidence)
+    kind = "a dry run on a CPU (tiny sizes: not evidence of speed)" if h["dry"] else "one GPU"
+    lines = [f"**{h['device']}**, {h['date']}, {kind}: `make gpu-evidence` at commit {evidence['commit']}."]
+    lad = h["ladder"]
+    if lad:
+        lines += ["", f"<!-- source: {source} -->", "| measure | value |", "|---|---:|",
+                  f"| reference (tutorial loop) images/s | {lad['reference_images_per_sec']:.0f} |",
+                  f"| best: {lad['best']} images/s | {lad['best_images_per_sec']:.0f} |",
+                  f"| best against the reference | {lad['best_speedup']:.2f}x |",
+                  f"| a training step's GFLOP per image ({lad['top']}) | {lad['gflop_per_image']:.2f} |",
+                  f"| {lad['top']} TFLOP/s | {lad['top_tflops']:.2f} |"]
+        if lad["top_mfu"] is not None:
+            lines.append(f"| {lad['top']} MFU (published bf16 peak) | {100 * lad['top_mfu']:.1f}% |")
+        if lad["top_of_matmul"] is not None:
+            lines.append(f"| {lad['top']} against the {lad['matmul_precision']} matmul measured there "
+                         f"({lad['matmul_tflops']:.1f} TFLOP/s) | {100 * lad['top_of_matmul']:.1f}% |")
+        if h["quality"]:
+            q = h["quality"]
+            lines.append(f"| FID after {q['images']:,} images: reference / {q['variant']} | "
+                         f"{q['reference_fid']:.1f} / {q['fid']:.1f} |")
+    else:
+        lines += ["", "The ladder did not finish: see the report."]
+    if h["check"]:
+        passed = [c["row"] for c in h["check"] if c["ok"]]
+        failed = [c for c in h["check"] if not c["ok"]]
+        lines += ["", f"`gantools check`: {len(passed)} of {len(h['check'])} rows ok"
+                      + (f" ({', '.join(passed)})" if passed else "") + "."]
+        lines += [f"FAILED: {c['row']}: {c['reason']}" for c in failed]
+    return "\n".join(lines)
+
+
+def _machine_lines(evidence: dict) -> list[str]:
+    info = (evidence.get("machine") or {}).get("info") or {}
+    smi = (evidence.get("machine") or {}).get("nvidia_smi") or {}
+    rows = [("device", f"{info.get('device_name', '?')} ({info.get('device', '?')})"
+                       + (f", compute capability {info['compute_capability']}" if "compute_capability" in info else "")
+                       + (f", {info['gpu_memory_gb']} GB" if "gpu_memory_gb" in info else "")),
+            ("driver", smi.get("driver", "no nvidia-smi here")),
+            ("torch", f"{info.get('torch', '?')} (CUDA {info.get('cuda_build')}, cuDNN {info.get('cudnn', '-')})"),
+            ("Python", info.get("python", "?")), ("CPU cores", str(info.get("cpu_cores", "?"))),
+            ("platform", info.get("platform", "?"))]
+    if smi:
+        rows.append(("clocks, power", f"max SM clock {smi['max_sm_clock']}, power limit {smi['power_limit']}"))
+    return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def report_markdown(evidence: dict) -> str:
+    took = sum(p["seconds"] for p in evidence["parts"]) + ((evidence.get("install") or {}).get("seconds") or 0)
+    lines = [f"# gantools GPU evidence: {device_name(evidence)}, {evidence['date']}", "",
+             f"`make gpu-evidence`{' (dry run: a CPU, tiny sizes)' if evidence['dry'] else ''} at commit "
+             f"{evidence['commit']}, started {evidence['started']}: {took:.0f} s of its {evidence['total_budget_s']} s "
+             "budget. Every number below was measured in this run.", "", "## The machine", "",
+             *_machine_lines(evidence), ""]
+    inst = evidence.get("install") or {}
+    lines += [f"Installed from the wheel folder: {', '.join(inst.get('installed') or []) or 'nothing (all present)'}."
+              if inst else "The install did not finish.", ""]
+    lines += ["## Headline", "", headline_markdown(evidence, EVIDENCE), "", "## The parts", "",
+              "| part | budget s | allowed s | took s | result |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {p['name']} | {p['budget_s']} | {p['allowed_s']} | {p['seconds']:.0f} | {p['status']} |"
+              for p in evidence["parts"]]
+    for p in evidence["parts"]:
+        lines += ["", f"## {p['name']}", "", p["what"][0].upper() + p["what"][1:] + ".", ""]
+        body = _part_body(p, evidence)
+        if body:
+            lines += [body]
+        if p["traceback"]:
+            lines += ["", "Its failure, as printed:", "", "```text", p["traceback"].rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _fenced(text: str) -> str:
+    return "```text\n" + text.rstrip() + "\n```"
+
+
+def _printed(p: dict, start: str) -> str:
+    """What a part printed from the line starting with `start` on (its table or report), else its tail."""
+    text = p["output_tail"]
+    at = text.find(start)
+    return text[at:] if at >= 0 else text[-2000:]
+
+
+def _part_body(p: dict, evidence: dict) -> str:
+    r = p["result"]
+    if p["name"] == "check" and r:
+        body = _fenced(_printed(p, "gantools check on"))
+        if r.get("cuda_only_not_run"):
+            body += "\n\nNot applicable on this CPU (CUDA only): " + ", ".join(r["cuda_only_not_run"]) + "."
+        return body
+    if p["name"] in ("ladder", "quality") and r:
+        at = p["output_tail"].find(r["machine"]["device_name"])
+        table = p["output_tail"][at:].split("\nJSON:")[0] if at >= 0 else ""
+        extra = f"\n\nImages per variant: {r['why']}." if p["name"] == "quality" else ""
+        chart = "\n\n![the ladder](bench.png)" if p["name"] == "ladder" else ""
+        return table.strip() + extra + chart
+    if p["name"].startswith("doctor") and p["status"] != "skipped":
+        tail = _printed(p, "gantools doctor")
+        kept = ((r or {}).get("try") or {})
+        return _fenced(tail[-4000:]) + (f"\n\nThe patch: `{p['name']}.patch`." if kept else "")
+    if p["name"] == "machine":
+        return ""
+    if p["output_tail"]:
+        return _fenced(p["output_tail"][-1500:])
+    return ""
+
+
+def save(run: Run) -> None:
+    """Write (again) the folder's report, JSON and log: after every part, so a run cut off keeps what it measured."""
+    if run.out is None:
+        run.out = run.out_root / folder_name(run.evidence)
+        run.out.mkdir(parents=True, exist_ok=True)
+    run.evidence["headline"] = headline(run.evidence)  # its numbers stored, as the docs quote them
+    (run.out / EVIDENCE).write_text(json.dumps(run.evidence, indent=1))
+    (run.out / REPORT).write_text(report_markdown(run.evidence))
+    (run.out / LOG).write_text("\n".join(run.logs))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry", action="store_true", help="the same parts on a CPU at tiny sizes (what make test runs)")
+    p.add_argument("--out", default=os.environ.get("GANTOOLS_EVIDENCE_DIR", "gpu-evidence"),
+                   help="where the run's folder goes (default: $GANTOOLS_EVIDENCE_DIR, else gpu-evidence)")
+    p.add_argument("--wheels", default=os.environ.get("GANTOOLS_WHEELS", str(ROOT / "gpu-wheels")),
+                   help="the folder `make gpu-wheels` filled (default: $GANTOOLS_WHEELS, else gpu-wheels)")
+    p.add_argument("--parts", default=os.environ.get("GANTOOLS_EVIDENCE_PARTS"),
+                   help=f"comma-separated, to run only these (of {', '.join(x.name for x in PARTS)}; the machine "
+                        "always runs)")
+    p.add_argument("--python", default=sys.executable, help="the Python that has torch (default: this one)")
+    p.add_argument("--headline", metavar="RUN", default=None,
+                   help="print the headline of a stored run (docs/gpu/RUN) for the README and docs/results.md")
+    a = p.parse_args(argv)
+    if a.headline:
+        folder = Path(a.headline)
+        print(headline_markdown(json.loads((folder / EVIDENCE).read_text()), (folder / EVIDENCE).as_posix()))
+        return 0
+    chosen = {x.strip() for x in a.parts.split(",")} if a.parts else {x.name for x in PARTS}
+    unknown = chosen - {x.name for x in PARTS}
+    if unknown:
+        print(f"gpu-evidence: unknown part(s) {', '.join(sorted(unknown))}; the parts: "
+              f"{', '.join(x.name for x in PARTS)}", file=sys.stderr)
+        return 2
+    if any(x in chosen for x in ("doctor-dcgan", "doctor-wgan-gp")):
+        chosen.add("data")
+    chosen.add("machine")
+    run = Run(a.dry, Path(a.out), Path(a.wheels), a.python, os.environ.get("GANTOOLS_COMMIT"))
+    run.slack = sum(x.dry_budget_s if a.dry else x.budget_s for x in PARTS if x.name not in chosen)  # theirs to use
+    print(f"gpu-evidence{' (dry run)' if a.dry else ''}: {run.evidence['total_budget_s']} s in all; scratch "
+          f"{run.scratch}", flush=True)
+    try:
+        run.evidence["install"] = install(run)
+        print(f"[install] {len(run.evidence['install']['installed'])} wheels in "
+              f"{run.evidence['install']['seconds']} s", flush=True)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        run.evidence["install"] = {"error": str(e)}
+        save(run)
+        print(f"gpu-evidence: the install failed: {e}\n  report: {run.out / REPORT}", file=sys.stderr)
+        return 1
+    for part in PARTS:
+        if part.name not in chosen:
+            continue
+        if part.name != "machine" and run.out is None:
+            save(run)
+        entry = run_part(run, part)
+        run.evidence["parts"].append(entry)
+        if part.name == "machine":
+            run.evidence["machine"] = entry["result"]
+        save(run)
+    failed = [x["name"] for x in run.evidence["parts"] if x["status"] != "ok" and not x["status"].startswith("skipped")]
+    print(f"gpu-evidence: {run.out}/ ({REPORT}, {EVIDENCE}, {LOG} ...): "
+          + (f"not ok: {', '.join(failed)}" if failed else "every part ok"), flush=True)
+    shutil.rmtree(run.scratch, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
