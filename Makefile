@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-browser book workbook setup chromium clean gpu-evidence gpu-wheels
+.PHONY: lab lint test test-browser book workbook setup chromium clean gpu-evidence gpu-wheels
 
 # Create .venv if missing, then install the project with pinned versions.
 # Re-runs only when pyproject.toml or constraints.txt change.
@@ -38,8 +38,12 @@ chromium:
 	    echo "Install Chromium yourself (e.g. sudo apt-get install chromium) or set GANTOOLS_CHROMIUM=/path/to/chrome."; \
 	fi
 
+# The linter (ruff, configured in pyproject.toml): seconds, so make test runs it first.
+lint: setup
+	$(PY) -m ruff check .
+
 # Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium).
-test: setup chromium
+test: setup chromium lint
 	$(PY) -m pytest -q
 
 # Only the browser tests: each notebook run in JupyterLab, the widget panel clicked (screenshots in artifacts/browser/);

@@ -302,9 +302,10 @@ def row_names(plan: dict, device: torch.device, gpus: int) -> list:
     return [*plan, *([PROFILE_ROW, OOM_ROW] if device.type == "cuda" else []), ddp]
 
 
-def run(device: str = "auto", progress=print, only=None) -> dict:
+def run(device: str = "auto", progress=print, only=None, save_to=None) -> dict:
     """Check every technique (or those named in `only`) on `device`. Never raises for a technique that fails: its
-    row says FAILED and why. A bad `device` is a ConfigError before anything runs."""
+    row says FAILED and why. A bad `device` is a ConfigError before anything runs. With `save_to`, the rows so far
+    are written there after each one (`"partial": true` until the last), so a check stopped midway keeps them."""
     from .bench import can_compile
 
     base = TrainConfig(**BASE, device=device).validate()
@@ -341,12 +342,20 @@ def run(device: str = "auto", progress=print, only=None) -> dict:
                 row = {"ok": False, "reason": f"{kind}: {first}"[:300], "images_per_sec": None, "checks": {}}
             rows.append({"technique": name, **row, "seconds": round(time.perf_counter() - t0, 1)})
             progress(f"{name}: {'ok' if row['ok'] else 'FAILED'} ({rows[-1]['seconds']} s)")
-    result = {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d"), "ok": all(r["ok"] for r in rows), "rows": rows,
-              "cuda_only_not_run": cuda_only(can_compile(dev)) if dev.type == "cpu" else []}
+            if save_to:
+                save({**_result(dev, rows), "partial": True}, save_to)
+    result = _result(dev, rows)
     if dev.type == "cuda" and not only:
         record(result)
     return result
+
+
+def _result(dev: torch.device, rows: list) -> dict:
+    from .bench import can_compile
+
+    return {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "ok": all(r["ok"] for r in rows), "rows": rows,
+            "cuda_only_not_run": cuda_only(can_compile(dev)) if dev.type == "cpu" else []}
 
 
 def table(result: dict) -> str:

@@ -201,7 +201,8 @@ def _check(args: dict) -> int:
     from .checkpoint import ensure_writable
 
     ensure_writable(Path(args["json"]).parent)
-    result = check.run(args["device"], progress=lambda line: print(line, file=sys.stderr), only=args["only"])
+    result = check.run(args["device"], progress=lambda line: print(line, file=sys.stderr), only=args["only"],
+                       save_to=args["json"])
     check.save(result, args["json"])
     print(check.table(result))
     print(f"\nJSON: {args['json']}")

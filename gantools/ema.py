@@ -6,9 +6,10 @@ The copy is a `torch.optim.swa_utils.AveragedModel` and the update is `get_ema_m
 `torch._foreach_lerp_` over all weights): PyTorch's own EMA, no new dependency. `AveragedModel.update_parameters`
 itself is not called: it tests `self.n_averaged == 0` and `self.n_averaged > 0` on every call (torch 2.11 and 2.14
 alike), and `n_averaged` is a buffer, which moves to the GPU with the model, so each test is a host sync on CUDA,
-every step. Instead the copy starts equal to G (`AveragedModel` deep-copies it: W_0^EMA = W_0, the first line of `get_ema_multi_avg_fn`'s
-formula) and every update is the formula's second line, W_t+1^EMA = decay * W_t^EMA + (1 - decay) * W_t+1, on the
-device. Buffers (BatchNorm's running statistics) are copied from G, as `AveragedModel` does without `use_buffers`.
+every step. Instead the copy starts equal to G (`AveragedModel` deep-copies it: W_0^EMA = W_0, the first line of
+`get_ema_multi_avg_fn`'s formula) and every update is the formula's second line,
+W_t+1^EMA = decay * W_t^EMA + (1 - decay) * W_t+1, on the device. Buffers (BatchNorm's running statistics) are copied
+from G, as `AveragedModel` does without `use_buffers`.
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ the same number of images and are scored (FID, KID, classes covered: `gantools.m
 worse than `bench.QUALITY_TARGET` (1.1) times the start's, the start is first trained again with another seed: a
 short run's FID moves by chance, so the limit becomes the wider of 1.1x and that second seed's distance. Then the
 accepted changes are backed off, last first, one at a time (each re-trained and scored) until it holds; the start
-always holds, so the final config's FID is never worse than the start's by more than that limit. Last, start and final are measured against each other, interleaved: the speed-up the
-result reports.
+always holds, so the final config's FID is never worse than the start's by more than that limit. Last, start and
+final are measured against each other, interleaved: the speed-up the result reports.
 
 Only speed knobs change (`config.speed_knobs()`: how fast a run trains, not what it learns), plus one equivalence:
 Sigmoid + BCELoss (`loss='bce-sigmoid'`) becomes BCE with logits (`'bce'`) when 16-bit precision needs it; the same

@@ -39,9 +39,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wheels import ROOT, normalize  # noqa: E402 (the folder's other script: one way to compare names)
 
-TOTAL_S = 470     # the whole run, install included, under 8 minutes on one H100
+TOTAL_S = 450     # the whole run, install and a last part's stop included, under 8 minutes on one H100
 DRY_TOTAL_S = 300
 REPORT, EVIDENCE, LOG = "report.md", "evidence.json", "log.txt"
+STOP_S = 12       # the most a part's stop takes (_kill)
 TAIL = 6000       # characters of a part's output kept in evidence.json (log.txt has it all)
 MIN_FID_IMAGES = 128 * 800  # below this FID on glyphs still falls steeply: shorter budgets compare noise (bench.PLAN)
 FID_IMAGES = 128 * 3000     # the ladder's own quality budget on a GPU (bench.PLAN)
@@ -60,13 +61,13 @@ class Part:
 PARTS = (
     Part("machine", 15, 30, "the GPU, its driver, torch, CUDA and cuDNN (`gantools info`, nvidia-smi)"),
     Part("data", 25, 40, "the glyph caches the ladder trains on and the PNG folder the doctor's scripts read"),
-    Part("check", 110, 90, "`gantools check`: every technique a few steps, each verified (CUDA-only rows on a GPU)"),
+    Part("check", 105, 90, "`gantools check`: every technique a few steps, each verified (CUDA-only rows on a GPU)"),
     Part("ladder", 100, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
                             "throughput; images/s, FLOPs, MFU"),
-    Part("doctor-dcgan", 90, 60, "`gantools doctor --try --patch` on the PyTorch tutorial's plain DCGAN script"),
-    Part("doctor-wgan-gp", 50, 60, "`gantools doctor --try --patch` on a WGAN-GP script (PyTorch-GAN's)"),
+    Part("doctor-dcgan", 85, 60, "`gantools doctor --try --patch` on the PyTorch tutorial's plain DCGAN script"),
+    Part("doctor-wgan-gp", 45, 60, "`gantools doctor --try --patch` on a WGAN-GP script (PyTorch-GAN's)"),
     Part("quality", 30, 60, "FID at an equal image budget: the reference against all together"),
-    Part("notebooks", 50, 90, "the notebooks in quick mode (nbval), where Jupyter came in the wheel folder"),
+    Part("notebooks", 45, 90, "the notebooks in quick mode (nbval), where Jupyter came in the wheel folder"),
 )
 
 
@@ -138,8 +139,9 @@ def unpack(wheels: list[Path], site: Path) -> None:
 
 
 def install(run: Run) -> dict:
-    """Install what this Python lacks from the wheel folder into the run's own site folder; then gantools and every
-    package it imports must import. Returns what was done; raises RuntimeError with the reason when it cannot."""
+    """Install what this Python lacks (by distribution name) from the wheel folder into the run's own site folder;
+    then gantools must import (what else does not import is recorded). Returns what was done; raises RuntimeError
+    with the reason when nothing could run."""
     t = time.monotonic()
     have = installed(run.python)
     if "torch" not in have:
@@ -168,24 +170,26 @@ def install(run: Run) -> dict:
     info = {"wheel_folder": str(run.wheels), "installed": [w.name for w in todo], "site": str(run.site),
             "torch": result["torch"], "cuda_available": result["cuda"], "import_failures": result["failed"],
             "not_available": lacking, "seconds": round(time.monotonic() - t, 1)}
-    if result["failed"]:
-        raise RuntimeError("these would not import: " + "; ".join(f"{k} ({v})" for k, v in result["failed"].items())
-                           + (f" (not in {run.wheels}: run `make gpu-wheels` here first)" if lacking else ""))
+    if "gantools" in result["failed"]:  # nothing can run; any other package only fails the parts that need it
+        raise RuntimeError(f"gantools would not import: {result['failed']['gantools']}"
+                           + (f" ({', '.join(lacking)} not in {run.wheels}: run `make gpu-wheels` first)"
+                              if lacking else ""))
     return info
 
 
 # -- running a part ---------------------------------------------------------------------------------------------------
 
 def _kill(proc: subprocess.Popen) -> None:
-    """The part's whole process group (its DataLoader workers, torchrun's ranks, compile workers): TERM, a few
-    seconds for the part to end, then KILL for whatever of the group is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """The part's whole process group (its DataLoader workers, compile workers, torchrun, which stops its own ranks):
+    first Ctrl-C's SIGINT, on which `doctor --try` still writes what it measured, then TERM, then KILL for whatever
+    of the group is left. At most `STOP_S` seconds."""
+    for sig, wait in ((signal.SIGINT, 8), (signal.SIGTERM, 4), (signal.SIGKILL, 0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         try:
-            proc.wait(5)
+            proc.wait(wait)
         except subprocess.TimeoutExpired:
             pass
 
@@ -301,6 +305,7 @@ def _doctor(run: Run, name: str, script: str, args: list[str], dry_args: list[st
     # steps make that start-up, not the steps, most of the part's time; compile, the slowest to try, comes last
     steps = ["--steps", "2", "--warmup", "1", "--repeats", "2"] if run.dry else ["--repeats", "2"]
     command = _py(run, "-m", "gantools", "doctor", *steps, "--patch", str(patch), "--json", str(path),
+                  "--trace", str(run.scratch / f"{name}-trace.json"),
                   str(ROOT / "tests" / "scripts" / script), "--dataroot", str(run.scratch / "pngs"),
                   *(dry_args if run.dry else args))
     return Built([command], lambda: _json(path))
@@ -346,7 +351,7 @@ def part_quality(run: Run, seconds: float) -> Built | str:
             if run.dry else ["--size", "gpu", "--device", "cuda", "--variants", "all together"])
     command = _py(run, "-m", "gantools", "bench", *size, "--repeats", "1", "--quality", "--quality-images", str(n),
                   "--json", str(path), "--png", str(run.scratch / "quality.png"))
-    return Built([command], lambda: {**(_json(path) or {}), "images_each": n, "why": why})
+    return Built([command], lambda: {**_json(path), "images_each": n, "why": why} if _json(path) else None)
 
 
 def part_notebooks(run: Run, seconds: float) -> Built | str:
@@ -367,7 +372,7 @@ BUILDERS = {"machine": part_machine, "data": part_data, "check": part_check, "la
 
 def run_part(run: Run, part: Part) -> dict:
     budget = part.dry_budget_s if run.dry else part.budget_s
-    allowed = min(budget + run.slack, run.left())
+    allowed = min(budget + run.slack, run.left() - STOP_S)
     entry = {"name": part.name, "what": part.what, "budget_s": budget, "allowed_s": round(allowed),
              "seconds": 0.0, "status": None, "returncode": None, "output_tail": "", "traceback": None, "result": None}
     if allowed < 5:
@@ -474,12 +479,14 @@ def headline_markdown(evidence: dict, source: str) -> str:
             q = h["quality"]
             lines.append(f"| FID after {q['images']:,} images: reference / {q['variant']} | "
                          f"{q['reference_fid']:.1f} / {q['fid']:.1f} |")
-    else:
+    elif _part(evidence, "ladder"):
         lines += ["", "The ladder did not finish: see the report."]
     if h["check"]:
         passed = [c["row"] for c in h["check"] if c["ok"]]
         failed = [c for c in h["check"] if not c["ok"]]
-        lines += ["", f"`gantools check`: {len(passed)} of {len(h['check'])} rows ok"
+        partial = ((_part(evidence, "check") or {}).get("result") or {}).get("partial")
+        lines += ["", f"`gantools check`{' (stopped before its last row)' if partial else ''}: "
+                      f"{len(passed)} of {len(h['check'])} rows ok"
                       + (f" ({', '.join(passed)})" if passed else "") + "."]
         lines += [f"FAILED: {c['row']}: {c['reason']}" for c in failed]
     return "\n".join(lines)
@@ -496,7 +503,8 @@ def _machine_lines(evidence: dict) -> list[str]:
             ("Python", info.get("python", "?")), ("CPU cores", str(info.get("cpu_cores", "?"))),
             ("platform", info.get("platform", "?"))]
     if smi:
-        rows.append(("clocks, power", f"max SM clock {smi['max_sm_clock']}, power limit {smi['power_limit']}"))
+        rows.append(("clocks, power", f"max SM clock {smi.get('max_sm_clock', '?')}, power limit "
+                                      f"{smi.get('power_limit', '?')}"))
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
 
@@ -508,8 +516,14 @@ def report_markdown(evidence: dict) -> str:
              "budget. Every number below was measured in this run.", "", "## The machine", "",
              *_machine_lines(evidence), ""]
     inst = evidence.get("install") or {}
-    lines += [f"Installed from the wheel folder: {', '.join(inst.get('installed') or []) or 'nothing (all present)'}."
-              if inst else "The install did not finish.", ""]
+    if "error" in inst:
+        lines += ["The install failed, so no part ran:", "", _fenced(inst["error"]), ""]
+    elif inst:
+        lines += [f"Installed from the wheel folder: {', '.join(inst['installed']) or 'nothing (all present)'}."]
+        if inst.get("import_failures"):
+            lines += ["Would not import (the parts that need them fail and say so): " + "; ".join(
+                f"{k}: {v}" for k, v in inst["import_failures"].items()) + "."]
+        lines += [""]
     lines += ["## Headline", "", headline_markdown(evidence, EVIDENCE), "", "## The parts", "",
               "| part | budget s | allowed s | took s | result |", "|---|---:|---:|---:|---|"]
     lines += [f"| {p['name']} | {p['budget_s']} | {p['allowed_s']} | {p['seconds']:.0f} | {p['status']} |"
@@ -538,19 +552,21 @@ def _printed(p: dict, start: str) -> str:
 def _part_body(p: dict, evidence: dict) -> str:
     r = p["result"]
     if p["name"] == "check" and r:
-        body = _fenced(_printed(p, "gantools check on"))
+        body = _fenced(_printed(p, "gantools check on")) if not r.get("partial") else (
+            "Stopped before its last row; the rows it finished:\n\n" + "\n".join(
+                f"- {x['technique']}: {'ok' if x['ok'] else 'FAILED: ' + str(x['reason'])}" for x in r["rows"]))
         if r.get("cuda_only_not_run"):
             body += "\n\nNot applicable on this CPU (CUDA only): " + ", ".join(r["cuda_only_not_run"]) + "."
         return body
-    if p["name"] in ("ladder", "quality") and r:
-        at = p["output_tail"].find(r["machine"]["device_name"])
+    if p["name"] in ("ladder", "quality") and r and r.get("machine"):
+        at = p["output_tail"].find(r["machine"].get("device_name", "?"))
         table = p["output_tail"][at:].split("\nJSON:")[0] if at >= 0 else ""
-        extra = f"\n\nImages per variant: {r['why']}." if p["name"] == "quality" else ""
+        extra = f"\n\nImages per variant: {r.get('why')}." if p["name"] == "quality" else ""
         chart = "\n\n![the ladder](bench.png)" if p["name"] == "ladder" else ""
         return table.strip() + extra + chart
     if p["name"].startswith("doctor") and p["status"] != "skipped":
         tail = _printed(p, "gantools doctor")
-        kept = ((r or {}).get("try") or {})
+        kept = ((r or {}).get("try") or {}).get("kept")
         return _fenced(tail[-4000:]) + (f"\n\nThe patch: `{p['name']}.patch`." if kept else "")
     if p["name"] == "machine":
         return ""
@@ -564,9 +580,14 @@ def save(run: Run) -> None:
     if run.out is None:
         run.out = run.out_root / folder_name(run.evidence)
         run.out.mkdir(parents=True, exist_ok=True)
-    run.evidence["headline"] = headline(run.evidence)  # its numbers stored, as the docs quote them
+    try:
+        run.evidence["headline"] = headline(run.evidence)  # its numbers stored, as the docs quote them
+        report = report_markdown(run.evidence)
+    except Exception as e:  # noqa: BLE001 (a result this code did not expect must not end the run)
+        report = f"# gantools GPU evidence\n\nThe report could not be drawn ({type(e).__name__}: {e}); " \
+                 f"evidence.json holds every part's result.\n"
     (run.out / EVIDENCE).write_text(json.dumps(run.evidence, indent=1))
-    (run.out / REPORT).write_text(report_markdown(run.evidence))
+    (run.out / REPORT).write_text(report)
     (run.out / LOG).write_text("\n".join(run.logs))
 
 

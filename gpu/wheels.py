@@ -119,8 +119,8 @@ def main(argv=None) -> int:
     wheels = sorted(out.glob("*.whl"), key=lambda w: -w.stat().st_size)
     total = sum(w.stat().st_size for w in wheels) / 1e6
     (out / "manifest.json").write_text(json.dumps(
-        {"python_version": a.python_version, "torch": a.torch, "torchvision": a.torchvision, "total_mb": round(total, 1),
-         "wheels": {w.name: w.stat().st_size for w in wheels}}, indent=1))
+        {"python_version": a.python_version, "torch": a.torch, "torchvision": a.torchvision,
+         "total_mb": round(total, 1), "wheels": {w.name: w.stat().st_size for w in wheels}}, indent=1))
     print(f"{len(wheels)} wheels, {total:.1f} MB in {out}/ (budget {a.budget_mb:g} MB); the largest: "
           + ", ".join(f"{w.name.split('-')[0]} {w.stat().st_size / 1e6:.1f}" for w in wheels[:5]))
     if total > a.budget_mb:

@@ -1,11 +1,12 @@
 """The workbook as a reader meets it: JupyterLab in headless Chromium, driven by Playwright.
 
-nbval proves that the cells execute; this proves what a reader sees. Every notebook (quick mode, copied to a temporary
-folder so the stored outputs are never touched) is opened in JupyterLab and run with Run > Run All Cells; no cell may
-show an error and every widget must render. In 01-04 the notebook's own try-it widget is pressed and must finish a
-run reported against the baseline that notebook measured. In 05_all_together a control is changed with the mouse and Run pressed:
-the run's loss plot and sample grid must update in place and its result must reach the comparison table; then Tune is
-pressed with a budget of seconds, its path must appear in the panel, and Load tuned must take its result.
+nbval proves that the cells execute; this proves what a reader sees. Every notebook (quick mode, copied to a
+temporary folder so the stored outputs are never touched) is opened in JupyterLab and run with Run > Run All Cells;
+no cell may show an error and every widget must render. In 01-04 the notebook's own try-it widget is pressed and
+must finish a run reported against the baseline that notebook measured. In 05_all_together a control is changed with
+the mouse and Run pressed: the run's loss plot and sample grid must update in place and its result must reach the
+comparison table; then Tune is pressed with a budget of seconds, its path must appear in the panel, and Load tuned
+must take its result.
 Screenshots land in artifacts/browser/ for a person to look at.
 
 Needs Chromium (Debian's `chromium`; `make test` installs it where it can) or $GANTOOLS_CHROMIUM: the `browser`
@@ -246,8 +247,9 @@ def check_tune(page, panel, status) -> None:
     panel.screenshot(path=str(ARTIFACTS / "05_all_together-panel-tuned.png"))
 
 
+# each notebook's "try it" widget and its button
 TRY_IT = {"01_profiling.ipynb": "Profile", "02_mixed_precision.ipynb": "Run", "03_data_loading.ipynb": "Run",
-          "04_optimizers_and_accumulation.ipynb": "Run", "07_gan_variants.ipynb": "Run"}  # each notebook's "try it" widget and its button
+          "04_optimizers_and_accumulation.ipynb": "Run", "07_gan_variants.ipynb": "Run"}
 
 
 def check_try_it(nb: Notebook, button: str) -> None:

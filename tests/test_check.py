@@ -186,7 +186,8 @@ def test_a_real_out_of_memory_must_be_told_apart_and_training_go_on(glyphs64, mo
     def refuse(*args, **kwargs):  # what the caching allocator raises
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
     real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: refuse() if a and a[0] == 2**20 + 2**30 else real_empty(*a, **k))
+    monkeypatch.setattr(torch, "empty",
+                        lambda *a, **k: refuse() if a and a[0] == 2**20 + 2**30 else real_empty(*a, **k))
     row = check.check_out_of_memory(cfg, glyphs64)
     assert row["ok"] and row["checks"] == {"out of memory told apart": True, "finite losses after": True}
     # an error that is not out of memory (the host's allocator saying no in its own words) fails the row
@@ -194,3 +195,15 @@ def test_a_real_out_of_memory_must_be_told_apart_and_training_go_on(glyphs64, mo
                         if a and a[0] == 2**20 + 2**30 else real_empty(*a, **k))
     row = check.check_out_of_memory(cfg, glyphs64)
     assert not row["ok"] and "RuntimeError was not classified as out of memory" in row["reason"]
+
+
+def test_each_finished_row_is_saved_so_a_check_stopped_midway_keeps_it(tmp_path, monkeypatch):
+    path, saved_rows, real_save = tmp_path / "check.json", [], check.save
+
+    def save(result, where):  # what the file holds after each write
+        real_save(result, where)
+        saved_rows.append([r["technique"] for r in json.loads(Path(where).read_text())["rows"]])
+    monkeypatch.setattr(check, "save", save)
+    result = check.run("cpu", progress=lambda line: None, only=["fp32", "channels_last"], save_to=path)
+    assert saved_rows == [["fp32"], ["fp32", "channels_last"]]
+    assert json.loads(path.read_text())["partial"] is True and "partial" not in result

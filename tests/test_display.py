@@ -35,7 +35,7 @@ def test_live_plot_draws_one_figure_and_updates_it_in_place(tiny, glyphs64, disp
     assert plot.draws == len(displays) == 1 + 3 + 1  # start, one per log, end
     assert plot.grid is not None and plot.draw_time_s > 0
     lines = plot.ax_loss.get_lines()
-    assert [list(l.get_xdata()) for l in lines] == [[2, 4, 6]] * 2
+    assert [list(line.get_xdata()) for line in lines] == [[2, 4, 6]] * 2
 
 
 def test_live_plot_is_throttled(tiny, glyphs64, displays):

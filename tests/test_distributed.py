@@ -4,7 +4,6 @@ tests below, because each launch costs seconds of process start-up on a 2-core m
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

@@ -401,7 +401,8 @@ SHAPES_OF_D = {  # D's class, and the source line its final Sigmoid is on
                  "        layers = [nn.Linear(2, 1)]\n        if sigmoid:\n            layers.append(nn.Sigmoid())\n"
                  "        self.main = nn.Sequential(*layers)\n"),
     "Listed": ("class Listed(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-               "        self.main = nn.Sequential(*[\n            nn.Linear(2, 1),\n            nn.Sigmoid(),\n        ])\n"),
+               "        self.main = nn.Sequential(*[\n            nn.Linear(2, 1),\n"
+               "            nn.Sigmoid(),\n        ])\n"),
     "Gated": ("class Gated(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
               "        self.gate = nn.Sequential(nn.Linear(2, 2), nn.Sigmoid())  # squeeze-and-excitation: kept\n"
               "        self.head = nn.Sequential(\n            nn.Linear(2, 1),  # logit\n            nn.Sigmoid()\n"
@@ -544,3 +545,21 @@ def test_tf32_and_cudnn_fixes_work_whichever_tf32_api_the_process_used():
             assert torch.backends.cudnn.conv.fp32_precision == "tf32"
         assert torch.backends.cuda.matmul.fp32_precision == "ieee" == torch.backends.cudnn.conv.fp32_precision
         assert torch.backends.cudnn.benchmark == benchmark
+
+
+@pytest.mark.parametrize("line, joins", [
+    ("g_loss = adversarial_loss(validity, valid)", True),            # PyTorch-GAN's MSELoss criterion
+    ("errD_real = criterion(output, label)", True),                  # the DCGAN tutorial's BCELoss
+    ("loss = F.binary_cross_entropy_with_logits(output, label)", True),
+    ("d_loss = (output + 1) / 2", True),                            # arithmetic on the outputs
+    ("feat = vgg(output)", False),                                  # another network: its precision is not ours
+    ("gp = torch.autograd.grad(outputs=output.sum(), inputs=x)[0]", False),
+    ("D_x = output.mean().item()", False),                          # a logged value
+    ("y = self.output + 1", False),                                 # an attribute, not the name
+    ("y = f(output=3)", False),                                     # a keyword, not the name
+    ("output2 = criterion(other, label)", False),                   # does not read the block's outputs
+    ("loss = criterion(output, label); loss.backward()", False),   # not only assignments
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_only_a_loss_of_the_wrapped_outputs_joins_the_autocast_block(line, joins):
+    import libcst as cst
+    assert patching._loss_of(cst.parse_statement(line + "\n"), {"output", "validity"}) is joins

@@ -4,9 +4,8 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
-from gantools import ConfigError, ImageTensorDataset, Trainer, TrainConfig
+from gantools import ConfigError, Trainer, TrainConfig
 from gantools.cli import main
 
 from conftest import BatchFreeD, BatchFreeG, CondBatchFreeD, CondBatchFreeG, HostReads, weights

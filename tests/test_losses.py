@@ -31,8 +31,8 @@ def test_each_loss_is_its_formula():
         args = (p_real, p_fake) if loss.outputs == "probabilities" else (real, fake)
         assert loss.d(*args).item() == pytest.approx(d.item(), rel=1e-6), name
         assert loss.g(args[1]).item() == pytest.approx(g.item(), rel=1e-6), name
-    assert {n: LOSSES[n].outputs for n in LOSSES} == {"bce": "logits", "hinge": "scores", "bce-sigmoid": "probabilities",
-                                                      "lsgan": "scores", "wgan-gp": "scores"}
+    assert {n: LOSSES[n].outputs for n in LOSSES} == {
+        "bce": "logits", "hinge": "scores", "bce-sigmoid": "probabilities", "lsgan": "scores", "wgan-gp": "scores"}
     from gantools.train import d_loss, g_loss  # the names notebooks and scripts used before losses.py
     assert d_loss("hinge", real, fake) == LOSSES["hinge"].d(real, fake) and g_loss("bce", fake) == LOSSES["bce"].g(fake)
 
@@ -40,8 +40,8 @@ def test_each_loss_is_its_formula():
 def _batch(seed=0, n=4):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    return BatchFreeD(), torch.rand(n, 1, 32, 32, generator=gen) * 2 - 1, torch.rand(n, 1, 32, 32, generator=gen) * 2 - 1, \
-        torch.rand(n, generator=gen)
+    real, fake = (torch.rand(n, 1, 32, 32, generator=gen) * 2 - 1 for _ in range(2))
+    return BatchFreeD(), real, fake, torch.rand(n, generator=gen)
 
 
 def _by_hand(d, points, value):

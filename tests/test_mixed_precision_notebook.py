@@ -17,7 +17,8 @@ TINY = dict(nz=16, ngf=8, ndf=8, batch_size=16)
 
 def technique_cell() -> str:
     cells = json.loads(NOTEBOOK.read_text())["cells"]
-    return next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and "def amp_step" in "".join(c["source"]))
+    return next("".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and "def amp_step" in "".join(c["source"]))
 
 
 def code_lines(lines) -> list[str]:

@@ -30,7 +30,8 @@ def test_discriminator_returns_logits_unless_asked_for_the_tutorials_sigmoid():
 
 def test_widths_and_latent_size_are_arguments():
     small, big = Generator(64, 3, nz=10, ngf=4), Generator(64, 3, nz=10, ngf=16)
-    count = lambda m: sum(p.numel() for p in m.parameters())
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
     assert count(big) > 8 * count(small)
 
 

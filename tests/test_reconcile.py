@@ -39,7 +39,8 @@ def test_figures_within_the_noise_agree():
 
 
 def test_a_sequential_figure_outside_the_noise_is_named():
-    figures = [Figure("all together", "in turns", 2.0, (1.98, 2.02)), Figure("all together", "alone", 1.6, sequential=True)]
+    figures = [Figure("all together", "in turns", 2.0, (1.98, 2.02)),
+               Figure("all together", "alone", 1.6, sequential=True)]
     c = reconcile.reconcile(figures, drift=0.02, warmup={"the panel's run": 3.04})
     assert not c.keep
     assert "differ by more than it" in c.text and "The figure *alone* also carries the machine's state" in c.text

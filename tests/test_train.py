@@ -10,7 +10,7 @@ from gantools import (CheckpointError, ConfigError, ImageTensorDataset, NonFinit
                       load_checkpoint, preset, save_checkpoint)
 from gantools.train import METRICS
 
-from conftest import CUDA, PRECISIONS, BatchFreeD, BatchFreeG, cuda_only, weights
+from conftest import PRECISIONS, BatchFreeD, BatchFreeG, cuda_only, weights
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -383,7 +383,7 @@ def test_the_process_matmul_precision_is_kept_readable_and_restored(tiny, glyphs
 def test_a_second_thread_cannot_train_while_a_trainer_holds_the_process(tiny, glyphs64):
     import threading
 
-    inside, release, errors = threading.Event(), threading.Event(), []
+    inside, release = threading.Event(), threading.Event()
 
     class Hold:
         def on_step_end(self, trainer):

@@ -95,7 +95,8 @@ def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
     saved = json.loads(path.read_text())
     for point in ("start", "final"):
         assert {"config", "images_per_sec", "fid"} <= set(saved[point])
-    assert saved["final"]["config"]["transform"] == "on-device" and saved["start"]["config"]["transform"] == "per-sample"
+    assert saved["final"]["config"]["transform"] == "on-device"
+    assert saved["start"]["config"]["transform"] == "per-sample"
     step = saved["path"][0]
     assert {"change", "images_per_sec", "ratio_to_start", "accepted", "why"} <= set(step)
     assert step["change"] == first.change and step["accepted"] is True and step["why"].startswith("kept")

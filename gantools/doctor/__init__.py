@@ -62,5 +62,5 @@ from .trying import TryReport, try_fixes
 from .watch import Watch, run, watch
 
 __all__ = ["DoctorError", "DoctorReport", "Finding", "MIN_GAIN", "MIN_SHARE", "MachineFacts", "OTHER", "PACING_LIMIT",
-           "RULES", "STEPS", "SYNCS_PER_STEP", "SYNC_METHODS", "ScriptError", "TIMEOUT_S", "TryReport", "WARMUP", "Watch",
-           "check_script", "default_trace", "findings", "run", "run_script", "try_fixes", "watch"]
+           "RULES", "STEPS", "SYNCS_PER_STEP", "SYNC_METHODS", "ScriptError", "TIMEOUT_S", "TryReport", "WARMUP",
+           "Watch", "check_script", "default_trace", "findings", "run", "run_script", "try_fixes", "watch"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import difflib
 import os
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -442,8 +443,14 @@ def _assigned_names(stmt) -> set:
     return names
 
 
+LOSS_CALL = re.compile(r"(loss|criterion|cross_entropy)", re.IGNORECASE)
+
+
 def _loss_of(stmt, made: set) -> bool:
-    """An assignment (no backward, no optimizer step) that reads a name in `made`: the loss of the forward above."""
+    """An assignment that reads a name in `made` and calls nothing but losses (a criterion, `F.mse_loss`,
+    `adversarial_loss`...) or nothing at all (`d_loss = (real_loss + fake_loss) / 2`): the loss of the forward above.
+    Under autocast torch runs its losses in float32, as `--try` computes them from its float32 outputs; any other
+    call (another network, autograd.grad, a logged `.item()`) stays outside the block, at the precision it had."""
     if not made or not all(isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for small in stmt.body):
         return False
     read, calls = set(), []
@@ -452,10 +459,19 @@ def _loss_of(stmt, made: set) -> bool:
         def visit_Name(self, node):
             read.add(node.value)
 
+        def visit_Attribute(self, node):  # `x.output` reads x, not a name `output`
+            node.value.visit(self)
+            return False
+
+        def visit_Arg(self, node):  # `f(target=y)` reads y, not a name `target`
+            node.value.visit(self)
+            return False
+
         def visit_Call(self, node):
             calls.append(_callee(node).split(".")[-1])
-    stmt.visit(Find())
-    return bool(read & made) and not {"backward", "step", "zero_grad"} & set(calls)
+    for small in stmt.body:  # the values read; an assignment's targets are not reads
+        (small.value.visit(Find()) if small.value is not None else None)
+    return bool(read & made) and all(LOSS_CALL.search(c) for c in calls)
 
 
 def _assigns(stmt, name: str) -> bool:

@@ -96,7 +96,8 @@ def execute(path: Path, args) -> tuple[str, BaseException | None]:
     sys.argv = [str(path), *args]
     sys.path.insert(0, folder)
     try:
-        runpy.run_path(str(path.resolve()), run_name="__main__")  # absolute: a script that changes directory keeps its sites
+        # absolute: a script that changes directory keeps its sites
+        runpy.run_path(str(path.resolve()), run_name="__main__")
     except ScriptMeasured:
         return "measured", None
     except SystemExit as e:
