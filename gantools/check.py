@@ -302,8 +302,9 @@ def row_names(plan: dict, device: torch.device, gpus: int) -> list:
     return [*plan, *([PROFILE_ROW, OOM_ROW] if device.type == "cuda" else []), ddp]
 
 
-def run(device: str = "auto", progress=print, only=None, save_to=None) -> dict:
-    """Check every technique (or those named in `only`) on `device`. Never raises for a technique that fails: its
+def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None) -> dict:
+    """Check every technique (or those named in `only`, less those in `skip`) on `device`. Never raises for a
+    technique that fails: its
     row says FAILED and why. A bad `device` is a ConfigError before anything runs. With `save_to`, the rows so far
     are written there after each one (`"partial": true` until the last), so a check stopped midway keeps them."""
     from .bench import can_compile
@@ -315,13 +316,13 @@ def run(device: str = "auto", progress=print, only=None, save_to=None) -> dict:
     gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
     names = row_names(plan, dev, gpus)
     ddp_name = names[-1]
-    unknown = set(only or ()) - set(names)
+    unknown = (set(only or ()) | set(skip or ())) - set(names)
     if unknown:
         raise ConfigError(f"unknown technique(s) {sorted(unknown)}; choose from {names}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="gantools-check-") as tmp:
         for i, name in enumerate(names):
-            if only and name not in only:
+            if (only and name not in only) or (skip and name in skip):
                 continue
             work = Path(tmp) / f"t{i}"
             t0 = time.perf_counter()
@@ -345,7 +346,7 @@ def run(device: str = "auto", progress=print, only=None, save_to=None) -> dict:
             if save_to:
                 save({**_result(dev, rows), "partial": True}, save_to)
     result = _result(dev, rows)
-    if dev.type == "cuda" and not only:
+    if dev.type == "cuda" and not only and not skip:
         record(result)
     return result
 

@@ -194,6 +194,7 @@ def _check_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", nargs="+", default=None, metavar="ROW",
                    help="check only these rows (quote names, e.g. --only fp32 'compile default'; a GPU's run is "
                         "recorded only when every row ran)")
+    p.add_argument("--skip", nargs="+", default=None, metavar="ROW", help="check every row but these")
 
 
 def _check(args: dict) -> int:
@@ -202,7 +203,7 @@ def _check(args: dict) -> int:
 
     ensure_writable(Path(args["json"]).parent)
     result = check.run(args["device"], progress=lambda line: print(line, file=sys.stderr), only=args["only"],
-                       save_to=args["json"])
+                       save_to=args["json"], skip=args["skip"])
     check.save(result, args["json"])
     print(check.table(result))
     print(f"\nJSON: {args['json']}")

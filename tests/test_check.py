@@ -207,3 +207,10 @@ def test_each_finished_row_is_saved_so_a_check_stopped_midway_keeps_it(tmp_path,
     result = check.run("cpu", progress=lambda line: None, only=["fp32", "channels_last"], save_to=path)
     assert saved_rows == [["fp32"], ["fp32", "channels_last"]]
     assert json.loads(path.read_text())["partial"] is True and "partial" not in result
+
+
+def test_skipped_rows_do_not_run_and_an_unknown_one_is_refused(tmp_path):
+    result = check.run("cpu", progress=lambda line: None, only=["fp32", "channels_last"], skip=["channels_last"])
+    assert [r["technique"] for r in result["rows"]] == ["fp32"]
+    with pytest.raises(check.ConfigError, match="unknown technique"):
+        check.run("cpu", progress=lambda line: None, skip=["compile warp"])
