@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab lint test test-browser book workbook setup chromium clean gpu-evidence gpu-wheels
+.PHONY: lab lint test test-fast test-browser book workbook setup chromium clean gpu-evidence gpu-wheels
 
 # Create .venv if missing, then install the project with pinned versions.
 # Re-runs only when pyproject.toml or constraints.txt change.
@@ -45,6 +45,11 @@ lint: setup
 # Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium).
 test: setup chromium lint
 	$(PY) -m pytest -q
+
+# The edit-test loop: the unit tests but those marked slow (more than a couple of seconds each) and the browser's,
+# no notebooks; under 3 minutes here. `make test` still runs everything.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not browser" tests
 
 # Only the browser tests: each notebook run in JupyterLab, the widget panel clicked (screenshots in artifacts/browser/);
 # the book built and every page read (artifacts/book/).

@@ -10,6 +10,7 @@ TINY = dict(ngf=8, ndf=8, nz=16, batch_size=32)
 PLAN = dict(warmup_images=32, images_per_repeat=64, repeats=2, quality_images=32 * 40)
 
 
+@pytest.mark.slow
 def test_ladder_rows_are_measured_interleaved_and_saved(tmp_path):
     order = []
     result = bench.run("cpu", "cpu", variants=["bf16 autocast", "all together", "max throughput (batch x2)"],
@@ -36,6 +37,7 @@ def test_ladder_rows_are_measured_interleaved_and_saved(tmp_path):
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_quality_puts_fid_beside_speed_at_an_equal_image_budget(tmp_path):
     result = bench.run("cpu", "cpu", variants=["max throughput (batch x2)"], quality=True, overrides=TINY,
                        plan=PLAN, out_dir=tmp_path, quality_samples=512, progress=lambda _: None, compile=False)
@@ -58,6 +60,7 @@ def test_unknown_variant_is_refused():
         bench.run("cpu", "cpu", variants=["warp drive"], overrides=TINY, plan=PLAN)
 
 
+@pytest.mark.slow
 def test_scaling_row_times_one_and_two_processes_and_states_the_efficiency(tmp_path):
     lines = []
     result = bench.scaling("cpu", "cpu", max_processes=2, repeats=1, steps=6, log_interval=2, overrides=TINY,

@@ -15,6 +15,7 @@ from gantools.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_check_runs_every_technique_here_and_all_pass(tmp_path):
     path = tmp_path / "check.json"  # a process of its own, as a user runs it: torch.compile starts from nothing
     done = subprocess.run([sys.executable, "-m", "gantools", "check", "--device", "cpu", "--json", str(path)],

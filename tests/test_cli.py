@@ -51,6 +51,7 @@ def test_every_config_field_is_a_documented_flag():
         assert " ".join(f.metadata["help"].split())[:30] in help_text
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point(tmp_path):
     result = subprocess.run([sys.executable, "-m", "gantools", "train", "--steps", "2", "--out-dir", str(tmp_path),
                              "--loader", "device", *TINY], capture_output=True, text=True, timeout=120)

@@ -48,6 +48,7 @@ def two_ranks(tmp_path_factory):
     return cfgs, data, ranks
 
 
+@pytest.mark.slow
 def test_two_processes_with_half_the_batch_each_train_the_weights_of_one_process(two_ranks, tmp_path):
     cfgs, data, ranks = two_ranks
     one = _one_process(cfgs["plain"].replace(out_dir=str(tmp_path)), data)
@@ -137,6 +138,7 @@ def test_batchnorm_models_keep_identical_weights_on_every_rank(two_ranks):
                if "running_mean" in k)
 
 
+@pytest.mark.slow
 def test_torchrun_cli_prints_once_and_a_forwarded_ctrl_c_stops_every_rank_with_a_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     command = distributed.launch_command(

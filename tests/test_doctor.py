@@ -67,6 +67,7 @@ def assert_nothing_left_behind():
     assert DataLoader.__dict__["__iter__"] is LOADER_ITER and not _ACTIVE
 
 
+@pytest.mark.slow
 def test_tutorial_loop_gets_the_five_findings_and_the_top_fix_speeds_it_up(pngs, tmp_path):
     argv, path = sys.argv[:], sys.path[:]
     before = doctor.run_script(TUTORIAL, tutorial(pngs), steps=3, warmup=1, trace=tmp_path / "before.json")
@@ -161,6 +162,7 @@ def test_bad_input_is_one_clear_message(pngs, tmp_path, capsys, monkeypatch):
     assert_nothing_left_behind()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_and_reports_what_was_seen(pngs):
     """A terminal's Ctrl-C goes to the whole process group: the DataLoader workers (which inherit the doctor's
     handler) must end quietly too."""

@@ -121,6 +121,7 @@ def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
     assert_in_script_terms(report, CGAN)
 
 
+@pytest.mark.slow
 def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_main_binds(diagnose, pngs, tmp_path):
     """The vanilla GAN's G returns (B, 256) rows, not an image batch: G is the model feeding the one that returns one
     value per image. Its loop lives in main(), whose `device = torch.device(...)` the autocast lines name."""
@@ -144,6 +145,7 @@ def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_mai
     assert all(math.isfinite(v) for v in run_copy(VANILLA, tmp_path, pngs))
 
 
+@pytest.mark.slow
 def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagnose, pngs, tmp_path):
     """Models, optimizers and the device as attributes of a trainer object: the report and the patch name them as the
     code does (`self.D`, `self.opt_g`, `self.device.type`), not by their classes."""
@@ -220,6 +222,7 @@ def test_autocast_names_device_only_where_the_wrapped_line_sees_a_torch_device(s
     assert item == f"torch.autocast({expected}, dtype=torch.bfloat16)"
 
 
+@pytest.mark.slow
 def test_wgan_gp_counts_five_critic_steps_and_freezes_only_g_steps_call(diagnose):
     """D's step calls D on fakes that carry G's gradients (not detached), on the same line text as G's step: only
     the call that G's optimizer step follows is G's step, the one place freezing D is right."""
@@ -297,6 +300,7 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
         assert all(math.isfinite(v) for v in losses), (name, losses)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [CGAN, WGAN_GP, VANILLA, TRAINER_CLASS, ACCELERATE],
                          ids=["cgan", "wgan-gp", "vanilla", "trainer-class", "accelerate"])
 def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):

@@ -85,6 +85,7 @@ def test_a_conditional_trainer_feeds_labels_and_draws_one_row_per_class(tiny, gl
     assert torch.equal(trainer.fixed_labels, torch.arange(10).repeat_interleave(8))
 
 
+@pytest.mark.slow
 def test_a_short_conditional_training_draws_each_class_when_asked(tmp_path):
     """500 steps of a small conditional DCGAN on glyphs (about 10 s here): the glyph classifier puts 28-38% of the
     samples drawn for class k in class k (measured over seeds 0-3; chance: 10%, and exactly 10% for a generator that

@@ -106,6 +106,7 @@ def _wheel(folder: Path, name: str, module: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_install_takes_from_the_wheel_folder_only_what_this_python_lacks(tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()
@@ -129,6 +130,7 @@ def test_a_python_without_torch_is_refused_in_one_line(tmp_path, monkeypatch):
         evidence.install(run)
 
 
+@pytest.mark.slow
 def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_runs(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
     sleeper = ("import subprocess, sys, time\n"
@@ -231,6 +233,7 @@ def test_a_python_without_pip_still_gets_the_wheels_unpacked(tmp_path):
     assert (site / "gantools_probe_dist-1.0.dist-info" / "METADATA").is_file()
 
 
+@pytest.mark.slow
 def test_every_gpu_command_is_one_gantools_accepts(tmp_path):
     """The real run's command lines, built here and parsed by gantools' own parser (and the scripts' flags by the
     scripts' own): a flag misspelt for the GPU would otherwise first fail there."""

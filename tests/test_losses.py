@@ -127,6 +127,7 @@ def test_penalties_follow_the_config(tiny):
     assert (both[1].gamma, both[1].interval) == (2.0, 8)
 
 
+@pytest.mark.slow
 def test_the_penalty_runs_through_the_uncompiled_d_and_trains_d_as_eager_does(tiny, glyphs64):
     class PenaltyG(BatchFreeG):  # a forward no other test compiles: dynamo reuses graphs made for the same code
         def forward(self, z):

@@ -87,6 +87,7 @@ def _wait(condition, seconds=60):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_tune_button_tunes_in_the_background_draws_the_path_and_loads_the_result(panel):
     panel.set(loader="device").minutes.value = 0.4  # the quality reserve (two FIDs) is ~13 s here
     panel.tune_button.click()

@@ -32,6 +32,7 @@ def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
     assert not any(type(c).__name__ == "StepProfiler" for c in trainer.callbacks)
 
 
+@pytest.mark.slow
 def test_slow_loader_is_data_bound_and_the_recommended_fix_speeds_it_up(tiny, big_images, request):
     request.addfinalizer(lambda n=torch.get_num_threads(): torch.set_num_threads(n))  # the next tests get theirs
     torch.set_num_threads(1)  # a tiny model's two OpenMP threads spin 100x slower on a busy 2-core machine

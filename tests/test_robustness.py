@@ -97,6 +97,7 @@ def _cli(args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill -9", "ctrl-c"])
 def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
     args = ["--steps", "150", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8", "--batch-size", "16",
@@ -297,6 +298,7 @@ def test_bad_files_anywhere_in_a_folder_are_all_named_before_training(tmp_path):
     assert "ok0.png" not in message and "Remove or replace" in message
 
 
+@pytest.mark.slow
 def test_two_processes_filling_the_same_cache_at_once_do_not_corrupt_it(tmp_path):
     code = ("import sys, hashlib; from gantools import load_glyphs; "
             "x, y = load_glyphs(32, 1, 'test', root=sys.argv[1]); "

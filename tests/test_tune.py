@@ -73,6 +73,7 @@ def test_workers_and_pinning_are_offered_only_for_a_dataset_of_cpu_tensors(tiny)
     assert allowed(fix, tiny, space) and not allowed(fix, tiny, space, cpu_tensors=False)
 
 
+@pytest.mark.slow
 def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
     """The tutorial's per-image PIL transforms in the training process feeding a tiny model: the step waits for its
     data, the verdict says so, and tune's first kept change is the verdict's data-loading fix."""
@@ -102,6 +103,7 @@ def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
     assert step["change"] == first.change and step["accepted"] is True and step["why"].startswith("kept")
 
 
+@pytest.mark.slow
 def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64, monkeypatch):
     """Every measured candidate is kept (the rule replaced, so the path is known); the quality function makes the
     last one (for-loop Adam) "hurt" FID: the check backs off that change alone, re-scoring each config."""
@@ -130,6 +132,7 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
     assert "(backed off: quality)" in result.markdown() and result.speedup is not None
 
 
+@pytest.mark.slow
 def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs64, monkeypatch):
     """The start with another seed scores 2x apart: a change 1.5x worse is within FID's own noise and stays kept."""
     from gantools import tuner
@@ -149,6 +152,7 @@ def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs6
     assert [t["held"] for t in result.quality["tries"]] == [True] and "limit 2.00x" in result.quality["note"]
 
 
+@pytest.mark.slow
 def test_a_close_call_is_measured_again_and_decided_on_all_its_repeats(tiny, glyphs64, monkeypatch):
     from gantools import tuner  # the loop that applies the rule
 
@@ -179,6 +183,7 @@ class OutOfMemoryAbove(BatchFreeG):
         return super().forward(z)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", [None, RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED")],
                          ids=["OutOfMemoryError", "cuDNN's allocation failure"])
 def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
@@ -204,6 +209,7 @@ def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
     assert all(torch.equal(a, b) for a, b in zip(weights(d).values(), before[1].values()))
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_tune_between_measurements_with_the_path_so_far(tiny, glyphs64, tmp_path):
     sent = []
 
@@ -232,6 +238,7 @@ def test_bad_input_is_refused_before_any_work(tiny, glyphs64):
         tune(tiny, plan={"repeats": 0}, quality_images=-5)
 
 
+@pytest.mark.slow
 def test_tune_from_the_command_line(tmp_path, capsys):
     path = tmp_path / "t.json"
     args = ["tune", "--minutes", "0.1", "--no-quality", "--json", str(path), "--loader", "device", "--nz", "8",
