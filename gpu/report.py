@@ -55,7 +55,9 @@ def headline(evidence: dict) -> dict:
 def headline_markdown(evidence: dict, source: str) -> str:
     """The headline as Markdown, its measured table marked with its source (tests/test_docs.py checks the numbers)."""
     h = headline(evidence)
-    kind = "a dry run on a CPU (tiny sizes: not evidence of speed)" if h["dry"] else "one GPU"
+    on_gpu = str(((evidence.get("machine") or {}).get("info") or {}).get("device", "")).startswith("cuda")
+    kind = ("a dry run on a CPU (tiny sizes: not evidence of speed)" if h["dry"] else "one GPU" if on_gpu
+            else "a CPU, full sizes (no GPU in this run)")
     lines = [f"**{h['device']}**, {h['date']}, {kind}: `make gpu-evidence` at commit {evidence['commit']}."]
     lad = h["ladder"]
     if lad:

@@ -214,7 +214,8 @@ def test_results_and_the_readme_show_every_stored_gpu_run():
         assert "make gpu-evidence" in results and "make gpu-evidence" in readme
     for path in runs:
         data = json.loads(path.read_text())
-        assert not data["dry"], f"{path}: a dry run is no evidence; store GPU runs only"
+        assert not data["dry"] and data["machine"]["info"]["device"].startswith("cuda"), \
+            f"{path}: only a GPU's run is evidence; store GPU runs only"
         shown = evidence.headline_markdown(data, path.relative_to(ROOT).as_posix())
         assert shown in results and shown in readme, f"{path}: print it with gpu/evidence.py --headline"
 
