@@ -304,9 +304,9 @@ def row_names(plan: dict, device: torch.device, gpus: int) -> list:
 
 def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None) -> dict:
     """Check every technique (or those named in `only`, less those in `skip`) on `device`. Never raises for a
-    technique that fails: its
-    row says FAILED and why. A bad `device` is a ConfigError before anything runs. With `save_to`, the rows so far
-    are written there after each one (`"partial": true` until the last), so a check stopped midway keeps them."""
+    technique that fails: its row says FAILED and why. A bad `device` is a ConfigError before anything runs. With
+    `save_to`, the rows so far are written there after each one (`"partial": true`), so a check stopped midway keeps
+    them; the caller saves the finished result."""
     from .bench import can_compile
 
     base = TrainConfig(**BASE, device=device).validate()
