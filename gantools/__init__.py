@@ -1,13 +1,13 @@
 """gantools: make GAN training fast, and show why. See README.md for the tour."""
-from .checkpoint import load_checkpoint, save_checkpoint
-from .config import TrainConfig, preset
-from .data import (DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, data_root, dataset_from_config,
-                   load_glyphs, make_dataset, make_loader, render_glyphs)
+from .core.checkpoint import load_checkpoint, save_checkpoint
+from .core.config import TrainConfig, preset
+from .core.data import (DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, data_root,
+                        dataset_from_config, load_glyphs, make_dataset, make_loader, render_glyphs)
+from .core.models import Discriminator, Generator, build_dcgan, dcgan_init
+from .core.trainer import History, Trainer
 from .errors import (CheckpointError, ConfigError, DataError, DoctorError, GantoolsError, NonFiniteLossError,
                      OutOfMemory, QualityError)
-from .hardware import Timer, machine_info, resolve_device
-from .models import Discriminator, Generator, build_dcgan, dcgan_init
-from .train import History, Trainer
+from .measuring.hardware import Timer, machine_info, resolve_device
 from .tuning import TuneResult, tune
 
 __version__ = "0.1.0"

@@ -15,10 +15,10 @@ import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from . import distributed
-from .config import PRESETS, TrainConfig, preset
+from .core import distributed
+from .core.config import PRESETS, TrainConfig, preset
 from .errors import CheckpointError, GantoolsError, OutOfMemory
-from .hardware import machine_info
+from .measuring.hardware import machine_info
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,8 +84,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _train(args: dict) -> int:
-    from .display import ProgressBar
-    from .train import Trainer
+    from .workbook.display import ProgressBar
+    from .core.trainer import Trainer
 
     resume, quiet, name = args.pop("resume"), args.pop("quiet"), args.pop("preset")
     world = distributed.world()
@@ -119,7 +119,7 @@ def _profile_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: dict) -> int:
-    from .profiling import profile
+    from .speed.profiling import profile
 
     steps, warmup, trace, name = args.pop("profile_steps"), args.pop("warmup"), args.pop("trace"), args.pop("preset")
     report = profile(preset(name, **args), steps=steps, warmup=warmup, trace_path=trace)
@@ -155,9 +155,9 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: dict) -> int:
-    from . import bench
-    from .checkpoint import ensure_writable
-    from .hardware import resolve_device
+    from .speed import bench
+    from .core.checkpoint import ensure_writable
+    from .measuring.hardware import resolve_device
 
     size = args["size"] or ("gpu" if resolve_device(args["device"]).type == "cuda" else "cpu")
     progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
@@ -180,7 +180,13 @@ def _bench(args: dict) -> int:
     plan = {"quality_images": args["quality_images"]} if args["quality_images"] else None
     result = bench.run(size, args["device"], args["variants"], args["quality"], args["compile"], args["repeats"],
                        plan=plan, progress=progress)
-    bench.save(result, args["json"], args["png"])
+    bench.save(result, args["json"])
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, not a window
+    from .workbook.display import bench_chart
+
+    bench_chart(result, args["png"])
     print(bench.markdown(result))
     print(f"\nJSON: {args['json']}  chart: {args['png']}")
     return 0
@@ -198,8 +204,8 @@ def _check_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: dict) -> int:
-    from . import check
-    from .checkpoint import ensure_writable
+    from .speed import check
+    from .core.checkpoint import ensure_writable
 
     ensure_writable(Path(args["json"]).parent)
     result = check.run(args["device"], progress=lambda line: print(line, file=sys.stderr), only=args["only"],
@@ -259,7 +265,7 @@ _seconds = _positive("seconds")
 
 def _doctor(args: dict) -> int:
     from . import doctor
-    from .checkpoint import ensure_writable
+    from .core.checkpoint import ensure_writable
 
     if args["script"] is None:
         return _fail("give your training script: python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]")
@@ -370,9 +376,9 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _tune(args: dict) -> int:
-    from .checkpoint import ensure_writable
-    from .config import speed_knobs
-    from .tuning import tune
+    from .core.checkpoint import ensure_writable
+    from .core.config import speed_knobs
+    from .tuning.autotune import tune
 
     minutes, path, quality = args.pop("minutes"), args.pop("json"), args.pop("quality")
     images, batch, name = args.pop("quality_images"), args.pop("tune_batch_size"), args.pop("preset")

@@ -253,7 +253,8 @@ class Built:
 
 def part_machine(run: Run, seconds: float) -> Built:
     info = run.scratch / "info.json"
-    code = f"import json, gantools.hardware as h; open({str(info)!r}, 'w').write(json.dumps(h.machine_info()))"
+    code = (f"import json, gantools.measuring.hardware as h; "
+            f"open({str(info)!r}, 'w').write(json.dumps(h.machine_info()))")
 
     def result():
         gpu = {}
@@ -282,7 +283,7 @@ def _nvidia_smi(field: str) -> str | None:
 
 def part_data(run: Run, seconds: float) -> Built:
     size = 32 if run.dry else 64
-    code = (f"from gantools.data import load_glyphs, write_glyph_pngs\n"
+    code = (f"from gantools.core.data import load_glyphs, write_glyph_pngs\n"
             f"load_glyphs({size}, {1 if run.dry else 3})\n"
             f"write_glyph_pngs({str(run.scratch / 'pngs')!r}, {64 if run.dry else 2000}, {size}, 3)")
     return Built([_py(run, "-c", code)], lambda: {"pngs": str(run.scratch / "pngs")})

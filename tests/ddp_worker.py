@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from conftest import TINY, BatchFreeD, BatchFreeG, CondBatchFreeD, CondBatchFreeG, FlakyD, weights
-from gantools import ImageTensorDataset, TrainConfig, Trainer, distributed, render_glyphs
+from gantools import ImageTensorDataset, TrainConfig, Trainer, render_glyphs
+from gantools.core import distributed
 
 
 def dataset() -> ImageTensorDataset:

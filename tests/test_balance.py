@@ -1,7 +1,7 @@
-"""gantools.balance: a run's failure named from its logged game (D overpowering G, an oscillating game, or as
+"""gantools.workbook.balance: a run's failure named from its logged game (D overpowering G, an oscillating game, or as
 balanced as the start), and a FID change counted only beyond what a second seed moves it."""
-from gantools.balance import balance, fid_against_seed
-from gantools.history import History
+from gantools.workbook.balance import balance, fid_against_seed
+from gantools.core.history import History
 
 
 def _history(loss_d, loss_g, d_real=0.8, d_fake=0.2):

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from gantools import bench
+from gantools.speed import bench
 
 TINY = dict(ngf=8, ndf=8, nz=16, batch_size=32)
 PLAN = dict(warmup_images=32, images_per_repeat=64, repeats=2, quality_images=32 * 40)

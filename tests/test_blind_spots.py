@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from gantools import make_dataset
-from gantools.losses import ground_sensitivity
-from gantools.metrics import QualityMeter, background_check, background_level, with_background
+from gantools.core.losses import ground_sensitivity
+from gantools.core.metrics import QualityMeter, background_check, background_level, with_background
 
 
 @pytest.fixture(scope="module")

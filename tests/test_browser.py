@@ -34,7 +34,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 
-from gantools.panel import TECHNIQUES
+from gantools.workbook.panel import TECHNIQUES
 from gantools.workbook import workbook_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,10 +12,9 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-import gantools.display as gd
-from gantools import bench
-from gantools.history import History
-from gantools.tune_result import Step
+import gantools.workbook.display as gd
+from gantools.core.history import History
+from gantools.tuning.result import Step
 
 matplotlib.use("Agg")
 
@@ -342,7 +341,7 @@ def test_bench_chart_is_readable(n, fid, tmp_path, monkeypatch):
         return savefig(fig, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", keep)
-    bench.chart(_bench_result(n, fid), tmp_path / "bench.png")
+    gd.bench_chart(_bench_result(n, fid), tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     monkeypatch.setattr(Figure, "savefig", savefig)
     assert_readable(saved[0], monkeypatch)

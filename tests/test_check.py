@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gantools import TrainConfig, check
+from gantools import TrainConfig
+
+from gantools.speed import check
 from gantools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +93,7 @@ def test_a_profiled_step_on_cuda_must_count_no_host_syncs(glyphs64, tmp_path, mo
     """On CUDA, check profiles gantools' own step, which makes no host sync: the profile must count none (its own
     data-wait synchronisations left out). Offered on CUDA only; its function runs here on the CPU, and fails on a
     count that is not zero."""
-    from gantools.measuring import ProfilerSession
+    from gantools.measuring.protocol import ProfilerSession
 
     assert check.PROFILE_ROW in check.row_names({"fp32": {}}, torch.device("cuda"), 1)
     assert check.PROFILE_ROW not in check.row_names({"fp32": {}}, torch.device("cpu"), 0)

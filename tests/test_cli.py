@@ -95,7 +95,8 @@ def test_a_bad_flag_value_is_one_line_and_a_pointer_to_help(args, expected, caps
 
 
 def test_every_error_of_every_subcommand_is_one_message_not_a_traceback(tmp_path, monkeypatch, capsys):
-    from gantools import Trainer, losses
+    from gantools import Trainer
+    from gantools.core import losses
 
     monkeypatch.setattr(Trainer, "_train_step", lambda self, real: (_ for _ in ()).throw(
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
@@ -128,7 +129,7 @@ def test_an_unwritable_out_dir_is_refused_before_any_work(tmp_path, capsys):
 def test_scaling_tells_a_childs_own_error_from_a_crash(monkeypatch, capsys, tmp_path):
     import subprocess
 
-    from gantools import bench
+    from gantools.speed import bench
 
     def child(stderr, code):
         return lambda *a, **k: subprocess.CompletedProcess(a[0], code, "", stderr)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gantools import ConfigError, TrainConfig, preset
-from gantools.config import Knob, cli_flags, knobs, speed_knobs
+from gantools.core.config import Knob, cli_flags, knobs, speed_knobs
 
 
 def test_defaults_and_presets_are_valid():

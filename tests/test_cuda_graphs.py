@@ -6,10 +6,11 @@ import threading
 import pytest
 import torch
 
-from gantools import ConfigError, Trainer, tuning
-from gantools.config import COMPILE_MODES, uses_cuda_graphs
-from gantools.panel import background_thread_unsafe
-from gantools.recovery import check_compiles
+from gantools import ConfigError, Trainer
+from gantools.tuning import space
+from gantools.core.config import COMPILE_MODES, uses_cuda_graphs
+from gantools.workbook.panel import background_thread_unsafe
+from gantools.core.recovery import check_compiles
 
 
 def test_max_autotune_and_reduce_overhead_use_cuda_graphs_and_the_others_do_not():
@@ -31,7 +32,7 @@ def test_skipped_cuda_graphs_are_warned_about_under_max_autotune_too():
 
 
 def test_tune_offers_max_autotune_on_cuda_only_where_check_validated_it(tiny):
-    candidates, skipped = tuning.search_space(tiny, torch.device("cuda"), space=("compile",))
+    candidates, skipped = space.search_space(tiny, torch.device("cuda"), space=("compile",))
     offered = {c.change.get("compile") for c in candidates}
     refused = {what.split("=")[1]: why for what, why in skipped if what.startswith("compile=")}
     assert not offered & {"max-autotune", "reduce-overhead"}, candidates

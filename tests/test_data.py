@@ -5,11 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-import gantools.data as gdata
+import gantools.core.data as gdata
 from gantools import (DataError, DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, TrainConfig, Trainer,
                       data_root, load_glyphs, make_dataset, make_loader, render_glyphs)
 
-from gantools.data import write_glyph_pngs
+from gantools.core.data import write_glyph_pngs
 
 from conftest import SHARED_DATA
 
@@ -240,7 +240,7 @@ def test_only_a_dataset_of_cpu_tensors_is_pinned_or_given_workers(glyphs64):
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])
 def test_under_torchrun_the_ranks_batches_together_are_the_one_process_batch(glyphs64, loader):
-    from gantools.distributed import World
+    from gantools.core.distributed import World
 
     cfg = TrainConfig(batch_size=16, loader=loader, hflip=True)  # flips too: drawn per global batch, sliced
     batches = {}

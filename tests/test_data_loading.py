@@ -3,8 +3,8 @@ step spent waiting for data."""
 import pytest
 from torch.utils.data import DataLoader
 
-from gantools.conclusions import SPEED_BAND, bottleneck
-from gantools.data import DeviceLoader, loader_images_per_sec
+from gantools.workbook.conclusions import SPEED_BAND, bottleneck
+from gantools.core.data import DeviceLoader, loader_images_per_sec
 
 
 def test_a_plain_generator_over_a_dataloader_is_timed_when_told_its_device(glyphs64):

@@ -2,9 +2,9 @@ import matplotlib
 import numpy as np
 import pytest
 
-import gantools.display as gd
+import gantools.workbook.display as gd
 from gantools import Trainer
-from gantools.display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, image_grid
+from gantools.workbook.display import LivePlot, comparison_chart, comparison_markdown, comparison_rows, image_grid
 
 matplotlib.use("Agg")
 

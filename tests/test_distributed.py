@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import ddp_worker
-from gantools import ConfigError, Trainer, TrainConfig, distributed, load_checkpoint
+from gantools import ConfigError, Trainer, TrainConfig, load_checkpoint
+from gantools.core import distributed
 from gantools.cli import main
 
 from conftest import BatchFreeD, BatchFreeG, weights

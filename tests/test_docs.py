@@ -264,9 +264,9 @@ def test_where_it_lives_pointers_resolve():
 
 
 def test_a_wrong_pointer_is_caught():
-    assert pointer_problems("`gantools/losses.py`, `d_loss` and `R1`") == []
-    assert pointer_problems("`gantools/train.py`, `d_loss`")  # imported there, defined in losses.py
-    assert pointer_problems("`gantools/losses.py`, `no_such_loss`")
+    assert pointer_problems("`gantools/core/losses.py`, `d_loss` and `R1`") == []
+    assert pointer_problems("`gantools/core/trainer.py`, `d_loss`")  # imported there, defined in losses.py
+    assert pointer_problems("`gantools/core/losses.py`, `no_such_loss`")
     assert pointer_problems("`gantools/no_such_module.py`, `run`")
 
 

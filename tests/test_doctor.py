@@ -20,8 +20,8 @@ import gantools
 from gantools import doctor
 from gantools.cli import main
 from gantools.doctor.hooks import _ACTIVE, RANGE, SYNC_METHODS, Hooks
-from gantools.display import plot_phases
-from gantools.profiling import DATA_BOUND, compare
+from gantools.workbook.display import plot_phases
+from gantools.speed.profiling import DATA_BOUND, compare
 
 from conftest import BatchFreeD, BatchFreeG
 

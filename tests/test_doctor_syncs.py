@@ -13,7 +13,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gantools import doctor, hardware
+from gantools import doctor
+
+from gantools.measuring import hardware
 from gantools.doctor import rules
 from gantools.doctor.hooks import Hooks
 from gantools.doctor.observations import Observations

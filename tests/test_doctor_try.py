@@ -295,7 +295,7 @@ class _Meter:
 def test_the_fid_check_backs_off_the_last_kept_fix_past_the_seed_spread(monkeypatch):
     """The start scores 100 and 104 with its seeds moved (1.04x: inside 1.1x, so the limit stays 1.1x); both kept
     fixes together score 300, the first alone 105: the last one is backed off and the first stays."""
-    from gantools import metrics
+    from gantools.core import metrics
 
     def run(parts, warmup=None, steps=None, seed_offset=0, samples=0):
         fid = 104.0 if seed_offset else 300.0 if fixes.FREEZE_D in parts else 105.0 if parts else 100.0
@@ -534,8 +534,8 @@ def test_ctrl_c_during_try_prints_what_was_measured_and_writes_no_patch(pngs, tm
 def test_tf32_and_cudnn_fixes_work_whichever_tf32_api_the_process_used():
     """The fixes go through the trainer's `backend_flags`: after a script wrote the per-backend strings (the API
     torch's deprecation notice asks for), reading the legacy flags would raise instead of applying the fix."""
-    from gantools.hardware import tf32_matmuls
-    from gantools.state import ProcessSnapshot
+    from gantools.measuring.hardware import tf32_matmuls
+    from gantools.core.process import ProcessSnapshot
     benchmark = torch.backends.cudnn.benchmark
     with ProcessSnapshot():
         torch.backends.cuda.matmul.fp32_precision = "ieee"

@@ -1,4 +1,4 @@
-"""gantools.drift: the optimizer implementations agree to rounding on the same gradients, a GAN magnifies any
+"""gantools.workbook.drift: the optimizer implementations agree to rounding on the same gradients, a GAN magnifies any
 difference (a one-float nudge spreads, a repeat of one deterministic run does not), and accumulation is exact without
 BatchNorm's batch statistics and not with them."""
 import math
@@ -6,8 +6,8 @@ import math
 import torch
 from torch import nn
 
-from gantools.drift import accumulation_gap, lockstep, nudge, relative_gap, same_gradients
-from gantools.tutorial import plain_gan
+from gantools.workbook.drift import accumulation_gap, lockstep, nudge, relative_gap, same_gradients
+from gantools.workbook.tutorial import plain_gan
 
 EPS = torch.finfo(torch.float32).eps
 

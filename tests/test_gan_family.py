@@ -33,7 +33,7 @@ def test_d_steps_makes_that_many_d_steps_per_g_step_each_on_its_own_batch(tiny, 
     record = history[-1]
     assert record["images_per_sec"] == pytest.approx(5 * 16 * 1e3 / record["step_time_ms"], rel=1e-6)
     # the benchmark's chunks (tune's and the ladder's measurements) count real images the same way
-    from gantools.bench import _chunk
+    from gantools.speed.bench import _chunk
 
     speed = _chunk(trainer, 2, lambda: False)
     assert speed == pytest.approx(5 * 16 * 1e3 / trainer.history[-1]["step_time_ms"], rel=1e-6)
@@ -90,7 +90,7 @@ def test_a_short_conditional_training_draws_each_class_when_asked(tmp_path):
     """500 steps of a small conditional DCGAN on glyphs (about 10 s here): the glyph classifier puts 28-38% of the
     samples drawn for class k in class k (measured over seeds 0-3; chance: 10%, and exactly 10% for a generator that
     ignores its labels, since every class is asked for equally). 400 steps gave 20-29%."""
-    from gantools.metrics import load_classifier
+    from gantools.core.metrics import load_classifier
 
     classifier, _ = load_classifier("glyphs", 32, 1, device="cpu")
     cfg = TrainConfig(image_size=32, channels=1, nz=32, ngf=32, ndf=32, batch_size=32, steps=500, lr_g=5e-4,

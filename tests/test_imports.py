@@ -86,6 +86,52 @@ def test_the_cycle_finder_finds_a_hidden_cycle():
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+# The layers, bottom first (docs/design.md draws them): a module imports its own subpackage and the layers below it,
+# never one above or beside it. `errors` and `quick` are leaves every layer may read.
+# `tuning` and `doctor` share a layer: neither imports the other.
+LAYERS = [{"gantools.errors", "gantools.quick"}, {"gantools.measuring"}, {"gantools.core"}, {"gantools.speed"},
+          {"gantools.tuning", "gantools.doctor"}, {"gantools.workbook"}, {"gantools", "gantools.cli"}]
+
+
+def _home(name: str) -> str:
+    """The layer entry a module belongs to: its subpackage, or itself for the top-level modules."""
+    parts = name.split(".")
+    package = ".".join(parts[:2])
+    return package if any(package in layer for layer in LAYERS) else "gantools"
+
+
+def _rank(home: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if home in layer)
+
+
+def _layer_breaks(graph: dict) -> list:
+    breaks = []
+    for name, targets in graph.items():
+        home = _home(name)
+        for target in targets:
+            there = _home(target)
+            if there == home:
+                continue
+            if _rank(there) >= _rank(home):
+                breaks.append(f"{name} -> {target}")
+    return sorted(breaks)
+
+
+def test_every_module_imports_only_its_own_layer_and_the_layers_below():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert not (stray := sorted(n for n in modules if _home(n) == "gantools" and n not in LAYERS[-1]
+                                and n not in LAYERS[0])), f"modules outside every layer: {stray}"
+    assert _layer_breaks(graph) == []
+
+
+def test_the_layer_rule_catches_an_import_upward_and_one_beside():
+    graph = {"gantools.core.trainer": {"gantools.speed.bench", "gantools.measuring.clock"},
+             "gantools.doctor.trying": {"gantools.tuning.tuner", "gantools.speed.bench"}}
+    assert _layer_breaks(graph) == ["gantools.core.trainer -> gantools.speed.bench",
+                                    "gantools.doctor.trying -> gantools.tuning.tuner"]
+
+
 EACH_ALONE = """
 import importlib, os, sys, traceback
 import torch  # the slow third-party import, done once; each gantools module is then imported in a fork with none

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gantools import ConfigError, Trainer
-from gantools.losses import LOSSES, R1, GradientPenalty, input_gradients, penalties
+from gantools.core.losses import LOSSES, R1, GradientPenalty, input_gradients, penalties
 
 from conftest import BatchFreeD, BatchFreeG, HostReads, cuda_only, weights
 
@@ -33,7 +33,7 @@ def test_each_loss_is_its_formula():
         assert loss.g(args[1]).item() == pytest.approx(g.item(), rel=1e-6), name
     assert {n: LOSSES[n].outputs for n in LOSSES} == {
         "bce": "logits", "hinge": "scores", "bce-sigmoid": "probabilities", "lsgan": "scores", "wgan-gp": "scores"}
-    from gantools.train import d_loss, g_loss  # the names notebooks and scripts used before losses.py
+    from gantools.core.trainer import d_loss, g_loss  # the names notebooks and scripts used before losses.py
     assert d_loss("hinge", real, fake) == LOSSES["hinge"].d(real, fake) and g_loss("bce", fake) == LOSSES["bce"].g(fake)
 
 

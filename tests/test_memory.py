@@ -1,9 +1,10 @@
-"""gantools.memory: saved_activation_bytes counts what autograd keeps for backward (each storage once, parameters
+"""gantools.measuring.memory: saved_activation_bytes counts what autograd keeps for backward (each storage once,
+parameters
 never), so accumulating micro-batches shows its saving on any device."""
 import torch
 from torch import nn
 
-from gantools.memory import saved_activation_bytes
+from gantools.measuring.memory import saved_activation_bytes
 
 
 def _net() -> nn.Module:

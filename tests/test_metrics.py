@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-import gantools.metrics as gm
+import gantools.core.metrics as gm
 from gantools import Trainer, TrainConfig, make_dataset
-from gantools.metrics import QualityMeter, class_coverage, load_classifier
+from gantools.core.metrics import QualityMeter, class_coverage, load_classifier
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_inception_is_offered_only_from_local_files_with_a_clear_error(monkeypat
 
 
 def test_quality_callback_puts_fid_in_the_summary_and_the_comparison(meter, tmp_path):
-    from gantools.display import comparison_markdown, comparison_rows
+    from gantools.workbook.display import comparison_markdown, comparison_rows
 
     cfg = TrainConfig(nz=16, ngf=8, ndf=8, batch_size=32, steps=4, log_interval=2, sample_interval=0,
                       loader="device", out_dir=str(tmp_path))

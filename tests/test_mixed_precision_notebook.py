@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gantools import tutorial
+from gantools.workbook import tutorial
 from conftest import cuda_only
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_mixed_precision.ipynb"

@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-import gantools.panel as gp
-from gantools.panel import RUNS, ControlPanel, TECHNIQUES
+import gantools.workbook.panel as gp
+from gantools.workbook.panel import RUNS, ControlPanel, TECHNIQUES
 
 
 @pytest.fixture
@@ -65,8 +65,8 @@ def test_stop_button_ends_the_run_between_steps(panel):
 
 
 def test_each_control_is_chosen_by_its_fields_description(tiny):
-    from gantools.panel import _widget
-    from gantools.config import knobs
+    from gantools.workbook.panel import _widget
+    from gantools.core.config import knobs
 
     panel = ControlPanel(tiny, {"images_per_sec": 1.0})
     pin = panel.controls["pin_memory"]

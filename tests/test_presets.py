@@ -5,9 +5,9 @@ from torch import nn
 
 from gantools import ConfigError, Trainer, preset
 from gantools.cli import build_parser
-from gantools.config import PAPERS, PRESETS, discriminator_norm
+from gantools.core.config import PAPERS, PRESETS, discriminator_norm
 
-# What each paper states (the comments in gantools/config.py's PRESETS say where).
+# What each paper states (the comments in gantools/core/config.py's PRESETS say where).
 PAPER_SETTINGS = {
     "dcgan": dict(loss="bce", d_norm="batch", optimizer="adam", lr_g=2e-4, lr_d=2e-4, betas=(0.5, 0.999),
                   batch_size=128, d_steps=1, r1_gamma=0.0),

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-import gantools.panel as gp
+import gantools.workbook.panel as gp
 from gantools import preset
-from gantools.panel import ProfilePanel
-from gantools.conclusions import same_story
-from gantools.profiling import ProfileReport, phase_ms, time_shares
+from gantools.workbook.panel import ProfilePanel
+from gantools.workbook.conclusions import same_story
+from gantools.speed.profiling import ProfileReport, phase_ms, time_shares
 
 
 def _baseline(**overrides) -> ProfileReport:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gantools import Trainer, TrainConfig, preset
-from gantools.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, OPTIONAL_PHASES, PHASES, ProfileReport,
+from gantools.speed.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, OPTIONAL_PHASES, PHASES, ProfileReport,
                                 compare, diagnose, profile, time_optimizer_steps)
 
 from conftest import BatchFreeD, BatchFreeG, cuda_only
@@ -99,7 +99,7 @@ def test_compute_bound_in_16_bit_makes_no_gain_claim():
 
 
 def test_cuda_graphs_are_recommended_only_where_gantools_check_validated_them(monkeypatch):
-    from gantools import check
+    from gantools.speed import check
 
     idle = _report("cuda", busy=100 * (1 - HOST_BOUND) - 1, syncs=0)
     v = diagnose(idle, TrainConfig())
@@ -132,7 +132,7 @@ def test_device_busy_time_on_cuda_counts_each_kernel_once():
 
     from torch.autograd import DeviceType
 
-    from gantools.profiling import device_time
+    from gantools.speed.profiling import device_time
 
     def row(key, ms, device_type, annotation=False):
         return SimpleNamespace(key=key, self_device_time_total=ms * 1e3, device_type=device_type,
@@ -159,7 +159,7 @@ def test_a_host_overhead_verdict_never_proposes_the_per_step_reads_that_are_alre
 def test_host_syncs_leave_out_gantools_own_synchronisations():
     """A cuda*Synchronize inside gantools' own range (hardware.synchronize) is not the training code's; the one
     outside is, and so is one that only overlaps the range (its middle lies outside). Events built by hand."""
-    from gantools.measuring import OWN_SYNC, Span, code_syncs
+    from gantools.measuring.protocol import OWN_SYNC, Span, code_syncs
 
     events = [Span("ProfilerStep#1", 0, 100), Span(OWN_SYNC, 10, 20), Span("cudaDeviceSynchronize", 11, 19),
               Span("aten::item", 40, 50), Span("cudaStreamSynchronize", 42, 48),
@@ -173,8 +173,8 @@ def test_a_profiled_step_counts_none_of_gantools_own_synchronisations(monkeypatc
     """On a real profile: hardware.synchronize marks its range, so the profiler's count is the code's alone. No GPU
     here: torch.cuda.synchronize is replaced by a CPU op standing in for cudaDeviceSynchronize, which the code
     also calls once per step outside gantools."""
-    from gantools import hardware
-    from gantools.measuring import ProfilerSession
+    from gantools.measuring import hardware
+    from gantools.measuring.protocol import ProfilerSession
 
     stand_in = ("aten::fill_",)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: torch.empty(1).fill_(0))

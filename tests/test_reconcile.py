@@ -1,12 +1,13 @@
-"""gantools.reconcile: several measurements of one speed-up, set side by side with their noise, and tune's quality
+"""gantools.workbook.reconcile: several measurements of one speed-up, set side by side with their noise, and tune's
+quality
 check reusing scores measured in the same kernel."""
 from types import SimpleNamespace
 
 import pytest
 
-from gantools import reconcile
-from gantools.config import TrainConfig
-from gantools.reconcile import Figure
+from gantools.workbook import reconcile
+from gantools.core.config import TrainConfig
+from gantools.workbook.reconcile import Figure
 
 
 def _trainer(speeds, cfg=None, quality=None):
@@ -85,8 +86,8 @@ def test_scores_from_reuses_a_matching_run_and_trains_any_other(monkeypatch):
         def fit(self):
             return self.history
 
-    monkeypatch.setattr("gantools.train.Trainer", FakeTrainer)
-    monkeypatch.setattr("gantools.metrics.QualityCallback", lambda *a, **k: None)
+    monkeypatch.setattr("gantools.core.trainer.Trainer", FakeTrainer)
+    monkeypatch.setattr("gantools.core.metrics.QualityCallback", lambda *a, **k: None)
     quality = reconcile.scores_from({"start": known}, images=1024)
     assert quality(TrainConfig(out_dir="runs/tune/start")) == scored and not trained
     assert quality(TrainConfig(batch_size=128, precision="bf16"))["fid"] == 50.0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import gantools.checkpoint as ck
+import gantools.core.checkpoint as ck
 from gantools import (DataError, ImageFolderDataset, NonFiniteLossError, OutOfMemory, Trainer, TrainConfig,
                       load_checkpoint, load_glyphs)
 from gantools.cli import main
@@ -228,7 +228,7 @@ def test_out_of_memory_is_one_clear_error_with_what_to_change(tiny, glyphs64, mo
     (MemoryError(), False),  # the host's memory: nothing a smaller batch on the device fixes
 ])
 def test_one_classifier_tells_out_of_device_memory(error, oom):
-    from gantools.recovery import is_out_of_memory
+    from gantools.core.recovery import is_out_of_memory
 
     assert is_out_of_memory(error) is oom
 
@@ -253,7 +253,7 @@ def test_an_allocation_failure_torch_raises_as_a_plain_error_is_out_of_memory_in
 @pytest.mark.parametrize("loader", ["dataloader", "device"])
 def test_out_of_memory_copying_a_batch_leaves_the_next_fit_a_fresh_batch_stream(tiny, glyphs64, monkeypatch, loader,
                                                                                tmp_path):
-    import gantools.data as data
+    import gantools.core.data as data
 
     cfg = tiny.replace(loader=loader, steps=4, log_interval=1)
     full = Trainer(cfg.replace(out_dir=str(tmp_path / "full")), dataset=glyphs64)
@@ -319,7 +319,7 @@ def test_two_processes_filling_the_same_cache_at_once_do_not_corrupt_it(tmp_path
 def test_fp16_trouble_on_a_gpu_without_fast_bf16_is_not_told_to_use_bf16(monkeypatch, tmp_path):
     """An fp16 overflow or an out-of-memory step suggests the device's own way out: bf16 where it is fast, on a T4
     (no fast bf16, refused by validation) fp32 after an overflow and fp16 to save memory."""
-    from gantools import recovery
+    from gantools.core import recovery
 
     for capability, way_out, smaller in (((7, 5), "precision='fp32'", "precision='fp16'"),
                                          ((8, 0), "precision='bf16'", "precision='bf16'")):

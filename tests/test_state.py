@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gantools import ConfigError
-from gantools.state import ProcessSnapshot, derived_seed, exclusive, on_interrupt
+from gantools.core.process import ProcessSnapshot, derived_seed, exclusive, on_interrupt
 
 
 def test_a_snapshot_puts_back_what_a_script_changed(tmp_path):
@@ -127,7 +127,7 @@ def test_importing_gantools_changes_nothing_global():
             "now = lambda: (list(gc.callbacks), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), "
             "torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)\n"
             "before = now()\n"
-            "import gantools, gantools.cli, gantools.train, gantools.state, gantools.data\n"
+            "import gantools, gantools.cli, gantools.core.trainer, gantools.core.process, gantools.core.data\n"
             "print(before == now())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"

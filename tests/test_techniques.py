@@ -6,10 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gantools import bench, check, techniques, tuning
-from gantools.config import TrainConfig, knobs, speed_knobs
-from gantools.profiling import ProfileReport, diagnose
-from gantools.techniques import TECHNIQUES
+from gantools.speed import bench, check
+
+from gantools.core import techniques
+
+from gantools.tuning import space
+from gantools.core.config import TrainConfig, knobs, speed_knobs
+from gantools.speed.profiling import ProfileReport, diagnose
+from gantools.core.techniques import TECHNIQUES
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -65,11 +69,11 @@ def test_checks_rows_follow_the_list_then_the_gan_family(device, monkeypatch):
 
 
 def test_tunes_priors_and_search_order_follow_the_list():
-    assert list(tuning.PRIOR) == [t.knob for t in TECHNIQUES]
-    assert tuning.PRIOR == {t.knob: t.prior for t in TECHNIQUES}
+    assert list(space.PRIOR) == [t.knob for t in TECHNIQUES]
+    assert space.PRIOR == {t.knob: t.prior for t in TECHNIQUES}
     cfg = TrainConfig(loss="bce-sigmoid", transform="per-sample", num_workers=2, sync_every_step=True,
                       freeze_d=False, compile="off")
-    candidates, skipped = tuning.search_space(cfg, CPU, space=(*speed_knobs(), "batch_size"))
+    candidates, skipped = space.search_space(cfg, CPU, space=(*speed_knobs(), "batch_size"))
     index = {t.knob: i for i, t in enumerate(TECHNIQUES)}
     order = [(-c.prior, index[next(iter(c.change))]) for c in candidates]
     assert order == sorted(order), "likeliest first; among equal priors, the list's order"
@@ -82,7 +86,7 @@ def test_tunes_priors_and_search_order_follow_the_list():
 
 
 def test_the_panels_controls_are_the_lists_fields_in_order():
-    from gantools.panel import TECHNIQUES as CONTROLS
+    from gantools.workbook.panel import TECHNIQUES as CONTROLS
 
     assert CONTROLS == (*[name for t in TECHNIQUES for name in t.panel], "steps")
 
@@ -135,11 +139,11 @@ def test_the_verdict_proposes_the_16_bit_precision_the_gpu_has(gpu):
 
 @pytest.mark.parametrize("gpu", GPUS, indirect=True)
 def test_tune_tries_the_16_bit_precision_the_gpu_has(gpu):
-    candidates, skipped = tuning.search_space(TrainConfig(), CUDA)
+    candidates, skipped = space.search_space(TrainConfig(), CUDA)
     assert [c.change["precision"] for c in candidates if "precision" in c.change] == [gpu]
     assert not any(c.startswith("precision") for c, _ in skipped)
     # with fp16 'auto' already builds fused Adam there (config.optimizer_kernels): only the others are worth a try
-    impls = lambda cfg: [c.change["optimizer_impl"] for c in tuning.search_space(cfg, CUDA)[0]  # noqa: E731
+    impls = lambda cfg: [c.change["optimizer_impl"] for c in space.search_space(cfg, CUDA)[0]  # noqa: E731
                          if "optimizer_impl" in c.change]
     assert impls(TrainConfig(precision="fp16")) == ["foreach", "for-loop"]
     assert impls(TrainConfig(precision=gpu, optimizer_impl="foreach")) == ["fused", "for-loop"]

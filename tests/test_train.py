@@ -8,7 +8,7 @@ from torch import nn
 
 from gantools import (CheckpointError, ConfigError, ImageTensorDataset, NonFiniteLossError, Trainer,
                       load_checkpoint, preset, save_checkpoint)
-from gantools.train import METRICS
+from gantools.core.trainer import METRICS
 
 from conftest import PRECISIONS, BatchFreeD, BatchFreeG, cuda_only, weights
 
@@ -278,7 +278,7 @@ def test_building_fitting_and_sampling_leave_the_global_rng_alone(tiny, glyphs64
 
 
 def test_two_trainers_interleaved_each_run_with_their_own_backend_flags(tiny, glyphs64):
-    from gantools.hardware import backend_flags_now, tf32_matmuls
+    from gantools.measuring.hardware import backend_flags_now, tf32_matmuls
 
     class Watch:
         def __init__(self):
@@ -511,7 +511,7 @@ def test_reduce_overhead_marks_each_step_and_refuses_a_background_thread(tiny, g
 
 def test_graphs_compiled_after_warm_up_and_skipped_cuda_graphs_are_recorded_and_said(tiny, glyphs64,
                                                                                      monkeypatch):
-    from gantools.recovery import CompileStats
+    from gantools.core.recovery import CompileStats
 
     counts = iter([(0, 0), (3, 0), (3, 0), (4, 0), (4, 2)])  # counters read at fit start and each log
     monkeypatch.setattr(CompileStats, "_now", staticmethod(lambda: dict(zip(("compiled_graphs", "cudagraph_skips"),
@@ -528,7 +528,7 @@ def test_graphs_compiled_after_warm_up_and_skipped_cuda_graphs_are_recorded_and_
 
 
 def test_on_cuda_the_data_wait_is_timed_between_synchronisations(tiny, glyphs64, monkeypatch):
-    from gantools import hardware
+    from gantools.measuring import hardware
 
     trainer = Trainer(tiny, dataset=glyphs64)
     syncs = []
@@ -555,7 +555,7 @@ def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(m
     PyTorch's default. The CUDA configs build optimizers over CPU parameters here (fused Adam runs on both), and a CPU
     GradScaler takes the same path through `step` as a CUDA one."""
     from gantools import TrainConfig
-    from gantools.train import make_optimizer
+    from gantools.core.trainer import make_optimizer
 
     net = nn.Linear(4, 1)
 

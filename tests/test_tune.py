@@ -11,8 +11,9 @@ import torch
 
 from gantools import TrainConfig, tune
 from gantools.cli import main
-from gantools.config import speed_knobs
-from gantools.tuning import decide, describe, search_space
+from gantools.core.config import speed_knobs
+from gantools.speed.bench import decide
+from gantools.tuning.space import describe, search_space
 
 from conftest import BatchFreeD, BatchFreeG, weights
 
@@ -60,7 +61,7 @@ def test_the_search_space_holds_what_applies_here_likeliest_first(tmp_path):
 def test_workers_and_pinning_are_offered_only_for_a_dataset_of_cpu_tensors(tiny):
     """A dataset whose items are already on the GPU: a forked worker cannot use CUDA, and such tensors cannot be
     pinned, so neither is tried (nor the profiler's fix of more workers)."""
-    from gantools.tune_space import allowed
+    from gantools.tuning.space import allowed
 
     cuda, space = torch.device("cuda"), ("num_workers", "persistent_workers", "pin_memory")
     offered = {k for c in search_space(tiny, cuda, space, own_dataset=True)[0] for k in c.change}
@@ -135,7 +136,7 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
 @pytest.mark.slow
 def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs64, monkeypatch):
     """The start with another seed scores 2x apart: a change 1.5x worse is within FID's own noise and stays kept."""
-    from gantools import tuner
+    from gantools.tuning import tuner
 
     monkeypatch.setattr(tuner, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
 

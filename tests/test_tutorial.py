@@ -1,12 +1,13 @@
-"""The plain loop the workbook teaches on (gantools/tutorial.py), the interleaved race that times its variants, and
-the conclusions computed from their numbers (gantools/conclusions.py)."""
+"""The plain loop the workbook teaches on (gantools/workbook/tutorial.py), the interleaved race that times its
+variants, and
+the conclusions computed from their numbers (gantools/workbook/conclusions.py)."""
 import time
 
 import pytest
 import torch
 
-from gantools import tutorial
-from gantools.conclusions import (FID_BAND, SPEED_BAND, agreement, bottleneck, estimate_held, still_learning,
+from gantools.workbook import tutorial
+from gantools.workbook.conclusions import (FID_BAND, SPEED_BAND, agreement, bottleneck, estimate_held, still_learning,
                                   verdict)
 
 TINY = dict(nz=8, ngf=8, ndf=8, batch_size=16)

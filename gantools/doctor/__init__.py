@@ -34,7 +34,7 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
   DataLoader knobs and per-image transforms, optimizer implementations, whether D's parameters receive gradients in
   G's step (post-accumulate-grad hooks), compiled modules, cudnn.benchmark, TF32, peak memory.
 
-Measurement (`gantools.measuring`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
+Measurement (`gantools.measuring.protocol`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
 warm-up iteration and `steps` iterations under torch.profiler; then `steps` iterations are timed with nothing
 installed but the iteration marks (the device synchronised at each; their median is the step time and images/s
 reported), so the profiler's overhead (profiled over unprofiled step time) is stated. The verdict is

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from .. import hardware
-from ..measuring import OWN_SYNC, code_syncs, spans
-from ..profiling import PHASES as ORDER  # the trainer's phase names, in the same order
-from ..profiling import bottleneck, compute_ms, device_time, suggested_workers
+from ..measuring import hardware
+from ..measuring.protocol import OWN_SYNC, code_syncs, spans
+from ..speed.profiling import PHASES as ORDER  # the trainer's phase names, in the same order
+from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
 from .hooks import COUNTED_READ, RANGE
 from .observations import Call, Observations, Optimizer
 from .pipeline import describe_loader

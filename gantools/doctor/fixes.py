@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
-from ..state import backend_flags
+from ..core.process import backend_flags
 from .frames import location
 from .report import DoctorReport
 from .rules import MachineFacts

@@ -7,8 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import hardware
-from ..measuring import PhaseTable
+from ..measuring import hardware
+from ..measuring.protocol import PhaseTable
 from .hooks import SYNC_METHODS
 
 READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..measuring import amdahl
-from ..techniques import YOUR_OWN_GAN, notebook
+from ..measuring.protocol import amdahl
+from ..core.techniques import YOUR_OWN_GAN, notebook
 from .frames import shown
 from .report import READ_METHODS, DoctorReport, Finding, describe_site
 from .syncs import NOT_LOCATED, SYNC_OP

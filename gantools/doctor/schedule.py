@@ -1,4 +1,4 @@
-"""The doctor's iteration schedule (`mark`'s state machine), by `gantools.measuring`'s protocol: `warmup`
+"""The doctor's iteration schedule (`mark`'s state machine), by `gantools.measuring.protocol`'s protocol: `warmup`
 iterations with every hook on, one profiler warm-up iteration and `steps` profiled, then `steps` timed with nothing
 installed but the iteration marks. In a script the iterations are paced by an optimizer's steps, once the loop's
 rhythm is known."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from .. import hardware
+from ..measuring import hardware
 from ..errors import ScriptMeasured
-from ..measuring import IterationClock, ProfilerSession
+from ..measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .observations import Observations, Optimizer
 from .syncs import SyncWatch

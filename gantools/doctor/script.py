@@ -15,9 +15,9 @@ import traceback
 from pathlib import Path
 
 
-from .. import measuring
+from ..measuring import protocol as measuring
 from ..errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout, ScriptUnsupported
-from ..state import ProcessSnapshot, on_interrupt
+from ..core.process import ProcessSnapshot, on_interrupt
 from .analysis import default_trace
 from .frames import DOCTOR_DIR, GANTOOLS_DIR
 from .report import DoctorReport
@@ -34,7 +34,7 @@ LIGHTNING = ("the doctor does not yet diagnose a loop run by Lightning's Trainer
 
 def check_script(path) -> Path:
     """The script must be an existing .py file: said before anything runs."""
-    from .. import distributed
+    from ..core import distributed
 
     path = Path(path)
     if distributed.world().distributed:

@@ -23,8 +23,8 @@ from torch.optim import optimizer as _optim
 from torch.utils.data import dataloader as _dataloader
 
 from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
-from ..measuring import IterationClock
-from ..state import ProcessSnapshot, on_interrupt
+from ..measuring.protocol import IterationClock
+from ..core.process import ProcessSnapshot, on_interrupt
 from .fixes import Applied, Context
 
 _FIXES_FILE = inspect.getsourcefile(Applied)

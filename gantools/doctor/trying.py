@@ -20,8 +20,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import hardware
-from ..bench import QUALITY_TARGET, decide
+from ..measuring import hardware
+from ..speed.bench import QUALITY_TARGET, decide
 from ..errors import DoctorError
 from .fixes import WORKERS, Context, candidates, context
 from .report import DoctorReport
@@ -175,7 +175,7 @@ def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, da
     `bench.QUALITY_TARGET` and the two seeds' distance. A kept fix set outside it loses its last fix, measured again,
     until it holds or none is left (the speed verdicts above stay as measured; the report says which were backed
     off)."""
-    from .. import metrics
+    from ..core import metrics
     from .trial import NotScorable
 
     shape = report.models.get("G", {}).get("output_shape") or []

@@ -2,7 +2,7 @@
 rendered glyphs, for the user-style scripts next to this file: `python glyph_pngs.py OUT [--n 2000] [--size 64]`."""
 import argparse
 
-from gantools.data import write_glyph_pngs
+from gantools.core.data import write_glyph_pngs
 
 
 def write_pngs(root, n: int = 2000, size: int = 64, channels: int = 3, seed: int = 0):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hardware
+from ..measuring import hardware
 
 BOTH = ("cpu", "cuda")
 

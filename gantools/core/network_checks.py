@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .data import ImageFolderDataset, num_classes
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def forward(net, x: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .hardware import resolve_device
+from ..measuring.hardware import resolve_device
 
 
 @dataclass(frozen=True)

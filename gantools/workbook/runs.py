@@ -7,15 +7,15 @@ import json
 import time
 from pathlib import Path
 
-from .checkpoint import atomic_write
-from .config import TrainConfig, preset
+from ..core.checkpoint import atomic_write
+from ..core.config import TrainConfig, preset
 from .display import LiveRuns
-from .errors import ConfigError
-from .hardware import machine_info, resolve_device
-from .history import History
-from .metrics import QualityCurve
-from .quick import QUICK  # noqa: F401  (the notebooks import it from here)
-from .train import Trainer
+from ..errors import ConfigError
+from ..measuring.hardware import machine_info, resolve_device
+from ..core.history import History
+from ..core.metrics import QualityCurve
+from ..quick import QUICK  # noqa: F401  (the notebooks import it from here)
+from ..core.trainer import Trainer
 
 # Quick mode: a tiny DCGAN and a handful of steps, so every notebook runs in seconds on a 2-core CPU.
 QUICK_SIZE = dict(nz=16, ngf=8, ndf=8, batch_size=32, steps=12, log_interval=3, sample_interval=6)

@@ -13,11 +13,11 @@ from typing import Callable
 
 import torch
 
-from . import bench
-from .checkpoint import ensure_writable
-from .config import TrainConfig, speed_knobs
-from .errors import ConfigError
-from .quick import QUICK
+from ..speed import bench
+from ..core.checkpoint import ensure_writable
+from ..core.config import TrainConfig, speed_knobs
+from ..errors import ConfigError
+from ..quick import QUICK
 
 # Seconds to score one config (generate 2048 images, classifier features, FID and KID), measured on the 2-core CPU;
 # less on a GPU, so the reserve errs long there. Used until a score has been timed.
@@ -57,7 +57,7 @@ class TuneOptions:
     device: torch.device = field(init=False)
 
     def __post_init__(self):
-        from .hardware import resolve_device
+        from ..measuring.hardware import resolve_device
 
         self.cfg = self.cfg.validate()
         self.device = resolve_device(self.cfg.device)
@@ -112,7 +112,7 @@ class Trials:
         self.speed = {}         # config key -> its images/s when last measured
 
     def trainer(self, cfg: TrainConfig, name: str, for_quality: bool = False):
-        from .train import Trainer
+        from ..core.trainer import Trainer
 
         o = self.options
         self.collect()
@@ -159,7 +159,7 @@ class Trials:
         """`cfg` trained from scratch on `quality_images` and scored (or your own quality function's answer)."""
         if callable(self.options.quality):
             return dict(self.options.quality(cfg))
-        from .metrics import QualityCallback
+        from ..core.metrics import QualityCallback
 
         trainer = self.trainer(cfg, name, for_quality=True)
         trainer.callbacks.append(scorer := QualityCallback(self.quality_meter()))
@@ -178,7 +178,7 @@ class Trials:
         """The quality meter (real images' features; the classifier is trained on first use, about a minute on the
         2-core CPU, then cached), built once."""
         if self.meter is None:
-            from .metrics import MIN_SAMPLES, quality_meter
+            from ..core.metrics import MIN_SAMPLES, quality_meter
 
             c = self.options.cfg
             self.say("", now="building the quality meter")

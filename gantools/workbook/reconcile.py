@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .conclusions import SPEED_BAND, Conclusion
-from .config import TrainConfig
+from ..core.config import TrainConfig
 
 # the fields that say where a run writes and how often it logs, not what it trains or how fast
 BOOKKEEPING = ("out_dir", "steps", "log_interval", "sample_interval", "checkpoint_interval")
@@ -124,8 +124,8 @@ def scores_from(trainers: dict, images: int) -> Callable[[TrainConfig], dict]:
             if same_training(t.cfg, cfg) and t.history.quality and \
                     t.history.quality.get("images_trained") == images:
                 return dict(t.history.quality)
-        from .metrics import QualityCallback
-        from .train import Trainer
+        from ..core.metrics import QualityCallback
+        from ..core.trainer import Trainer
 
         run = Trainer(cfg.replace(steps=max(1, images // cfg.images_per_step), sample_interval=0,
                                   checkpoint_interval=0), callbacks=[QualityCallback()])

@@ -10,16 +10,16 @@ import time
 
 import torch
 
-from . import bench
-from .bench import decide
-from .config import TrainConfig, differences
-from .data import returns_cpu_tensors
-from .errors import ConfigError, GantoolsError
-from .recovery import is_out_of_memory
-from .state import on_interrupt
-from .tune_result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
-from .tune_space import Candidate, allowed, complete, describe, search_space
-from .tune_trials import Trials, TuneOptions, key
+from ..speed import bench
+from ..speed.bench import decide
+from ..core.config import TrainConfig, differences
+from ..core.data import returns_cpu_tensors
+from ..errors import ConfigError, GantoolsError
+from ..core.recovery import is_out_of_memory
+from ..core.process import on_interrupt
+from .result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
+from .space import Candidate, allowed, complete, describe, search_space
+from .trials import Trials, TuneOptions, key
 
 # Extra warm-up when a candidate first turns torch.compile on: 24 s measured for the 32 px DCGAN on the 2-core CPU,
 # against about 4 s without compile.
@@ -178,7 +178,7 @@ class Tuner:
                            f"not fit in the {max(0.0, self._left()):.0f} s left")
                 break
             if not header:
-                from .display import markdown_table
+                from ..measuring.results import markdown_table
 
                 self._say("\n".join(markdown_table(list(ROW_HEAD), []).splitlines()[:2]))
                 header = True
@@ -191,7 +191,7 @@ class Tuner:
         self._say(f"search ended: {r.ended}")
 
     def _profile(self):
-        from .profiling import profile
+        from ..speed.profiling import profile
 
         self._say("", now=f"profiling the incumbent ({describe(_diff(self.chain[-1])) or 'the start'})")
         t, trainer = time.perf_counter(), self.incumbent

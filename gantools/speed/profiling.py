@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 
-from . import hardware, techniques
-from .config import TrainConfig
-from .measuring import PhaseTable, amdahl, profile_trainer
-from .train import Trainer
+from ..measuring import hardware
+from ..core import techniques
+from ..core.config import TrainConfig
+from ..measuring.protocol import PhaseTable, amdahl, profile_trainer
+from ..core.trainer import Trainer
 
 PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
           "D backward (G step)", "G backward", "G optimizer step", "EMA update", "host sync")
@@ -109,7 +110,8 @@ def _self_device_ms(event) -> float:
 def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_path=None,
             row_limit: int = 15) -> ProfileReport:
     """Profile `steps` steps of a config (or of a Trainer you built with your own G and D), by the protocol of
-    `gantools.measuring`: `warmup` steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed
+    `gantools.measuring.protocol`: `warmup`
+    steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed
     without the profiler (to state its overhead). Phases are host time inside each labelled range; the op table is
     sorted by self time on the device in use."""
     trainer = cfg if isinstance(cfg, Trainer) else Trainer(cfg.replace(sample_interval=0, log_interval=steps))
@@ -306,9 +308,9 @@ def compare(before: PhaseTable, after: PhaseTable) -> Comparison:
 def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"), repeats: int = 30) -> dict:
     """Median milliseconds of one optimizer step over both DCGAN networks, per implementation. The variants are
     timed interleaved (one step of each, repeated) so a noisy machine disturbs them all alike."""
-    from .hardware import Timer, resolve_device, seeded
-    from .models import build_dcgan
-    from .train import make_optimizer
+    from ..measuring.hardware import Timer, resolve_device, seeded
+    from ..core.models import build_dcgan
+    from ..core.trainer import make_optimizer
 
     device = resolve_device(cfg.device)
     with seeded(cfg.seed):  # reproducible, and the caller's RNG untouched

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import bench, hardware, techniques
-from .config import TrainConfig, optimizer_kernels, scale_batch, speed_knobs
+from ..speed import bench
+from ..measuring import hardware
+from ..core import techniques
+from ..core.config import TrainConfig, optimizer_kernels, scale_batch, speed_knobs
 
 PRIOR = techniques.priors()  # knob: (cpu, cuda), the expected speed-up of each change on its own
 OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches
@@ -83,7 +85,7 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
     bigger batch means fewer optimizer steps per image, so it changes what is learned (on glyphs, x2 cost 2.78x the
     reference's FID at an equal image budget for 8% more images/s on the 2-core CPU); the quality check would then
     most likely spend the budget undoing it."""
-    from .check import validated
+    from ..speed.check import validated
 
     space = tuple(space if space is not None else speed_knobs())
     order = [t.knob for t in techniques.TECHNIQUES if t.knob in space]  # the list's order everywhere

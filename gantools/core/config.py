@@ -15,8 +15,9 @@ from typing import Optional
 
 import torch
 
-from . import distributed, hardware
-from .errors import ConfigError
+from . import distributed
+from ..measuring import hardware
+from ..errors import ConfigError
 
 __all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags", "differences",
            "discriminator_norm", "knobs", "preset", "scale_batch", "speed_knobs"]

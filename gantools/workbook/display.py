@@ -3,11 +3,15 @@ the cell), throttled so drawing stays a small, measured fraction of training tim
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
+from ..measuring.results import markdown_table
+from ..speed.bench import QUALITY_TARGET
+
 from .chart_layout import (SCALE_NOTE, WIDTH_IN, fit_scale, label_line_ends, legend_below, legend_height, make_room,
-                           place_labels, wrap, wrap_names, wrap_to)
+    place_labels, wrap, wrap_names, wrap_to)
 
 
 def _figure(*args, **kwargs):
@@ -178,13 +182,6 @@ def comparison_rows(results: dict, baseline: dict) -> list[dict]:
 
 FORMATS = {"images/s": "{:.0f}", "speed-up": "{:.2f}x", "ms/step": "{:.1f}", "data wait ms": "{:.2f}",
            "peak MB": "{:.0f}", "loss D": "{:.3f}", "loss G": "{:.3f}", "FID": "{:.1f}", "FID vs baseline": "{:.2f}x"}
-
-
-def markdown_table(head: list, rows: list[list]) -> str:
-    """A Markdown table: the one way gantools draws one (cells already formatted)."""
-    lines = ["| " + " | ".join(map(str, head)) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in rows]
-    return "\n".join(lines)
 
 
 def comparison_markdown(rows: list[dict]) -> str:
@@ -468,3 +465,22 @@ class LiveTune:
         self.handles[0].update(text)
         if fig is not None:
             self.handles[1] = _display(fig, self.handles[1])
+
+
+def bench_chart(result: dict, path) -> None:
+    """Speed bars against the reference (the first row); under them speed against FID when quality was measured,
+    the quality target a dashed line (`speed_chart`)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    rows = result["rows"]
+    scored = "fid" in rows[0]
+    ref = rows[0]["images_per_sec"]
+    fig = speed_chart([r["variant"] for r in rows], [r["images_per_sec"] for r in rows],
+                      notes=[f"{r['images_per_sec'] / ref:.2f}x" for r in rows],
+                      fids=[r.get("fid") for r in rows] if scored else None,
+                      fid_line=(QUALITY_TARGET * rows[0]["fid"], f"{QUALITY_TARGET}x the reference's FID (the "
+                                                                 "quality target)") if scored else None,
+                      title=f"{result['machine']['device_name']}: speed" + (" against quality" if scored else ""),
+                      speed_label="images / s; beside each bar: its speed against the reference (the first)",
+                      fid_label=f"FID after {rows[0]['images_trained']:,} training images (lower is better)"
+                      if scored else "FID")
+    fig.savefig(path, dpi=100)

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from . import distributed, techniques
-from .config import TrainConfig, cli_flags, preset, scale_batch
-from .errors import ConfigError, GantoolsError, ScalingCrash, Stopped
-from .hardware import autocast_precision, machine_info, resolve_device
-from .quick import QUICK
+from ..core import distributed, techniques
+from ..core.config import TrainConfig, cli_flags, preset, scale_batch
+from ..errors import ConfigError, GantoolsError, ScalingCrash, Stopped
+from ..measuring.hardware import autocast_precision, machine_info, resolve_device
+from ..quick import QUICK
 
 # bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
 PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100": 756e12,
@@ -68,7 +68,7 @@ def can_compile(device: torch.device) -> bool:
 def matmul_peak(device: torch.device, dtype=torch.bfloat16, n: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of a large square matmul measured here: the denominator for a CPU's utilisation, which has no
     published per-core peak to look up. Synchronised; the best of `repeats`."""
-    from .hardware import synchronize
+    from ..measuring.hardware import synchronize
 
     n, inner = (8192, 20) if device.type == "cuda" else (n, 1)  # a GPU needs more work per timing than a launch
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -124,7 +124,7 @@ def measurement_trainer(cfg: TrainConfig, plan: dict, **trainer_args):
     """A trainer for interleaved chunks (`interleave`): no cap on steps, a log record per chunk, no samples or
     checkpoints on the way (fit() still writes one checkpoint at its end, outside the timed steps; 36 ms for the
     32 px DCGAN here). `trainer_args` go to Trainer (your own networks, dataset, callbacks)."""
-    from .train import Trainer
+    from ..core.trainer import Trainer
 
     return Trainer(cfg.replace(log_interval=max(1, plan["images_per_repeat"] // cfg.images_per_step), steps=10**9,
                                sample_interval=0, checkpoint_interval=0), **trainer_args)
@@ -149,7 +149,7 @@ def side_by_side(configs: dict, plan: dict | None = None, out_dir="runs/bench/si
 
 
 def side_by_side_markdown(result: dict) -> str:
-    from .display import markdown_table
+    from ..measuring.results import markdown_table
 
     first = next(iter(result["rows"]))
     head = ["config", "images/s", "spread", f"vs {first} (paired, spread)", "warm-up s"]
@@ -278,7 +278,7 @@ def flops_per_image(trainer) -> float:
     convolution, which is all FlopCounterMode counts."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .data import prepare_batch
+    from ..core.data import prepare_batch
 
     # one batch straight from the dataset: iterating the trainer's loader could restart its persistent workers
     items = [trainer.dataset[i] for i in range(trainer.cfg.batch_size // trainer.world.size)]
@@ -336,7 +336,7 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
                       "mfu": m.images_per_sec * flops / peak if peak else None,
                       "matmul_share": m.images_per_sec * flops / max(matmul.values())}
     if quality:  # same image budget for every variant, then FID/KID/coverage
-        from .metrics import QualityCallback, QualityMeter
+        from ..core.metrics import QualityCallback, QualityMeter
 
         meter = QualityMeter(base.dataset, base.image_size, base.channels, n=quality_samples, device=dev)
         progress(f"training every variant to {plan['quality_images']} images for FID ...")
@@ -475,33 +475,6 @@ def scaling_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def chart(result: dict, path) -> None:
-    """Speed bars against the reference (the first row); under them speed against FID when quality was measured,
-    the quality target a dashed line (`display.speed_chart`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from .display import speed_chart
-
-    rows = result["rows"]
-    scored = "fid" in rows[0]
-    ref = rows[0]["images_per_sec"]
-    fig = speed_chart([r["variant"] for r in rows], [r["images_per_sec"] for r in rows],
-                      notes=[f"{r['images_per_sec'] / ref:.2f}x" for r in rows],
-                      fids=[r.get("fid") for r in rows] if scored else None,
-                      fid_line=(QUALITY_TARGET * rows[0]["fid"], f"{QUALITY_TARGET}x the reference's FID (the "
-                                                                 "quality target)") if scored else None,
-                      title=f"{result['machine']['device_name']}: speed" + (" against quality" if scored else ""),
-                      speed_label="images / s; beside each bar: its speed against the reference (the first)",
-                      fid_label=f"FID after {rows[0]['images_trained']:,} training images (lower is better)"
-                      if scored else "FID")
-    fig.savefig(path, dpi=100)
-
-
-def save(result: dict, json_path=None, png_path=None) -> None:
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=1))
-    if png_path:
-        Path(png_path).parent.mkdir(parents=True, exist_ok=True)
-        chart(result, png_path)
+def save(result: dict, json_path) -> None:
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(result, indent=1))

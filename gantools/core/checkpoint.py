@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
 
 REQUIRED_KEYS = ("format", "step", "batches_seen", "config", "generator", "discriminator", "opt_g", "opt_d",
                  "scaler_g", "scaler_d", "rng", "history")

@@ -20,9 +20,9 @@ from torch import nn
 
 from .checkpoint import atomic_save
 from .data import data_root, make_dataset, prepare_batch
-from .errors import QualityError
-from .hardware import resolve_device, seeded
-from .quick import QUICK
+from ..errors import QualityError
+from ..measuring.hardware import resolve_device, seeded
+from ..quick import QUICK
 
 CLASSIFIER_VERSION = 1
 MIN_SAMPLES = 2048
@@ -54,7 +54,7 @@ def _inception_problem(root=None) -> str | None:
     if inception_weights(root) is None:
         return (f"no Inception weights on this machine (looked in $GANTOOLS_INCEPTION_WEIGHTS, "
                 f"{data_root(root) / 'inception'}, {Path(torch.hub.get_dir()) / 'checkpoints'}); fetch them once with "
-                f"gantools.metrics.download_inception_weights() (needs internet), or copy {INCEPTION_FILE} there")
+                f"gantools.core.metrics.download_inception_weights() (needs internet), or copy {INCEPTION_FILE} there")
     return None
 
 

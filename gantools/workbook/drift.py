@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from .display import markdown_table
-from .hardware import seeded
+from ..measuring.hardware import seeded
 
 
 def relative_gap(a, b) -> float:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 
-from . import techniques
-from .config import COMPILE_MODES, Knob, TrainConfig, differences, knobs, speed_knobs, uses_cuda_graphs
+from ..core import techniques
+from ..core.config import COMPILE_MODES, Knob, TrainConfig, differences, knobs, speed_knobs, uses_cuda_graphs
 from .display import LivePlot, LiveTune, comparison_chart, comparison_markdown, comparison_rows, figure_png
-from .errors import GantoolsError
-from .metrics import QualityCallback
-from .train import Trainer
-from .tuning import StopWhen
-from .quick import QUICK
+from ..errors import GantoolsError
+from ..core.metrics import QualityCallback
+from ..core.trainer import Trainer
+from ..tuning.autotune import StopWhen
+from ..quick import QUICK
 
 # a control for each technique's fields (`techniques.TECHNIQUES`, in its order), and how long to train
 TECHNIQUES = (*techniques.panel_fields(), "steps")
@@ -181,7 +181,7 @@ class ControlPanel(_Panel):
         return None
 
     def _tune(self, cfg: TrainConfig, minutes: float, stop: threading.Event):
-        from .tuning import tune
+        from ..tuning.autotune import tune
 
         view = LiveTune(self.tune_table, self.tune_plot)
 
@@ -360,8 +360,8 @@ class ProfilePanel(_Panel):
 
     def _profile(self, cfg: TrainConfig, steps: int, stop: threading.Event):
         from .display import phases_figure
-        from .measuring import PhaseTable
-        from .profiling import profile
+        from ..measuring.protocol import PhaseTable
+        from ..speed.profiling import profile
 
         name, trainer = self.run_name(cfg), None
         self._busy(True)

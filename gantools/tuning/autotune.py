@@ -15,7 +15,7 @@ machine, with every step it took shown.
 5. Repeat until no candidate is left, or the next one would not fit in the time budget.
 
 Then quality, a constraint rather than an afterthought: the start and the final config each train from scratch on
-the same number of images and are scored (FID, KID, classes covered: `gantools.metrics`). If the final FID is
+the same number of images and are scored (FID, KID, classes covered: `gantools.core.metrics`). If the final FID is
 worse than `bench.QUALITY_TARGET` (1.1) times the start's, the start is first trained again with another seed: a
 short run's FID moves by chance, so the limit becomes the wider of 1.1x and that second seed's distance. Then the
 accepted changes are backed off, last first, one at a time (each re-trained and scored) until it holds; the start
@@ -38,19 +38,20 @@ Stopping: Ctrl-C, or `stop` (a threading.Event: the widget panel's Stop button),
 (a training run in progress stops after its current step); the result holds every step so far, with the incumbent
 as its final config (its quality not checked).
 
-Where it lives: the search space in `gantools/tune_space.py` (`search_space`), the rule in `gantools/bench.py`
-(`decide`, beside `interleave`), the loop in `gantools/tuner.py` (`Tuner`), the runs it builds, measures and scores
-in `gantools/tune_trials.py` (`Trials`), the result in `gantools/tune_result.py` (`TuneResult`).
+Where it lives: the search space in `gantools/tuning/space.py` (`search_space`), the rule in `gantools/speed/bench.py`
+(`decide`, beside `interleave`), the loop in `gantools/tuning/tuner.py`
+(`Tuner`), the runs it builds, measures and scores
+in `gantools/tuning/trials.py` (`Trials`), the result in `gantools/tuning/result.py` (`TuneResult`).
 """
 from __future__ import annotations
 
 import threading
 
-from .bench import decide
-from .config import TrainConfig
-from .tune_result import ROW_HEAD, Step, TuneResult
-from .tune_space import OPTIMIZER_ORDER, PRIOR, Candidate, describe, search_space
-from .tune_trials import SCORE_S, StopWhen, TuneOptions
+from ..speed.bench import decide
+from ..core.config import TrainConfig
+from .result import ROW_HEAD, Step, TuneResult
+from .space import OPTIMIZER_ORDER, PRIOR, Candidate, describe, search_space
+from .trials import SCORE_S, StopWhen, TuneOptions
 from .tuner import COMPILE_S, PROFILE_STEPS, PROFILE_WARMUP, Tuner
 
 __all__ = ["COMPILE_S", "OPTIMIZER_ORDER", "PRIOR", "PROFILE_STEPS", "PROFILE_WARMUP", "ROW_HEAD", "SCORE_S",

@@ -40,15 +40,15 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
-from . import techniques as techniques_  # `techniques` is this module's function, which tests replace
-from .checkpoint import atomic_write, load_checkpoint
-from .config import TrainConfig, cli_flags, uses_cuda_graphs
-from .data import ImageTensorDataset, data_root, render_glyphs
-from .errors import ConfigError
-from .hardware import SYNC_WARNING, machine_info
-from .recovery import is_out_of_memory
-from .train import METRICS, Trainer
+from ..core import distributed
+from ..core import techniques as techniques_  # `techniques` is this module's function, which tests replace
+from ..core.checkpoint import atomic_write, load_checkpoint
+from ..core.config import TrainConfig, cli_flags, uses_cuda_graphs
+from ..core.data import ImageTensorDataset, data_root, render_glyphs
+from ..errors import ConfigError
+from ..measuring.hardware import SYNC_WARNING, machine_info
+from ..core.recovery import is_out_of_memory
+from ..core.trainer import METRICS, Trainer
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
 # not how fast it is (its images/s only shows it ran at a plausible speed).
@@ -226,7 +226,7 @@ def check_profile_syncs(cfg: TrainConfig, dataset) -> dict:
     """Profile 2 steps of `cfg` (fp32, no per-step reads, no log point among the profiled steps: the loss reads of a
     log are the trainer's only syncs) and the report must count no host sync. On CUDA it synchronises around every
     data wait, inside its own range; counting those, or a sync the step should not make, fails the row."""
-    from .measuring import profile_trainer  # profile()'s protocol; profiling imports check (validated)
+    from ..measuring.protocol import profile_trainer  # profile()'s protocol; profiling imports check (validated)
 
     quiet = cfg.replace(precision="fp32", sync_every_step=False, log_interval=1000)  # logs only at each fit's end
     trainer = Trainer(quiet, dataset=dataset)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from . import hardware
+from ..measuring import hardware
 from .config import uses_cuda_graphs
-from .errors import GantoolsError, NonFiniteLossError, OutOfMemory
+from ..errors import GantoolsError, NonFiniteLossError, OutOfMemory
 
 SCALE_COLLAPSE = 1.0  # an fp16 GradScaler scale below this means gradients overflow fp16 even unscaled
 # How the CUDA libraries say "no memory" in the RuntimeError (torch.AcceleratorError on newer torch) that torch raises

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .checkpoint import atomic_save
 from .distributed import World
-from .errors import ConfigError, DataError, OutOfMemory
+from ..errors import ConfigError, DataError, OutOfMemory
 from .recovery import is_out_of_memory
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
@@ -522,7 +522,7 @@ def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2, device=Non
     """Throughput of a loader alone (no training), timed with device synchronisation; the first `warmup`
     batches (worker start-up) are not counted. `device`: where its batches land, for any iterable of batches (a
     generator over your own DataLoader); gantools' loaders know theirs."""
-    from .hardware import Timer
+    from ..measuring.hardware import Timer
 
     def size(batch) -> int:  # (images, labels) pairs from a conditional loader or a plain DataLoader
         return (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0]

@@ -14,8 +14,8 @@ import warnings
 
 import torch
 
-from .errors import CheckpointError, ConfigError
-from .hardware import _legacy_conv_tf32, _matmul_precision
+from ..errors import CheckpointError, ConfigError
+from ..measuring.hardware import _legacy_conv_tf32, _matmul_precision
 
 
 # -- TF32 and cuDNN ------------------------------------------------------------------------------------------------

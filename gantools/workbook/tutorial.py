@@ -12,10 +12,10 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .data import make_dataset
-from .hardware import Timer, resolve_device, seeded
-from .models import build_dcgan
-from .sampling import generate
+from ..core.data import make_dataset
+from ..measuring.hardware import Timer, resolve_device, seeded
+from ..core.models import build_dcgan
+from ..core.sampling import generate
 
 
 @dataclass
@@ -37,8 +37,8 @@ def adam(params) -> torch.optim.Optimizer:
 
 def tutorial_size() -> dict:
     """The workbook's model and batch size for the mode: tiny in quick mode (tests), DCGAN's standard otherwise."""
-    from .quick import QUICK
-    from .workbook import QUICK_SIZE, real_size
+    from ..quick import QUICK
+    from .runs import QUICK_SIZE, real_size
 
     size = QUICK_SIZE if QUICK else real_size()
     return {k: size[k] for k in ("nz", "ngf", "ndf", "batch_size")}
@@ -148,8 +148,8 @@ def samples(gan: PlainGAN, n: int, seed: int = 0) -> torch.Tensor:
 def score(gan: PlainGAN, n: int | None = None) -> dict:
     """FID, KID and classes covered of `n` of the loop's images (2048, or 256 in quick mode), as the trainer's
     runs are scored, so a plain loop and a gantools run compare."""
-    from .metrics import MIN_SAMPLES, quality_meter
-    from .quick import QUICK
+    from ..core.metrics import MIN_SAMPLES, quality_meter
+    from ..quick import QUICK
 
     n = n or (256 if QUICK else MIN_SAMPLES)
     with torch.random.fork_rng(devices=[gan.device] if gan.device.type == "cuda" else []):

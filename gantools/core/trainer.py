@@ -22,21 +22,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import distributed, hardware, recovery
+from . import distributed, recovery
+from ..measuring import hardware
 from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
 from .config import TrainConfig, discriminator_norm, optimizer_kernels, uses_cuda_graphs
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
-from .errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
+from ..errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
 from .history import METRICS, History
 from .losses import LOSSES, d_loss, g_loss, penalties  # noqa: F401 (d_loss, g_loss: public names)
 from .models import build_dcgan
 from .network_checks import check_networks, dataset_classes
 from .recovery import SCALE_COLLAPSE, CompileStats, Rollback  # noqa: F401 (SCALE_COLLAPSE: importable here)
 from .sampling import GRID_CLASSES, fixed_noise, generate, grid, save_png, seeded_noise  # noqa: F401 (GRID_CLASSES)
-from .state import CHECKPOINT_FORMAT, RunStreams, on_interrupt
+from .process import CHECKPOINT_FORMAT, RunStreams, on_interrupt
 from .step import TrainStep
-from .step_clock import StepClock
+from ..measuring.clock import StepClock
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused; 'auto' as

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import atomic_write
-from .config import TrainConfig, cli_flags, differences
-from .tune_space import describe
+from ..core.checkpoint import atomic_write
+from ..core.config import TrainConfig, cli_flags, differences
+from .space import describe
 
 
 @dataclass
@@ -40,8 +40,8 @@ class Step:
 class TuneResult:
     """What tune found and how: `start` and `final` (each a dict with its `config`, `images_per_sec` and `fid`),
     `path` (every step), `final_config`; `python()` and `flags()` give the final config as code and as CLI flags,
-    `markdown()` the path as a table, `chart()` as a figure, `save_json(path)` all of it. Built as tune goes, so
-    what it holds after a stop is everything up to the stop."""
+    `markdown()` the path as a table (`workbook.display.tune_chart` draws it), `save_json(path)` all of it. Built as
+    tune goes, so what it holds after a stop is everything up to the stop."""
 
     start: dict
     final: dict
@@ -90,14 +90,9 @@ class TuneResult:
         return [path_row(i, s) for i, s in enumerate(self.path, 1)]
 
     def markdown(self) -> str:
-        from .display import markdown_table
+        from ..measuring.results import markdown_table
 
         return markdown_table(list(ROW_HEAD), [list(r.values()) for r in self.rows()])
-
-    def chart(self):
-        from .display import tune_chart
-
-        return tune_chart(self)
 
     def summary(self) -> str:
         """The outcome in a few lines: speed, quality, the final config as code and as flags."""
@@ -153,6 +148,6 @@ def path_row(i: int, s: Step) -> dict:
 
 def markdown_line(row: dict) -> str:
     """One row as a markdown table line (what tune prints as it goes, under the header)."""
-    from .display import markdown_table
+    from ..measuring.results import markdown_table
 
     return markdown_table(list(row), [list(row.values())]).splitlines()[-1]
