@@ -143,3 +143,45 @@ def test_fp16_advice_names_fused_optimizers_whose_gradscaler_step_needs_no_host_
     assert "optimizerD = optim.Adam(..., fused=True)" in change and "optimizerG" in change
     assert "fused=True" not in rules.fp32_convolutions(r, T4).change  # already fused
     assert "fused=True" not in rules.fp32_convolutions(foreach, A100).change  # bf16: no GradScaler
+
+
+# -- one object per fix, and the verdict's type ------------------------------------------------------------------------
+def test_a_fix_is_one_object_that_applied_and_make_patch_both_go_through(tmp_path, monkeypatch):
+    """A fix added to `FIXES` alone is answered, installed for a run and undone, and planned as a source edit:
+    `Applied`, `candidates` and `make_patch` loop over the fix objects, with no branch of their own per fix."""
+    from gantools.doctor import fixes, patching
+    from gantools.doctor.fixing import Fix
+
+    class Target:
+        value = "as written"
+
+    class Marker(Fix):
+        def install(self, applied):
+            applied.patch(Target, "value", "fixed")
+
+        def plan(self, plans, report, ctx, by_hand):
+            plans[report.source].after_imports.append("MARKED = True")
+
+    marker = Marker(name="marker", title="a marker", answers=("host-sync",))
+    monkeypatch.setattr(fixes, "FIXES", (*fixes.FIXES, marker))
+    monkeypatch.setattr(patching, "FIXES", fixes.FIXES)
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = 1\n")
+    r = report(source=str(script), models={}, findings=findings(*FIRES["host-sync"]))
+    ctx = fixes.context(r, CPU)
+    assert marker in fixes.candidates(r, CPU)[0]
+    with fixes.Applied(("marker",), ctx):
+        assert Target.value == "fixed"
+    assert Target.value == "as written"  # undone on exit
+    patch = patching.make_patch(("marker",), r, ctx, root=tmp_path)
+    assert "+MARKED = True" in patch.diff and patch.files == ["train.py"]
+
+
+def test_the_verdict_is_typed_and_its_json_keeps_its_two_fields():
+    from gantools.doctor.report import Verdict
+
+    r = report(verdict=Verdict(bottleneck="compute-bound", evidence={"step ms": 100.0, "heaviest ops": "conv"}))
+    assert r.to_dict()["verdict"] == {"bottleneck": "compute-bound", "evidence": {"step ms": 100.0,
+                                                                                  "heaviest ops": "conv"}}
+    assert list(r.to_dict()["verdict"]) == ["bottleneck", "evidence"]
+    assert report(verdict=None).to_dict()["verdict"] == {}  # not profiled: an empty object, as before

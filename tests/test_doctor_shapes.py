@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -215,9 +214,9 @@ def test_models_and_optimizers_are_named_as_the_code_reaches_them():
 ], ids=["module", "main", "parameter", "string", "another-function", "self-device", "self-device-parameter",
         "annotated", "loop-variable", "bound-after"])
 def test_autocast_names_device_only_where_the_wrapped_line_sees_a_torch_device(source, named):
-    from gantools.doctor.patching import _autocast_item
+    from gantools.doctor.scopes import autocast_item
     line = [x.strip() for x in source.splitlines()].index("x = 1") + 1  # the line to wrap, inside main()
-    item = _autocast_item(source, SimpleNamespace(device_type="cuda"), [line])
+    item = autocast_item(source, "cuda", [line])
     expected = {True: "device.type", False: "'cuda'"}.get(named, f"{named}.type")
     assert item == f"torch.autocast({expected}, dtype=torch.bfloat16)"
 

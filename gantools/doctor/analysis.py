@@ -21,7 +21,7 @@ from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_wor
 from .hooks import COUNTED_READ, RANGE
 from .observations import Call, Observations, Optimizer
 from .pipeline import describe_loader
-from .report import DoctorReport
+from .report import DoctorReport, Verdict
 from .rules import MachineFacts, findings, not_judged
 from .schedule import Schedule
 from .syncs import NOT_LOCATED
@@ -143,6 +143,40 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
     events = session.prof.events()
     r.steps = n
     r.step_time_ms = session.step_ms()
+    phases = _phases(events, obs)
+    per_step = {k: v / n for k, v in phases.items()}
+    ordered = {k: per_step[k] for k in ORDER if k in per_step}
+    ordered.update({k: v for k, v in per_step.items() if k not in ordered})
+    ordered[OTHER] = max(r.step_time_ms - sum(ordered.values()), 0.0)
+    r.phases_ms = ordered
+    cuda = obs.device_in_use().type == "cuda"
+    averages = session.averages
+    wait = ordered.get("data wait", 0.0)
+    busy, h2d, ops = device_time(averages, n, r.step_time_ms, wait, cuda,
+                                 skip=lambda k: k.startswith(RANGE) or k in ORDER)
+    r.device_busy_ms, r.top_ops = busy, ops[:10]
+    r.compute_share = compute_ms(ops) / max(busy, 1e-9)
+    r.settings["loss_ops_per_iteration"] = {e.key: e.count / n for e in averages
+                                            if "binary_cross_entropy" in e.key and "backward" not in e.key}
+    r.settings["h2d_copy_ms"] = h2d
+    r.peak_mem_mb = obs.peak_mem_mb
+    w = obs.window
+    r.sync_sites = [{"where": where, "code": w.sites[where][0], "method": w.sites[where][1],
+                     "per_step": round(count / n, 2)} for where, count in w.syncs.most_common()]
+    unplaced = _unplaced_syncs(r, spans(events), w.located, n) if cuda else 0.0
+    r.host_syncs_per_step = sum(w.syncs.values()) / n + unplaced
+    if not r.images_per_step:
+        _images_without_loader(r, obs, n)
+    r.verdict = _verdict(r, wait, busy, ops, cuda)
+    try:
+        r.trace_path = _export_trace(session.prof, obs, run)
+    except OSError as e:  # the measurements stand without the trace: say why there is none
+        r.note = (r.note + " " if r.note else "") + f"no trace written ({e})"
+
+
+def _phases(events: list, obs: Observations) -> dict:
+    """Milliseconds in each phase over the profiled iterations: each labelled range, data waits and host syncs, and
+    each backward node charged to the forward phase whose op made it."""
     phases: dict = defaultdict(float)
     seq: dict = {}
     for e in events:
@@ -171,40 +205,17 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
         if label:
             phases[label] += e.cpu_time_total / 1e3
             last[e.thread] = label
-    per_step = {k: v / n for k, v in phases.items()}
-    ordered = {k: per_step[k] for k in ORDER if k in per_step}
-    ordered.update({k: v for k, v in per_step.items() if k not in ordered})
-    ordered[OTHER] = max(r.step_time_ms - sum(ordered.values()), 0.0)
-    r.phases_ms = ordered
-    cuda = obs.device_in_use().type == "cuda"
-    averages = session.averages
-    wait = ordered.get("data wait", 0.0)
-    busy, h2d, ops = device_time(averages, n, r.step_time_ms, wait, cuda,
-                                 skip=lambda k: k.startswith(RANGE) or k in ORDER)
-    r.device_busy_ms, r.top_ops = busy, ops[:10]
-    r.compute_share = compute_ms(ops) / max(busy, 1e-9)
-    r.settings["loss_ops_per_iteration"] = {e.key: e.count / n for e in averages
-                                            if "binary_cross_entropy" in e.key and "backward" not in e.key}
-    r.settings["h2d_copy_ms"] = h2d
-    r.peak_mem_mb = obs.peak_mem_mb
-    w = obs.window
-    r.sync_sites = [{"where": where, "code": w.sites[where][0], "method": w.sites[where][1],
-                     "per_step": round(count / n, 2)} for where, count in w.syncs.most_common()]
-    unplaced = _unplaced_syncs(r, spans(events), w.located, n) if cuda else 0.0
-    r.host_syncs_per_step = sum(w.syncs.values()) / n + unplaced
-    if not r.images_per_step:
-        _images_without_loader(r, obs, n)
-    v = bottleneck(r.step_time_ms, wait, busy, r.compute_share, cuda)
+    return phases
+
+
+def _verdict(r: DoctorReport, wait: float, busy: float, ops: list, cuda: bool) -> Verdict:
+    """The bottleneck, decided by the profiler's one rule (`speed.profiling.bottleneck`), with the numbers it read."""
     evidence = {"step ms": r.step_time_ms, "data wait share": wait / r.step_time_ms}
     if cuda:
         evidence["GPU idle share"] = 1 - busy / r.step_time_ms
     evidence["conv/matmul share of busy"] = r.compute_share
     evidence["heaviest ops"] = ", ".join(name for name, _ in ops[:3])
-    r.verdict = {"bottleneck": v, "evidence": evidence}
-    try:
-        r.trace_path = _export_trace(session.prof, obs, run)
-    except OSError as e:  # the measurements stand without the trace: say why there is none
-        r.note = (r.note + " " if r.note else "") + f"no trace written ({e})"
+    return Verdict(bottleneck=bottleneck(r.step_time_ms, wait, busy, r.compute_share, cuda), evidence=evidence)
 
 
 def _unplaced_syncs(r: DoctorReport, events: list, located: int, n: int) -> float:

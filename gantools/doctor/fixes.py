@@ -1,36 +1,28 @@
-"""The fixes `--try` applies to your script while it runs, its source untouched: one `Fix` per change, each answering
-findings of the diagnosis, each installed for one run (`Applied`) and removed after it.
+"""The fixes `--try` applies to your script while it runs, its source untouched: one `Fix` object per change, which
+holds all of it: the findings it answers, whether it applies, how it is installed for one run (`Applied`, which removes
+it after) and its edit of your source (`patching.make_patch`).
 
 How a fix reaches code it did not write (all of it global, so one run at a time, and all of it undone on exit):
 
 - **G and D** are recognised on their first call by their class and parameter count (as the diagnosis named them);
   their instance `forward` is then wrapped (that first call has already looked its forward up, so it runs as
   written: a warm-up iteration's): under `torch.autocast` (bf16 where the device runs it fast, else fp16
-  with a GradScaler: below), and for D, with its parameters frozen in the calls that the diagnosis saw followed by
+  with a GradScaler: `fixing`), and for D, with its parameters frozen in the calls that the diagnosis saw followed by
   G's optimizer step (those call sites, FILE:LINE, and only those: a call whose input merely carries gradients can
   be D's own step, as in WGAN-GP scripts that do not detach). Freezing for the forward alone is enough: autograd
   records at each op whether a parameter requires grad, so the backward computes no weight gradients for D there.
   A final `nn.Sigmoid` in D is replaced by `nn.Identity`, and `BCELoss` / `F.binary_cross_entropy` compute
   `binary_cross_entropy_with_logits`: the same loss from logits (BCELoss is refused under autocast on CUDA).
-- **fp16 without bf16** (a GPU before Ampere): one `torch.amp.GradScaler`; each scalar `backward()` is scaled and each
-  optimizer's `step` goes through `scaler.step`, followed by `scaler.update()`. Updating after every optimizer step
-  keeps each loss's scale equal to the one its optimizer unscales with, since a loss's gradients are consumed by the
-  next step of its own optimizer (the recipe of one scaler per network; PyTorch's AMP examples, "multiple models").
-  A loop that runs both backwards before either step would see G's gradients unscaled with a scale that changed in
-  between: only when the scale changes (an overflow, or every 2000 clean steps), and the guard watches the losses.
-  A step the scaler skips (inf/NaN gradients) calls no optimizer step hook: `on_skipped_step` ends the iteration.
-- **Optimizers**: their classes' `__init__` gets `fused=True` (or `foreach=True` where the class has no fused
-  kernel). **DataLoaders**: `num_workers`, `persistent_workers` (and `pin_memory` on CUDA) set at construction.
-- **Backend flags**: cudnn.benchmark and TF32 through `state.backend_flags`, the trainer's switch, which works
+- **fp16 without bf16**, **optimizers** and **DataLoaders** (keywords at construction): `fixing`.
+- **Backend flags**: cudnn.benchmark and TF32 through `core.process.backend_flags`, the trainer's switch, which works
   whichever TF32 API (legacy or per-backend) the script itself used, and restores both exactly.
 - **torch.compile**: `module.compile()` on first sight (in place; the first call runs eagerly), CUDA only: on a CPU
   compiling costs minutes per trial and rarely pays for models this small."""
 from __future__ import annotations
 
-import inspect
+import os
 import sys
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -38,24 +30,15 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from ..core.process import backend_flags
+from .fixing import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs, keywords_missed, watch_backward,
+                     with_kwargs)
 from .frames import location
 from .report import DoctorReport
-from .rules import MachineFacts
+from .rules import MachineFacts, faster_impl
 
 AUTOCAST, LOGITS, FREEZE_D, FUSED, WORKERS, PIN, CHANNELS_LAST, CUDNN, TF32, COMPILE = (
     "autocast", "logits", "freeze-d", "fused-optimizers", "loader-workers", "pin-memory", "channels-last",
     "cudnn-benchmark", "tf32", "compile")
-
-
-@dataclass(frozen=True)
-class Fix:
-    """One change `--try` can make at run time. `answers`: the findings it is the fix for (it is tried when one of
-    them was found); `parts`: the runtime changes it applies (autocast on a BCE loop brings the logits loss)."""
-
-    name: str
-    title: str
-    answers: tuple
-    parts: tuple
 
 
 @dataclass
@@ -78,6 +61,15 @@ class Context:
 
 
 def context(report: DoctorReport, facts: MachineFacts) -> Context:
+    """What the fixes need of the diagnosis, so a run can find G, D and their call sites again.
+
+    Args:
+        report: the diagnosis of the script.
+        facts: the machine it ran on.
+
+    Returns:
+        The `Context` of every fix's run-time change and source edit.
+    """
     def model(role):
         m = report.models.get(role)
         return (m["class"], m["parameters"]) if m else None
@@ -96,18 +88,212 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
                    report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders)
 
 
+# -- one object per fix ----------------------------------------------------------------------------------------------
+def _no_models(ctx: Context) -> str | None:
+    return None if ctx.g or ctx.d else "the doctor did not tell G and D apart in this loop"
+
+
+def _no_final_sigmoid(ctx: Context) -> str | None:
+    if ctx.bce and not ctx.d_sigmoid:
+        return ("D's sigmoid is not a final nn.Sigmoid module (a torch.sigmoid in forward?): remove it by hand, "
+                "then use BCEWithLogitsLoss")
+    return None
+
+
+class Autocast(Fix):
+    """G's and D's forward under torch.autocast; fp16 (no bf16) adds the GradScaler (`fixing.watch_backward`)."""
+
+    def not_applicable(self, ctx):
+        return _no_models(ctx) or _no_final_sigmoid(ctx)
+
+    def install(self, applied):
+        applied.scaled = not applied.ctx.bf16
+
+    def on_model(self, applied, module, role):
+        return True
+
+    def plan(self, plans, report, ctx, by_hand):
+        if not ctx.bf16:
+            by_hand.append((AUTOCAST, "fp16 needs a GradScaler per network around each backward and step: "
+                                      "see notebook 02; --try measured it at run time"))
+            return
+        for role in ("G", "D"):
+            for file, line in report.models.get(role, {}).get("call_sites", []):
+                plans[file].wrap.add(line)
+
+    def missed(self, plan, shown):
+        if plan.wrap and AUTOCAST not in plan.done:
+            return [(AUTOCAST, f"{shown}: no plain statement at lines {sorted(plan.wrap)} to wrap in torch.autocast")]
+        return []
+
+
+class Logits(Fix):
+    """D's final nn.Sigmoid replaced by nn.Identity, BCELoss and F.binary_cross_entropy computed from logits."""
+
+    def not_applicable(self, ctx):
+        return _no_final_sigmoid(ctx)
+
+    def install(self, applied):
+        applied.patch(nn.BCELoss, "forward", _bce_from_logits)
+        applied.patch(F, "binary_cross_entropy", _functional_bce_from_logits)
+
+    def on_model(self, applied, module, role):
+        path = applied.ctx.d_sigmoid
+        if role == "D" and path:
+            parent, _, leaf = path.rpartition(".")
+            owner = module.get_submodule(parent) if parent else module
+            if not isinstance(getattr(owner, leaf, None), nn.Sigmoid):  # BCE on logits alone would be wrong
+                raise RuntimeError(f"gantools' logits fix found no nn.Sigmoid at D.{path} in this run")
+            setattr(owner, leaf, nn.Identity())
+        return False
+
+    def plan(self, plans, report, ctx, by_hand):
+        d = report.models.get("D", {})
+        file = d.get("defined_in")
+        if file:
+            plans[file].sigmoid_class = d["class"]
+        for each in {os.path.abspath(report.source), file} - {None}:
+            plans[each].rename = True
+
+    def missed(self, plan, shown):
+        out = []
+        if plan.rename and plan.sigmoid_class and LOGITS + ":loss" not in plan.done:
+            out.append((LOGITS, f"{shown}: no BCELoss / binary_cross_entropy found to rename: use "
+                                "nn.BCEWithLogitsLoss where D's output goes into the loss"))
+        if plan.sigmoid_class and LOGITS + ":sigmoid" not in plan.done:
+            out.append((LOGITS, f"{shown}: class {plan.sigmoid_class} builds its final nn.Sigmoid in a way the "
+                                "doctor cannot edit: remove it by hand"))
+        return out
+
+
+class FreezeD(Fix):
+    """D's parameters frozen in the calls G's step makes (those call sites only), so its backward stores no weight
+    gradients there."""
+
+    def not_applicable(self, ctx):
+        if not ctx.g_step_sites:
+            return "D is called from the same lines in its own step and in G's: freeze it by hand around G's step"
+        return None
+
+    def on_model(self, applied, module, role):
+        return role == "D"
+
+    def plan(self, plans, report, ctx, by_hand):
+        for file, line in ctx.g_step_sites:
+            plans[file].freeze[line] = report.models.get("D", {}).get("name", "")
+
+    def missed(self, plan, shown):
+        missing = sorted(x for x in plan.freeze if f"freeze:{x}" not in plan.done)
+        if not missing:
+            return []
+        return [(FREEZE_D, f"{shown}: D's call in G's step at line(s) {missing} could not be bracketed (a return "
+                           "statement, or D called by another name): call D.requires_grad_(False) before G's step "
+                           "and D.requires_grad_(True) after it")]
+
+
+class Fused(Fix):
+    """The for-loop optimizers built with fused=True (or foreach=True where the class has no fused kernel)."""
+
+    def not_applicable(self, ctx):
+        return None if ctx.loop_optimizers else "no optimizer uses the for-loop implementation"
+
+    def install(self, applied):
+        for name in applied.ctx.loop_optimizers:
+            cls = getattr(torch.optim, name, None)
+            if cls is not None:
+                applied.patch(cls, "__init__", with_kwargs(cls.__init__, faster_kwargs(cls)))
+
+    def plan(self, plans, report, ctx, by_hand):
+        for o in report.optimizers.values():
+            if o["implementation"].startswith("for-loop") and o.get("built_at"):
+                file, line = o["built_at"]
+                keyword, value = faster_impl(o["class"]).split("=")
+                plans[file].keywords[line] = (o["class"], {keyword: value})
+
+    def missed(self, plan, shown):
+        return keywords_missed(FUSED, plan, shown, loaders=False)
+
+
+class Workers(LoaderSetting):
+    """As many persistent DataLoader workers as the machine's cores support (pinned memory with them on CUDA)."""
+
+    def not_applicable(self, ctx):
+        if all(w == ctx.workers and persistent and (pin or ctx.device_type != "cuda")
+               for w, persistent, pin in ctx.loaders):
+            return (f"your DataLoader already has {ctx.workers} persistent workers, the most this machine's cores "
+                    "support; the data itself is the cost: decode it once (above)")
+        return None
+
+    def keywords(self, ctx):
+        pin = {"pin_memory": True} if ctx.device_type == "cuda" else {}
+        return {"num_workers": ctx.workers, "persistent_workers": ctx.workers > 0, **pin}
+
+    def missed(self, plan, shown):
+        return keywords_missed(WORKERS, plan, shown, loaders=True)
+
+
+class Pin(LoaderSetting):
+    """Batches in pinned memory, so their copies to the GPU can overlap with compute."""
+
+    def keywords(self, ctx):
+        return {"pin_memory": True}
+
+
+class ChannelsLast(ModelStatement):
+    """G and D in channels_last memory format."""
+
+    statement = "{m} = {m}.to(memory_format=torch.channels_last)"
+
+    def not_applicable(self, ctx):
+        return _no_models(ctx)
+
+    def on_model(self, applied, module, role):
+        module.to(memory_format=torch.channels_last)
+        return False
+
+
+class Compile(ModelStatement):
+    """`module.compile()` on G and D; offered on CUDA whatever the findings, never on a CPU (`rank`)."""
+
+    statement = "{m}.compile()"
+
+    def rank(self, report, ctx, order):
+        if ctx.device_type != "cuda":
+            return None, ("not tried on a CPU: compiling costs minutes per run here and rarely pays for models "
+                          "this small; try it on a GPU")
+        if report.settings.get("compiled"):
+            return None, "your models are compiled already"
+        return (len(order), None) if ctx.g and ctx.d else (None, None)
+
+    def on_model(self, applied, module, role):
+        module.compile()
+        return False
+
+
+class Cudnn(BackendFlag):
+    """cudnn.benchmark: with fixed shapes, the fastest convolution algorithms timed once and kept."""
+
+    flag, statements = "cudnn_benchmark", ("torch.backends.cudnn.benchmark = True",)
+
+
+class Tf32(BackendFlag):
+    """TF32 matmuls and convolutions on Ampere and newer GPUs."""
+
+    flag, statements = "tf32", ('torch.set_float32_matmul_precision("high")', "torch.backends.cudnn.allow_tf32 = True")
+
+
 FIXES = (
-    Fix(AUTOCAST, "autocast on G's and D's forward passes", ("fp32-convolutions",), (AUTOCAST,)),
-    Fix(LOGITS, "logits out of D, BCEWithLogitsLoss", ("sigmoid-bce",), (LOGITS,)),
-    Fix(FREEZE_D, "D frozen in G's step", ("d-grads-in-g-step",), (FREEZE_D,)),
-    Fix(FUSED, "fused (or foreach) optimizers", ("optimizer-for-loop",), (FUSED,)),
-    Fix(WORKERS, "DataLoader workers", ("no-workers", "per-sample-transforms", "too-many-workers",
-                                             "workers-restart"), (WORKERS,)),
-    Fix(PIN, "pinned memory", ("pin-memory",), (PIN,)),
-    Fix(CHANNELS_LAST, "channels_last models", ("channels-last",), (CHANNELS_LAST,)),
-    Fix(CUDNN, "cudnn.benchmark", ("cudnn-benchmark",), (CUDNN,)),
-    Fix(TF32, "TF32 matmuls and convolutions", ("tf32",), (TF32,)),
-    Fix(COMPILE, "torch.compile on G and D", (), (COMPILE,)),
+    Autocast(name=AUTOCAST, title="autocast on G's and D's forward passes", answers=("fp32-convolutions",)),
+    Logits(name=LOGITS, title="logits out of D, BCEWithLogitsLoss", answers=("sigmoid-bce",)),
+    FreezeD(name=FREEZE_D, title="D frozen in G's step", answers=("d-grads-in-g-step",)),
+    Fused(name=FUSED, title="fused (or foreach) optimizers", answers=("optimizer-for-loop",)),
+    Workers(name=WORKERS, title="DataLoader workers",
+            answers=("no-workers", "per-sample-transforms", "too-many-workers", "workers-restart")),
+    Pin(name=PIN, title="pinned memory", answers=("pin-memory",)),
+    ChannelsLast(name=CHANNELS_LAST, title="channels_last models", answers=("channels-last",)),
+    Cudnn(name=CUDNN, title="cudnn.benchmark", answers=("cudnn-benchmark",)),
+    Tf32(name=TF32, title="TF32 matmuls and convolutions", answers=("tf32",)),
+    Compile(name=COMPILE, title="torch.compile on G and D"),
 )
 BY_HAND = {"host-sync": "the values your code reads each step are yours to keep on the device (a source change "
                         "with no run-time equivalent)",
@@ -117,7 +303,15 @@ BY_HAND = {"host-sync": "the values your code reads each step are yours to keep 
 
 def parts_for(kind: str, ctx: Context) -> tuple:
     """The runtime parts that fix a finding (autocast brings the logits loss where the loop uses BCE); none for a
-    finding whose fix is not a run-time change (`BY_HAND`)."""
+    finding whose fix is not a run-time change (`BY_HAND`).
+
+    Args:
+        kind: the finding's kind.
+        ctx: what the fixes know of the run.
+
+    Returns:
+        The names of the fixes to apply, as `Applied` and `patching.make_patch` take them.
+    """
     if kind in BY_HAND:
         return ()
     parts = tuple(p for fix in FIXES if kind in fix.answers for p in fix.parts)
@@ -125,56 +319,46 @@ def parts_for(kind: str, ctx: Context) -> tuple:
 
 
 def candidates(report: DoctorReport, facts: MachineFacts) -> tuple[list, list]:
-    """The fixes to try, in the order of the findings (ranked by estimated gain), and the ones not tried here, each
-    with its reason: (fixes, [(name or finding kind, why)])."""
+    """The fixes to try, in the order of the findings (ranked by estimated gain), and the ones not tried here.
+
+    Args:
+        report: the diagnosis, its findings ranked.
+        facts: the machine it ran on.
+
+    Returns:
+        (the `Fix` objects to try, in order; [(fix name or finding kind, why it is not tried)]).
+    """
     ctx = context(report, facts)
-    kinds = report.kinds()
-    order = {k: i for i, k in enumerate(kinds)}
+    order = {k: i for i, k in enumerate(report.kinds())}
     tried, skipped = [], []
     for fix in FIXES:
-        found = [k for k in fix.answers if k in order]
-        if fix.name == COMPILE:
-            if ctx.device_type != "cuda":
-                skipped.append((fix.name, "not tried on a CPU: compiling costs minutes per run here and "
-                                          "rarely pays for models this small; try it on a GPU"))
-            elif report.settings.get("compiled"):
-                skipped.append((fix.name, "your models are compiled already"))
-            elif ctx.g and ctx.d:
-                tried.append((len(kinds), fix))
-            continue
-        if not found:
-            continue
-        why = _not_applicable(fix, ctx)
+        rank, why = fix.rank(report, ctx, order)
         if why:
             skipped.append((fix.name, why))
-        else:
-            tried.append((min(order[k] for k in found), fix))
+        elif rank is not None:
+            tried.append((rank, fix))
     tried.sort(key=lambda x: x[0])
     fixes = [f for _, f in tried]
     if any(f.name == AUTOCAST for f in fixes) and ctx.bce:  # autocast needs the logits loss: they go together
         fixes = [f for f in fixes if f.name != LOGITS]
-        fixes[[f.name for f in fixes].index(AUTOCAST)] = Fix(
-            AUTOCAST, "autocast on G's and D's forward passes, with logits and BCEWithLogitsLoss",
-            ("fp32-convolutions", "sigmoid-bce"), (LOGITS, AUTOCAST))
+        at = [f.name for f in fixes].index(AUTOCAST)
+        fixes[at] = replace(fixes[at], title="autocast on G's and D's forward passes, with logits and "
+                                             "BCEWithLogitsLoss", answers=("fp32-convolutions", "sigmoid-bce"),
+                            parts=(LOGITS, AUTOCAST))
     skipped += [(k, why) for k, why in BY_HAND.items() if k in order]
     return fixes, skipped
 
 
-def _not_applicable(fix: Fix, ctx: Context) -> str | None:
-    if fix.name in (AUTOCAST, CHANNELS_LAST) and not (ctx.g or ctx.d):
-        return "the doctor did not tell G and D apart in this loop"
-    if fix.name in (AUTOCAST, LOGITS) and ctx.bce and not ctx.d_sigmoid:
-        return ("D's sigmoid is not a final nn.Sigmoid module (a torch.sigmoid in forward?): remove it by hand, "
-                "then use BCEWithLogitsLoss")
-    if fix.name == FREEZE_D and not ctx.g_step_sites:
-        return "D is called from the same lines in its own step and in G's: freeze it by hand around G's step"
-    if fix.name == FUSED and not ctx.loop_optimizers:
-        return "no optimizer uses the for-loop implementation"
-    if fix.name == WORKERS and all(w == ctx.workers and persistent and (pin or ctx.device_type != "cuda")
-                                   for w, persistent, pin in ctx.loaders):
-        return (f"your DataLoader already has {ctx.workers} persistent workers, the most this machine's cores "
-                "support; the data itself is the cost: decode it once (above)")
-    return None
+def by_name(parts) -> list:
+    """The fix objects that `Applied` and `patching.make_patch` loop over.
+
+    Args:
+        parts: fix names.
+
+    Returns:
+        The fixes named in `parts`, in `FIXES`' order.
+    """
+    return [fix for fix in FIXES if fix.name in set(parts)]
 
 
 # -- applying them for one run ---------------------------------------------------------------------------------------
@@ -190,38 +374,25 @@ class Applied:
     models: dict = field(default_factory=dict)  # "G" / "D" -> the module, once called
     g_inputs: list = field(default_factory=list)  # shapes of the tensors G's first call took (noise, labels, ...)
     frozen_calls: int = 0
+    loader_kwargs: dict = field(default_factory=dict)  # set on every DataLoader built (the loader fixes')
+    flags: dict = field(default_factory=dict)          # `backend_flags` keywords (the backend fixes')
+    scaled: bool = False     # fp16: each loss through one GradScaler (the autocast fix, without fast bf16)
     _undo: list = field(default_factory=list)
     _finder: object = None
-    _in_scaler_step: bool = False
-    _stepped: bool = False
 
     def __enter__(self) -> "Applied":
-        p = set(self.parts)
         try:
             self._finder = _module.register_module_forward_pre_hook(self._first_sight)  # G and D found (and fixed)
             self._undo.append(self._finder.remove)
-            if LOGITS in p:
-                self._set(nn.BCELoss, "forward", _bce_from_logits)
-                self._set(F, "binary_cross_entropy", _functional_bce_from_logits)
-            fp16 = AUTOCAST in p and not self.ctx.bf16
-            if fp16 or self.on_loss is not None:
-                self._watch_backward(fp16)
-            if FUSED in p:
-                for name in self.ctx.loop_optimizers:
-                    cls = getattr(torch.optim, name, None)
-                    if cls is not None:
-                        self._set(cls, "__init__", _with_kwargs(cls.__init__, _faster_kwargs(cls)))
-            if WORKERS in p or PIN in p:
+            for fix in by_name(self.parts):
+                fix.install(self)
+            if self.scaled or self.on_loss is not None:
+                watch_backward(self, self.scaled)
+            if self.loader_kwargs:
                 loader = torch.utils.data.DataLoader
-                kwargs = {}
-                if WORKERS in p:
-                    kwargs.update(num_workers=self.ctx.workers, persistent_workers=self.ctx.workers > 0)
-                if PIN in p or (WORKERS in p and self.ctx.device_type == "cuda"):
-                    kwargs.update(pin_memory=True)
-                self._set(loader, "__init__", _with_kwargs(loader.__init__, kwargs))
-            if CUDNN in p or TF32 in p:  # the trainer's own switch: safe whichever TF32 API the script used
-                flags = backend_flags(tf32=True if TF32 in p else None,
-                                      cudnn_benchmark=True if CUDNN in p else None)
+                self.patch(loader, "__init__", with_kwargs(loader.__init__, self.loader_kwargs))
+            if self.flags:  # the trainer's own switch: safe whichever TF32 API the script used
+                flags = backend_flags(**self.flags)
                 flags.__enter__()
                 self._undo.append(lambda: flags.__exit__(None, None, None))
         except BaseException:
@@ -241,7 +412,8 @@ class Applied:
             raise first
         return False
 
-    def _set(self, owner, name, value) -> None:
+    def patch(self, owner, name, value) -> None:
+        """`owner.name = value` until exit."""
         own = name in getattr(owner, "__dict__", {}) or not isinstance(owner, type)
         original = getattr(owner, name)
         setattr(owner, name, value)
@@ -261,23 +433,11 @@ class Applied:
             self._finder.remove()  # both found: the loop runs on without a global hook on every module call
         if role == "G" and not self.g_inputs:
             self.g_inputs = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        p = set(self.parts)
-        if LOGITS in p and role == "D" and self.ctx.d_sigmoid:
-            parent, _, leaf = self.ctx.d_sigmoid.rpartition(".")
-            owner = module.get_submodule(parent) if parent else module
-            if not isinstance(getattr(owner, leaf, None), nn.Sigmoid):  # BCE on logits alone would be wrong
-                raise RuntimeError(f"gantools' logits fix found no nn.Sigmoid at D.{self.ctx.d_sigmoid} in this run")
-            setattr(owner, leaf, nn.Identity())
-        if CHANNELS_LAST in p:
-            module.to(memory_format=torch.channels_last)
         forward = module.forward
-        autocast = AUTOCAST in p
-        freeze = FREEZE_D in p and role == "D"
-        if autocast or freeze:
-            module.forward = self._wrapped(module, forward, autocast, freeze)
+        wrap = {fix.name for fix in by_name(self.parts) if fix.on_model(self, module, role)}
+        if wrap:
+            module.forward = self._wrapped(module, forward, AUTOCAST in wrap, FREEZE_D in wrap)
             self._undo.append(lambda: module.__dict__.pop("forward", None))
-        if COMPILE in p:
-            module.compile()
         return None
 
     def _role(self, module) -> str | None:
@@ -312,64 +472,6 @@ class Applied:
         return run
 
     # -- fp16 ---------------------------------------------------------------------------------------------------
-    def _watch_backward(self, fp16: bool) -> None:
-        scaler = torch.amp.GradScaler(self.ctx.device_type) if fp16 else None
-        backward, on_loss = torch.Tensor.backward, self.on_loss
-
-        def scaled_backward(tensor, *args, **kwargs):
-            if on_loss is not None:
-                on_loss(tensor)
-            if scaler is not None and tensor.numel() == 1 and tensor.requires_grad and tensor.is_floating_point():
-                tensor = scaler.scale(tensor)
-            return backward(tensor, *args, **kwargs)
-        self._set(torch.Tensor, "backward", scaled_backward)
-        if scaler is not None:
-            self._scale_steps(scaler)
-
-    def _scale_steps(self, scaler) -> None:
-        """Each optimizer's `step` through the scaler (a bound method, as LR schedulers expect one), and gradient
-        clipping on unscaled gradients: `scaler.unscale_` first for the optimizers owning what is clipped, as
-        PyTorch's AMP examples do ("working with unscaled gradients")."""
-        applied, built, unscaled = self, [], set()
-        init = torch.optim.Optimizer.__init__
-
-        def optimizer_init(opt, *args, **kwargs):
-            init(opt, *args, **kwargs)
-            built.append(opt)
-            step = opt.step
-
-            def scaled_step(self, *a, **k):
-                if applied._in_scaler_step:  # GradScaler.step calls optimizer.step itself
-                    applied._stepped = True
-                    return step(*a, **k)
-                applied._in_scaler_step, applied._stepped = True, False
-                try:
-                    out = scaler.step(self, *a, **k)
-                finally:
-                    applied._in_scaler_step = False
-                scaler.update()
-                unscaled.clear()
-                # inf/NaN gradients: the scaler skipped optimizer.step, so no step hook saw this iteration end
-                if not applied._stepped and applied.on_skipped_step is not None:
-                    applied.on_skipped_step(self, a, k)
-                return out
-            opt.step = types.MethodType(scaled_step, opt)
-        self._set(torch.optim.Optimizer, "__init__", optimizer_init)
-
-        def unscaling(clip):
-            def clip_unscaled(parameters, *args, **kwargs):
-                params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-                ids = {id(p) for p in params}
-                for opt in built:
-                    if id(opt) not in unscaled and any(id(p) in ids for g in opt.param_groups for p in g["params"]):
-                        scaler.unscale_(opt)
-                        unscaled.add(id(opt))
-                return clip(params, *args, **kwargs)
-            return clip_unscaled
-        utils = torch.nn.utils
-        for name in ("clip_grad_norm_", "clip_grad_value_"):
-            self._set(utils, name, unscaling(getattr(utils, name)))
-
 
 def _called_from(sites) -> bool:
     """Whether the model was called from one of `sites` (FILE, LINE) of your code."""
@@ -383,24 +485,6 @@ def _bce_from_logits(self, input, target):
 def _functional_bce_from_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     return F.binary_cross_entropy_with_logits(input, target, weight=weight, size_average=size_average,
                                               reduce=reduce, reduction=reduction)
-
-
-def _faster_kwargs(cls) -> dict:
-    """fused=True where the class takes it (Adam, AdamW, SGD, ...), else foreach=True (every built-in)."""
-    return {"fused": True, "foreach": None} if "fused" in inspect.signature(cls).parameters else {"foreach": True}
-
-
-def _with_kwargs(init, changes: dict):
-    """`init` with keyword arguments set, whether the caller passed them by keyword or by position."""
-    signature = inspect.signature(init)
-
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind_partial(self, *args, **kwargs)
-        for k, v in changes.items():
-            if k in signature.parameters:
-                bound.arguments[k] = v
-        return init(*bound.args, **bound.kwargs)
-    return __init__
 
 
 def _float32(out, dtype):

@@ -60,8 +60,8 @@ class Hooks:
                                _optim.register_optimizer_step_post_hook(self._opt_post)]
         self._patch(_dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._patch(DataLoader, "__iter__", self._wrap_iter)
-        self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
-        self._patch(DataLoader, "__init__", self._wrap_loader_init)
+        self._patch(torch.optim.Optimizer, "__init__", lambda original: _optimizer_init(self.obs, original))
+        self._patch(DataLoader, "__init__", lambda original: _loader_init(self.obs, original))
         self.set_full(True)
 
     def add_step_hook(self, hook) -> None:
@@ -243,31 +243,6 @@ class Hooks:
                                                          or type(opt).__name__)
         return o
 
-    def _wrap_optimizer_init(self, original):
-        obs = self.obs
-
-        def __init__(opt, *args, **kwargs):
-            original(opt, *args, **kwargs)
-            obs.constructed.append(opt)
-            obs.built_at[id(opt)] = location(sys._getframe(1))
-        return __init__
-
-    def _wrap_loader_init(self, original):
-        obs = self.obs
-        by_dataset = {}  # id(dataset) -> where your code built a DataLoader over it
-
-        def __init__(loader, *args, **kwargs):
-            original(loader, *args, **kwargs)
-            caller = sys._getframe(1)
-            at = location(caller)
-            if yours(caller.f_code.co_filename):
-                by_dataset[id(loader.dataset)] = at
-            else:  # a library's DataLoader over your dataset (Accelerate's prepare rebuilds yours around it, with
-                # a batch sampler of its own, and iterates that one): your DataLoader's line is where to change it
-                at = by_dataset.get(id(loader.dataset), at)
-            obs.built_at[id(loader)] = at
-        return __init__
-
     # -- data -----------------------------------------------------------------------------------------------------
     def _wrap_iter(self, original):
         obs, hooks = self.obs, self
@@ -346,3 +321,29 @@ class Hooks:
                 window.sites.setdefault(where, (code, name.strip("_")))
         read.__name__ = name
         return read
+
+
+def _optimizer_init(obs: Observations, original):
+    """Optimizer construction recorded: the order (a later run builds them alike) and the line of your code."""
+    def __init__(opt, *args, **kwargs):
+        original(opt, *args, **kwargs)
+        obs.constructed.append(opt)
+        obs.built_at[id(opt)] = location(sys._getframe(1))
+    return __init__
+
+
+def _loader_init(obs: Observations, original):
+    """DataLoader construction recorded: the line of your code that built it (where its settings are changed)."""
+    by_dataset = {}  # id(dataset) -> where your code built a DataLoader over it
+
+    def __init__(loader, *args, **kwargs):
+        original(loader, *args, **kwargs)
+        caller = sys._getframe(1)
+        at = location(caller)
+        if yours(caller.f_code.co_filename):
+            by_dataset[id(loader.dataset)] = at
+        else:  # a library's DataLoader over your dataset (Accelerate's prepare rebuilds yours around it, with
+            # a batch sampler of its own, and iterates that one): your DataLoader's line is where to change it
+            at = by_dataset.get(id(loader.dataset), at)
+        obs.built_at[id(loader)] = at
+    return __init__

@@ -9,7 +9,6 @@ found as written (a model built dynamically, a Sigmoid kept as an attribute) is 
 the diagnosis saw."""
 from __future__ import annotations
 
-import ast
 import difflib
 import os
 import re
@@ -21,9 +20,10 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from .fixes import AUTOCAST, FIXES, LOGITS, Context, by_name
 from .frames import yours
-from .fixes import AUTOCAST, CHANNELS_LAST, COMPILE, CUDNN, FREEZE_D, FUSED, LOGITS, PIN, TF32, WORKERS, Context
 from .report import DoctorReport
+from .scopes import autocast_item
 
 RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
 
@@ -57,56 +57,24 @@ class _Plan:
 
 
 def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
-    """The edits for `parts` (fix parts, `fixes`) as one unified diff, paths relative to `root`; by default here, or
-    the folder the edited files share when one is not below here (`git apply` and `patch` refuse `..` in a path)."""
-    parts = set(parts)
+    """The edits for `parts` (fix names, `fixes`) as one unified diff, paths relative to `root`; by default here, or
+    the folder the edited files share when one is not below here (`git apply` and `patch` refuse `..` in a path).
+    Each fix plans its edits (`Fix.plan`), one pass of `_Edits` per file makes them, and each fix names what found
+    nothing to edit (`Fix.missed`).
+
+    Args:
+        parts: the names of the fixes to make.
+        report: the diagnosis (call sites, where each optimizer and DataLoader was built, D's class).
+        ctx: what the fixes know of the run.
+        root: the folder the diff's paths are relative to.
+
+    Returns:
+        The `Patch`: the diff, its files, its root, and the fixes to apply by hand with why.
+    """
     plans: dict = defaultdict(_Plan)
     patch = Patch()
-    g, d = report.models.get("G", {}), report.models.get("D", {})
-    script = os.path.abspath(report.source)
-    if AUTOCAST in parts:
-        if not ctx.bf16:
-            patch.by_hand.append((AUTOCAST, "fp16 needs a GradScaler per network around each backward and step: "
-                                            "see notebook 02; --try measured it at run time"))
-        else:
-            for file, line in g.get("call_sites", []) + d.get("call_sites", []):
-                plans[file].wrap.add(line)
-    if LOGITS in parts:
-        file = d.get("defined_in")
-        if file:
-            plans[file].sigmoid_class = d["class"]
-        for file in {script, file} - {None}:
-            plans[file].rename = True
-    if FREEZE_D in parts:
-        for file, line in ctx.g_step_sites:
-            plans[file].freeze[line] = d.get("name", "")
-    if FUSED in parts:
-        for o in report.optimizers.values():
-            if o["implementation"].startswith("for-loop") and o.get("built_at"):
-                file, line = o["built_at"]
-                kw = "fused" if _takes_fused(o["class"]) else "foreach"
-                plans[file].keywords[line] = (o["class"], {kw: "True"})
-    if parts & {WORKERS, PIN}:
-        for loader in report.settings.get("dataloaders", []):
-            if loader.get("built_at"):
-                file, line = loader["built_at"]
-                kw = {}
-                if WORKERS in parts:
-                    kw.update(num_workers=str(ctx.workers), persistent_workers=str(ctx.workers > 0))
-                if PIN in parts or (WORKERS in parts and ctx.device_type == "cuda"):
-                    kw["pin_memory"] = "True"
-                plans[file].keywords[line] = ("DataLoader", kw)
-    for part, lines in ((CHANNELS_LAST, "{m} = {m}.to(memory_format=torch.channels_last)"),
-                        (COMPILE, "{m}.compile()")):
-        if part in parts:
-            for m in (g, d):
-                if m.get("name"):
-                    plans[script].after_assign.setdefault(m["name"], []).append(lines.format(m=m["name"]))
-    if CUDNN in parts:
-        plans[script].after_imports.append("torch.backends.cudnn.benchmark = True")
-    if TF32 in parts:
-        plans[script].after_imports += ['torch.set_float32_matmul_precision("high")',
-                                        "torch.backends.cudnn.allow_tf32 = True"]
+    for fix in by_name(parts):
+        fix.plan(plans, report, ctx, patch.by_hand)
     edited = []  # (absolute path, before, after)
     for file, plan in sorted(plans.items()):
         path = Path(file)
@@ -118,13 +86,13 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
             continue
         try:
             before = path.read_text(encoding="utf-8")
-            plan.autocast = _autocast_item(before, ctx, plan.wrap) if plan.wrap else ""
+            plan.autocast = autocast_item(before, ctx.device_type, plan.wrap) if plan.wrap else ""
             after = edit_source(before, plan)
         except (OSError, UnicodeDecodeError, SyntaxError, cst.ParserSyntaxError) as e:
             patch.by_hand.append((_name_of(plan), f"{os.path.relpath(file)}: cannot be read as Python source here "
                                                   f"({type(e).__name__}): make the changes by hand"))
             continue
-        _missed(plan, parts, file, patch)
+        patch.by_hand += [line for fix in FIXES for line in fix.missed(plan, os.path.relpath(file))]
         if after != before:
             edited.append((str(path.resolve()), before, after))
     patch.root = str(Path(root).resolve()) if root else _root_for([f for f, _, _ in edited])
@@ -496,106 +464,6 @@ def _is_cell(file: str) -> bool:
     return bool(name)
 
 
-def _autocast_item(source: str, ctx: Context, lines) -> str:
-    """`torch.autocast(device.type, ...)` where the `device` each wrapped line sees is bound by `device =
-    torch.device(...)` (in its function, an enclosing one or the module), `self.device.type` in the methods of a class
-    that sets `self.device = torch.device(...)`, else the device type measured, as a literal (a `device` parameter or
-    string could be anything)."""
-    tree = ast.parse(source)
-    seen = {_device_expression(tree, line) for line in lines}
-    device = seen.pop() if len(seen) == 1 and None not in seen else repr(ctx.device_type)
-    return f"torch.autocast({device}, dtype=torch.bfloat16)"
-
-
-def _device_expression(tree: ast.Module, line: int) -> str | None:
-    """`device.type` when the nearest binding of `device` that `line` sees is `device = torch.device(...)` (made before
-    the line, in the line's own scope); `self.device.type` when no `device` is bound there and `line` is in a method of
-    a class setting `self.device = torch.device(...)`; None otherwise (a parameter, a string, a loop variable...)."""
-    around = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                     and n.lineno <= line <= (n.end_lineno or n.lineno)), key=lambda n: -n.lineno)  # innermost first
-    for i, scope in enumerate([*(n for n in around if not isinstance(n, ast.ClassDef)), tree]):
-        if not isinstance(scope, ast.Module):
-            args = scope.args
-            named = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
-            if "device" in named:
-                return None
-        bindings = _bindings(scope, "device")
-        if bindings is None:
-            return None
-        if bindings:
-            return "device.type" if i > 0 or min(bindings) < line else None
-    method = next((n for n in around if not isinstance(n, ast.ClassDef)), None)
-    owner = next((n for n in around if isinstance(n, ast.ClassDef)), None)
-    if method is None or owner is None or method not in owner.body or not method.args.args \
-            or method.args.args[0].arg != "self":
-        return None
-    assigned = [node.value for node in ast.walk(owner) if isinstance(node, ast.Assign) and any(
-        isinstance(t, ast.Attribute) and t.attr == "device" and isinstance(t.value, ast.Name) and t.value.id == "self"
-        for t in node.targets)]
-    return "self.device.type" if assigned and all(_is_torch_device(v) for v in assigned) else None
-
-
-def _bindings(scope, name: str) -> list | None:
-    """The lines where the scope's own body (nested functions and classes not entered) binds `name`, when every
-    binding is `name = torch.device(...)`; None when another kind binds it (a loop, a `with`, an annotation, a
-    tuple, a `global`)."""
-    lines, good, todo = [], set(), list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
-            return None
-        if isinstance(node, ast.Assign) and _is_torch_device(node.value):
-            good.update(id(t) for t in node.targets if isinstance(t, ast.Name))
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
-            lines.append((node.lineno, id(node)))
-        todo.extend(ast.iter_child_nodes(node))
-    if any(key not in good for _, key in lines):
-        return None
-    return [n for n, _ in lines]
-
-
-def _is_torch_device(value) -> bool:
-    return isinstance(value, ast.Call) and ast.unparse(value.func) == "torch.device"
-
-
-def _takes_fused(name: str) -> bool:
-    import inspect
-
-    import torch
-    cls = getattr(torch.optim, name, None)
-    return cls is not None and "fused" in inspect.signature(cls).parameters
-
-
 def _name_of(plan: _Plan) -> str:
     return ", ".join(k for k, v in (("autocast", plan.wrap), ("freeze-d", plan.freeze), ("keywords", plan.keywords),
                                     ("logits", plan.sigmoid_class)) if v) or "edits"
-
-
-def _missed(plan: _Plan, parts: set, file: str, patch: Patch) -> None:
-    """Each planned edit that found nothing to edit, as an "apply by hand" line."""
-    shown = os.path.relpath(file)
-    if plan.wrap and AUTOCAST not in plan.done:
-        patch.by_hand.append((AUTOCAST, f"{shown}: no plain statement at lines {sorted(plan.wrap)} to wrap in "
-                                        "torch.autocast"))
-    missing = sorted(x for x in plan.freeze if f"freeze:{x}" not in plan.done)
-    if missing:
-        patch.by_hand.append((FREEZE_D, f"{shown}: D's call in G's step at line(s) {missing} could not be bracketed "
-                                        "(a return statement, or D called by another name): call "
-                                        "D.requires_grad_(False) before G's step and D.requires_grad_(True) after it"))
-    if plan.rename and plan.sigmoid_class and LOGITS + ":loss" not in plan.done:
-        patch.by_hand.append((LOGITS, f"{shown}: no BCELoss / binary_cross_entropy found to rename: use "
-                                      "nn.BCEWithLogitsLoss where D's output goes into the loss"))
-    if plan.sigmoid_class and LOGITS + ":sigmoid" not in plan.done:
-        patch.by_hand.append((LOGITS, f"{shown}: class {plan.sigmoid_class} builds its final nn.Sigmoid in a way "
-                                      "the doctor cannot edit: remove it by hand"))
-    for line, (suffix, kws) in plan.keywords.items():
-        if f"keywords:{line}" not in plan.done:
-            fix = FUSED if suffix != "DataLoader" else WORKERS
-            patch.by_hand.append((fix, f"{shown}:{line}: add " + ", ".join(f"{k}={v}" for k, v in kws.items())
-                                  + f" to the {suffix}(...) built there"))
-    for name, statements in plan.after_assign.items():
-        if f"assign:{name}" not in plan.done:
-            patch.by_hand.append((CHANNELS_LAST if "channels_last" in statements[0] else COMPILE,
-                                  f"{shown}: no module-level `{name} = ...`: add " + "; ".join(statements)))

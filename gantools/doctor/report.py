@@ -37,6 +37,15 @@ class Finding:
 
 
 @dataclass
+class Verdict:
+    """What bounds your loop and the numbers that decided it (`speed.profiling.bottleneck`), typed as the
+    profiler's `speed.profiling.Verdict` is; in the JSON it is the same two fields."""
+
+    bottleneck: str   # data-, host-overhead-, compute- or memory-bound
+    evidence: dict    # the shares and times the decision read, by name
+
+
+@dataclass
 class DoctorReport(PhaseTable):
     """What the doctor measured in your loop. Times are milliseconds per iteration. A `measuring.PhaseTable`, so
     the fix-measure loop works on your own code: `compare(before, after)`."""
@@ -62,7 +71,7 @@ class DoctorReport(PhaseTable):
     models: dict = field(default_factory=dict)      # role or name -> what it is
     optimizers: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
-    verdict: dict = field(default_factory=dict)     # bottleneck, evidence
+    verdict: Verdict | None = None                  # None until profiled
     findings: list = field(default_factory=list)
     not_judged: list = field(default_factory=list)  # what this device cannot tell (a CPU: pinned memory, ...)
     trace_path: str | None = None
@@ -73,6 +82,7 @@ class DoctorReport(PhaseTable):
     def to_dict(self) -> dict:
         """Everything above as plain JSON values (what `--json` writes); numbers not measured are null."""
         d = asdict(self)
+        d["verdict"] = d["verdict"] or {}  # not profiled: an empty object, as the field always wrote
         d.update(images_per_sec=self.images_per_sec, overhead=self.overhead,
                  machine=hardware.machine_info(self.device))
         return _jsonable(d)
@@ -99,8 +109,8 @@ class DoctorReport(PhaseTable):
                      f"{self.overhead:.2f}x)")
         v = self.verdict
         first = f" (try first: finding 1, {self.findings[0].kind})" if self.findings else ""
-        lines += ["", f"verdict: {v['bottleneck']}{first}",
-                  "  evidence: " + ", ".join(f"{k} {_fmt(val)}" for k, val in v["evidence"].items()), "",
+        lines += ["", f"verdict: {v.bottleneck}{first}",
+                  "  evidence: " + ", ".join(f"{k} {_fmt(val)}" for k, val in v.evidence.items()), "",
                   "where an iteration's time goes (profiled, ms per iteration):"]
         lines += self.phase_lines(22)
         syncs = "; ".join(_site_line(s) for s in self.sync_sites[:4])

@@ -259,7 +259,7 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     # GradScaler.step reads found_inf back (.item(), a host sync) for every optimizer but a fused one
     # (torch/amp/grad_scaler.py, pytorch/pytorch#80167)
     unfused = [o for o in r.optimizers.values() if o.get("role") and not o["implementation"].startswith("fused")
-               and _faster_impl(o["class"]) == "fused=True"]
+               and faster_impl(o["class"]) == "fused=True"]
     fused = ("\n# fused optimizers: GradScaler.step then reads nothing back (with any other, a host sync per step)"
              + "".join(f"\n{o['name']} = optim.{o['class']}(..., fused=True)" for o in unfused)) if unfused else ""
     return Finding(
@@ -309,8 +309,8 @@ def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"{opt_ms:.1f} ms ({100 * opt_ms / step:.0f}%)",
         "the for-loop implementation launches several small ops per parameter; fused (or foreach) updates all "
         "parameters in a few kernels",
-        "\n".join(f"# {o['name']}: add {_faster_impl(o['class'])} to its constructor, keeping your other "
-                  f"arguments\n{o['name']} = optim.{o['class']}(..., {_faster_impl(o['class'])})" for o in loops),
+        "\n".join(f"# {o['name']}: add {faster_impl(o['class'])} to its constructor, keeping your other "
+                  f"arguments\n{o['name']} = optim.{o['class']}(..., {faster_impl(o['class'])})" for o in loops),
         notebook("optimizer_impl"), None)
 
 
@@ -376,8 +376,15 @@ def findings(r: DoctorReport, facts: MachineFacts) -> list:
     return sorted(found, key=lambda f: -(f.estimated_speedup or 0.0))
 
 
-def _faster_impl(name: str) -> str:
-    """`fused=True` where the optimizer class takes it (Adam, AdamW, SGD, ...), else `foreach=True` (all built-ins)."""
+def faster_impl(name: str) -> str:
+    """The keyword that selects an optimizer's fastest implementation, as your code would write it.
+
+    Args:
+        name: a torch.optim class name.
+
+    Returns:
+        `fused=True` where the optimizer class takes it (Adam, AdamW, SGD, ...), else `foreach=True` (all built-ins).
+    """
     cls = getattr(torch.optim, name, None)
     takes = inspect.signature(cls).parameters if cls is not None else {}
     return "fused=True" if "fused" in takes else "foreach=True"

@@ -25,9 +25,10 @@ from torch.utils.data import dataloader as _dataloader
 from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..measuring.protocol import IterationClock
 from ..core.process import ProcessSnapshot, on_interrupt
+from . import fixing
 from .fixes import Applied, Context
 
-_FIXES_FILE = inspect.getsourcefile(Applied)
+_FIXES_FILES = {os.path.realpath(inspect.getsourcefile(m)) for m in (Applied, fixing)}  # the fixes and their mechanisms
 
 
 @dataclass
@@ -152,10 +153,10 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
 
 
 def _raised_in_fixes(error: BaseException) -> bool:
-    """Whether the error comes from gantools' own fix code (a frame in fixes.py), not from the script."""
+    """Whether the error comes from gantools' own fix code (a frame in fixes.py or fixing.py), not from the script."""
     tb = error.__traceback__
     while tb is not None:
-        if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(_FIXES_FILE):
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) in _FIXES_FILES:
             return True
         tb = tb.tb_next
     return False
