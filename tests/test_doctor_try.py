@@ -284,6 +284,42 @@ def test_the_guard_rejects_non_finite_and_out_of_range_losses():
     assert why.startswith("loss 1 of each iteration averaged 27.6, outside the 0.6 to 0.7"), why
 
 
+class _Pairs:
+    """A runner whose `pair` returns prepared rounds: (ms per iteration of the best so far, of the candidate, or
+    "raised" where the candidate's run broke)."""
+
+    def __init__(self, *rounds):
+        self.rounds, self.calls = list(rounds), 0
+
+    def pair(self, a, b, repeats):
+        best, candidate = self.rounds[self.calls]
+        self.calls += 1
+        runs_a = [Trial(a, "measured", [ms], [[0.5]], 16) for ms in best]
+        if candidate == "raised":
+            return runs_a, [Trial(b, "raised", traceback="Traceback: boom")]
+        return runs_a, [Trial(b, "measured", [ms], [[0.5]], 16) for ms in candidate]
+
+
+class _Fix:
+    name, title, parts = fixes.AUTOCAST, "autocast", (fixes.AUTOCAST,)
+
+
+def test_a_close_call_runs_as_many_pairs_again_and_is_decided_on_all_of_them():
+    runner = _Pairs(([10, 10, 10], [8, 11, 9]), ([10, 10, 10], [9, 8, 9]))  # lost one of 3, then won 3 of 3
+    tried, start = trying._compare(runner, (), _Fix.parts, _Fix, 3)
+    assert runner.calls == 2 and tried.outcome == "kept" and "5 of 6 repeats" in tried.why and len(start) == 6
+    runner = _Pairs(([10, 10, 10], [8, 8, 9]))
+    tried, start = trying._compare(runner, (), _Fix.parts, _Fix, 3)
+    assert runner.calls == 1 and tried.outcome == "kept" and "all 3 repeats" in tried.why
+
+
+def test_a_script_that_breaks_on_the_second_round_is_reported_with_the_first_rounds_runs():
+    runner = _Pairs(([10, 10, 10], [8, 11, 9]), ([10], "raised"))
+    tried, start = trying._compare(runner, (), _Fix.parts, _Fix, 3)
+    assert runner.calls == 2 and tried.outcome == "broke the script" and tried.traceback == "Traceback: boom"
+    assert len(start) == 3, "the start's runs of the first round: the broken round is not a measurement"
+
+
 class _Meter:
     """Scores a run by the value its samples carry (the fake runner below puts it there)."""
     n = 1

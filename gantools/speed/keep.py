@@ -114,7 +114,7 @@ def judge_fid(fid: float, start_fid: float, seed: float | Callable[[], float] | 
     Returns:
         The `FidJudgement`."""
     moved = fid / start_fid
-    seed_fid = seed() if callable(seed) and moved > QUALITY_TARGET else None if callable(seed) else seed
+    seed_fid = (seed() if moved > QUALITY_TARGET else None) if callable(seed) else seed
     if seed_fid is None:
         return FidJudgement(moved=moved, limit=QUALITY_TARGET)
     spread = max(seed_fid / start_fid, start_fid / seed_fid)
