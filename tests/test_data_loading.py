@@ -3,7 +3,7 @@ step spent waiting for data."""
 import pytest
 from torch.utils.data import DataLoader
 
-from gantools.workbook.conclusions import SPEED_BAND, bottleneck
+from gantools.workbook.conclusions import SPEED_BAND, worth_removing
 from gantools.core.data import DeviceLoader, loader_images_per_sec
 
 
@@ -32,28 +32,28 @@ def test_a_plain_dataloader_without_a_device_is_asked_for_one(glyphs64):
 
 @pytest.mark.parametrize("share", [0.0, 0.01, 0.04])
 def test_a_small_share_of_waiting_is_not_the_bottleneck(share):
-    found = bottleneck(share)
+    found = worth_removing(share)
     assert not found.keep
     assert "not this machine's bottleneck" in found.text and f"{100 * share:.1f}%" in found.text
 
 
 @pytest.mark.parametrize("share", [0.06, 0.3, 0.9])
 def test_a_large_share_of_waiting_is_a_bottleneck_and_names_the_bound(share):
-    found = bottleneck(share, fix="add workers")
+    found = worth_removing(share, fix="add workers")
     assert found.keep and "add workers" in found.text
     assert f"{1 / (1 - share):.3f}x" in found.text
 
 
 def test_the_line_between_the_two_is_the_speed_band():
     edge = 1 - 1 / (1 + SPEED_BAND)  # removing this share gives exactly the smallest speed-up that counts
-    assert not bottleneck(edge * 0.99).keep and bottleneck(edge * 1.01).keep
+    assert not worth_removing(edge * 0.99).keep and worth_removing(edge * 1.01).keep
 
 
 def test_a_share_measured_below_zero_is_noise_and_read_as_none():
-    found = bottleneck(-0.03)
+    found = worth_removing(-0.03)
     assert not found.keep and "**0.0%**" in found.text
 
 
 def test_a_step_that_only_waits_is_the_bottleneck():
-    found = bottleneck(1.0)
+    found = worth_removing(1.0)
     assert found.keep and "inf" not in found.text  # no bound divided by zero

@@ -12,28 +12,14 @@ import torch
 from gantools import TrainConfig, tune
 from gantools.cli import main
 from gantools.core.config import speed_knobs
-from gantools.speed.bench import decide
+from gantools.speed import keep
+from gantools.tuning.result import Step
 from gantools.tuning.space import describe, search_space
 
 from conftest import BatchFreeD, BatchFreeG, weights
 
 PLAN = dict(warmup_images=64, images_per_repeat=512, repeats=3)  # tiny models: chunks of a few tenths of a second
 DATA_KNOBS = {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "transform", "loader"}
-
-
-def test_the_rule_keeps_a_winner_of_every_repeat_and_measures_a_close_call_again():
-    inc = [100, 90, 110, 100, 100]
-    kept, ratio, spread, why = decide(inc, [120, 99, 130, 110, 105], final=False)
-    assert kept and ratio == pytest.approx(1.10, abs=0.01) and spread[0] > 1 and "all 5 repeats" in why
-    kept, ratio, spread, why = decide(inc, [130, 85, 140, 110, 99], final=False)  # faster on median, lost two
-    assert kept is None and ratio > 1 and spread[0] < 1 and "undecided" in why and "3 of 5" in why
-    kept, _, _, why = decide(inc, [90, 95, 99, 100, 120], final=False)
-    assert kept is False and "not faster" in why
-    # measured again: 10 paired repeats, kept with 8 wins, not with 7
-    kept, _, _, why = decide(inc * 2, [130, 85, 140, 110, 99, 130, 95, 120, 110, 105])
-    assert kept is True and "8 of 10" in why
-    kept, _, _, why = decide(inc * 2, [130, 85, 140, 110, 99, 130, 85, 120, 110, 105])
-    assert kept is False and "only 7 of 10" in why
 
 
 def test_the_search_space_holds_what_applies_here_likeliest_first(tmp_path):
@@ -108,9 +94,7 @@ def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path):
 def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64, monkeypatch):
     """Every measured candidate is kept (the rule replaced, so the path is known); the quality function makes the
     last one (for-loop Adam) "hurt" FID: the check backs off that change alone, re-scoring each config."""
-    from gantools import tuner  # the loop that applies the rule
-
-    monkeypatch.setattr(tuner, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
+    monkeypatch.setattr(keep, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
     scored = []
 
     def quality(c):
@@ -121,7 +105,8 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
     result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=PLAN, progress=None,
                   space=("sync_every_step", "optimizer_impl"))
     assert [describe(s.change) for s in result.path] == ["sync_every_step=False", "optimizer_impl=fused",
-                                                         "optimizer_impl=foreach", "optimizer_impl=for-loop"]
+                                                         "optimizer_impl=foreach", "optimizer_impl=for-loop"], \
+        result.ended
     assert [s.backed_off for s in result.path] == [False, False, False, True]
     final = result.final_config
     assert final == cfg.replace(sync_every_step=False, optimizer_impl="foreach")
@@ -136,9 +121,7 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
 @pytest.mark.slow
 def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs64, monkeypatch):
     """The start with another seed scores 2x apart: a change 1.5x worse is within FID's own noise and stays kept."""
-    from gantools.tuning import tuner
-
-    monkeypatch.setattr(tuner, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
+    monkeypatch.setattr(keep, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
 
     def quality(c):
         if c.optimizer_impl == "for-loop":
@@ -155,19 +138,96 @@ def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs6
 
 @pytest.mark.slow
 def test_a_close_call_is_measured_again_and_decided_on_all_its_repeats(tiny, glyphs64, monkeypatch):
-    from gantools import tuner  # the loop that applies the rule
-
     calls = []
 
     def rule(inc, cand, final=True):
         calls.append((len(inc), len(cand), final))
         return (True if final else None), 1.05, (0.98, 1.1), ("kept (test)" if final else "undecided (test)")
 
-    monkeypatch.setattr(tuner, "decide", rule)
+    monkeypatch.setattr(keep, "decide", rule)  # the rule tune applies, through keep.decide_in_two
     result = tune(tiny.replace(loader="device", sync_every_step=True), minutes=5, dataset=glyphs64,
                   quality=lambda c: {"fid": 1.0}, plan=PLAN, progress=None, space=("sync_every_step",))
     assert calls[:2] == [(3, 3, False), (6, 6, True)], "the same pairs measured again: 3 + 3 repeats decide"
     assert [s.accepted for s in result.path] == [True] and result.path[0].why == "kept (test)"
+
+
+def _tuner(tiny, quality):
+    from gantools.tuning.trials import TuneOptions
+    from gantools.tuning.tuner import Tuner
+
+    return Tuner(TuneOptions(tiny, minutes=5, quality=quality, plan=PLAN))
+
+
+def test_tune_backs_off_past_the_limit_and_trains_the_second_seed_only_when_fid_rose(tiny):
+    """The quality phase alone (no training: the quality function scores each config): the second seed of the start
+    is scored once, when the first FID rose past 1.1x, and the limit stays 1.1x when that seed moved FID less."""
+    scored = []
+
+    def quality(c):
+        scored.append(c)
+        return {"fid": 30.0 if c.optimizer_impl == "for-loop" else 10.5 if c.seed == 1 else 10.0}
+
+    start = tiny.replace(sync_every_step=True)
+    tuner = _tuner(start, quality)
+    fast = start.replace(sync_every_step=False)
+    tuner.chain = [start, fast, fast.replace(optimizer_impl="for-loop")]
+    tuner.kept = [Step({"sync_every_step": False}, "test", True, ""),
+                  Step({"optimizer_impl": "for-loop"}, "test", True, "")]
+    tuner._hold_quality()
+    q = tuner.result.quality
+    assert scored == [start, fast.replace(optimizer_impl="for-loop"), start.replace(seed=1), fast]
+    assert q["seed_fid"] == 10.5 and q["spread"] == pytest.approx(1.05) and q["limit"] == pytest.approx(1.1)
+    assert [t["held"] for t in q["tries"]] == [False, True] and [s.backed_off for s in tuner.kept] == [False, True]
+    assert tuner.chain == [start, fast] and "limit 1.10x; a second seed of the start moved FID 1.05x" in q["note"]
+
+
+def test_tune_trains_no_second_seed_when_the_final_fid_holds(tiny):
+    scored = []
+
+    def quality(c):
+        scored.append(c)
+        return {"fid": 10.5 if c.sync_every_step is False else 10.0}
+
+    start = tiny.replace(sync_every_step=True)
+    tuner = _tuner(start, quality)
+    tuner.chain = [start, start.replace(sync_every_step=False)]
+    tuner.kept = [Step({"sync_every_step": False}, "test", True, "")]
+    tuner._hold_quality()
+    assert scored == tuner.chain and "seed_fid" not in tuner.result.quality and tuner.result.quality["held"]
+    assert "(1.05x, limit 1.10x)" in tuner.result.quality["note"]
+
+
+def test_tune_measures_a_close_call_again_only_while_time_is_left(tiny, monkeypatch):
+    """`Tuner._try` with the measuring replaced: a close call (faster on the median, lost a repeat) is measured
+    again and decided on all six repeats; with no time left for that it is not kept."""
+    from gantools.speed.bench import Measured
+    from gantools.tuning.space import Candidate
+
+    start = tiny.replace(sync_every_step=True)
+    tuner = _tuner(start, False)
+    measures = []
+
+    def runs(name, values):
+        return Measured(trainer=None, steps_per_repeat=1, warmup_s=0.0, images_per_sec_runs=list(values))
+
+    def measure(contenders, configs):
+        measures.append(configs)
+        return {"incumbent": runs("incumbent", [100, 100, 100]), "candidate": runs("candidate", [110, 120, 130])}
+    monkeypatch.setattr(tuner.trials, "measure_candidate", lambda inc, cfg, inc_cfg: (
+        {"incumbent": runs("incumbent", [100, 100, 100]), "candidate": runs("candidate", [120, 90, 130])}, None))
+    monkeypatch.setattr(tuner.trials, "measure", measure)
+    monkeypatch.setattr(tuner.trials, "discard", lambda trainer: None)
+    tuner.trials.measure_s = 1.0
+    step = tuner._try(Candidate({"sync_every_step": False}, "test"), start, 1.0)
+    assert len(measures) == 1 and step.accepted and "5 of 6 repeats" in step.why
+    assert step.images_per_sec == 120 and tuner.chain == [start, start.replace(sync_every_step=False)]
+    tuner = _tuner(start, False)
+    monkeypatch.setattr(tuner.trials, "measure_candidate", lambda inc, cfg, inc_cfg: (
+        {"incumbent": runs("incumbent", [100, 100, 100]), "candidate": runs("candidate", [120, 90, 130])}, None))
+    monkeypatch.setattr(tuner.trials, "discard", lambda trainer: None)
+    tuner.trials.measure_s, tuner.deadline = 1.0, 0.0
+    step = tuner._try(Candidate({"sync_every_step": False}, "test"), start, 1.0)
+    assert not step.accepted and step.why.endswith("no time left to measure it again") and len(tuner.chain) == 1
 
 
 class OutOfMemoryAbove(BatchFreeG):

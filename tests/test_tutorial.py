@@ -6,9 +6,10 @@ import time
 import pytest
 import torch
 
+from gantools.speed.keep import QUALITY_TARGET
 from gantools.workbook import tutorial
-from gantools.workbook.conclusions import (FID_BAND, SPEED_BAND, agreement, bottleneck, estimate_held, still_learning,
-                                  verdict)
+from gantools.workbook.conclusions import (SPEED_BAND, agreement, estimate_held, keep_or_leave, still_learning,
+                                           worth_removing)
 
 TINY = dict(nz=8, ngf=8, ndf=8, batch_size=16)
 
@@ -92,33 +93,33 @@ def test_source_shows_the_loop():
 
 @pytest.mark.parametrize("speedup, fid, keep, words", [
     (1.6, 25.0, True, "keep it"),
-    (1.6, 24.0 * FID_BAND * 1.01, False, "FID rose"),
+    (1.6, 24.0 * QUALITY_TARGET * 1.01, False, "FID rose"),
     (1 + SPEED_BAND / 2, 24.0, False, "no gain"),
     (0.7, 24.0, False, "slower"),
 ])
 def test_the_verdict_follows_the_numbers(speedup, fid, keep, words):
-    c = verdict("bf16", "fp32", speedup, fid, 24.0)
+    c = keep_or_leave("bf16", "fp32", speedup, fid, 24.0)
     assert c.keep is keep and words in c.text and f"{speedup:.2f}x" in c.text
     assert c._repr_markdown_() == str(c) == c.text
 
 
 def test_a_verdict_without_quality_judges_speed_alone():
-    assert verdict("fused Adam", "for-loop Adam", 1.2).keep
-    assert "FID" not in verdict("fused Adam", "for-loop Adam", 1.2).text
+    assert keep_or_leave("fused Adam", "for-loop Adam", 1.2).keep
+    assert "FID" not in keep_or_leave("fused Adam", "for-loop Adam", 1.2).text
 
 
 def test_early_fids_are_shown_but_not_judged():
     short, learned = {"classes_covered": 3, "classes": 10}, {"classes_covered": 7, "classes": 10}
     assert still_learning(short, learned) and not still_learning(learned, learned)
-    c = verdict("bf16", "fp32", 1.5, 900.0, 400.0, early=True)
+    c = keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0, early=True)
     assert c.keep and "900.0" in c.text and "not judged" in c.text and "rose" not in c.text
-    assert not verdict("bf16", "fp32", 1.5, 900.0, 400.0).keep, "judged, the same FIDs fail"
+    assert not keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0).keep, "judged, the same FIDs fail"
 
 
 def test_a_share_inside_the_noise_is_not_judged():
-    assert "too small" in bottleneck(0.01, noise=0.11).text and not bottleneck(0.01, noise=0.11).keep
-    assert "not this machine's bottleneck" in bottleneck(0.01).text
-    assert bottleneck(0.2, noise=0.11).keep, "a share above the noise is judged as before"
+    assert "too small" in worth_removing(0.01, noise=0.11).text and not worth_removing(0.01, noise=0.11).keep
+    assert "not this machine's bottleneck" in worth_removing(0.01).text
+    assert worth_removing(0.2, noise=0.11).keep, "a share above the noise is judged as before"
 
 
 def test_agreement_between_the_plain_loop_and_the_switch():

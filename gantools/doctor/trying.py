@@ -1,7 +1,7 @@
 """`gantools doctor --try`: after the diagnosis, each applicable fix applied to your script at run time
 (`fixes`), measured against the current best, and kept if it wins.
 
-The protocol is tune's (`bench.decide`): each repeat runs the current best and the candidate back to back, in
+The protocol is tune's (`keep.decide_in_two`): each repeat runs the current best and the candidate back to back, in
 alternating order, each as a fresh run of your script (`trial`: its warm-up iterations left out, the device
 synchronised); repeat r gives one paired ratio of images/s. Five repeats first; kept if the candidate won them all,
 dropped if it is not faster on the median, else five more and kept if it won 8 of 10. Fixes are tried in the order
@@ -11,8 +11,8 @@ The quality guard, per candidate, against the runs of the current best in the sa
 losses go non-finite is rejected, as is one whose mean of any loss (the scalars your code calls backward() on, in
 order) leaves the range the current best's losses took over the same measured steps, widened by half that range
 (the noise of the loss itself: the range moves from step to step, and a fix that changes the numbers by rounding
-stays inside it). A script cannot be scored for FID without knowing where its images are: gantools' trainer can
-(`tune`, whose FID check measures its own seed spread)."""
+stays inside it). With `--fid`, the kept fixes are also held to FID the way tune holds its own (`keep.judge_fid`:
+a second seed of the start trained only when the FID rose past the target, `quality_check`)."""
 from __future__ import annotations
 
 import math
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..measuring import hardware
-from ..speed.bench import QUALITY_TARGET, decide
+from ..speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
 from ..errors import DoctorError
 from .fixes import WORKERS, Context, candidates, context
 from .report import DoctorReport
@@ -170,11 +170,14 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
 
 def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, dataset: str, images: int,
                   progress) -> dict:
-    """FID of the kept fixes against the start at an equal number of training images, judged against FID's own
-    noise: the start is trained twice (the script's seeds moved by one the second time) and the limit is the wider of
-    `bench.QUALITY_TARGET` and the two seeds' distance. A kept fix set outside it loses its last fix, measured again,
-    until it holds or none is left (the speed verdicts above stay as measured; the report says which were backed
-    off)."""
+    """FID of the kept fixes against the start at an equal number of training images, judged by `keep.judge_fid`:
+    past `keep.QUALITY_TARGET`, the start is trained again (the script's seeds moved by one) and the limit widens to
+    the two seeds' distance. A kept fix set outside the limit loses its last fix, measured again, until it holds or
+    none is left (the speed verdicts above stay as measured; the report says which were backed off).
+
+    Returns:
+        The FIDs, the second seed's and its spread (None where no decision needed it), the limit, the fixes backed
+        off and a one-line summary; or only a summary saying why nothing was scored."""
     from ..core import metrics
     from .trial import NotScorable
 
@@ -193,30 +196,45 @@ def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, da
         return meter.score(trial.samples)["fid"]
     try:
         start = fid((), what="the start")
-        seed = fid((), 1, "the start with its seeds moved by one")
+        fixed, backed_off, seeded = _back_off(result, start, fid)
     except NotScorable as e:
         return {"summary": f"not scored: {e}"}
-    spread = max(seed / start, start / seed)
-    limit = max(QUALITY_TARGET, spread)
+    limit, seed_fid, spread = QUALITY_TARGET, None, None
+    if seeded is not None:
+        limit, seed_fid, spread = seeded.limit, seeded.seed_fid, seeded.spread
+    verdict = ("held" if not backed_off else f"backed off {', '.join(backed_off)}")
+    seed = (f"start with another seed {seed_fid:.1f} ({spread:.2f}x apart)" if seeded is not None else
+            "no second seed of the start needed")
+    summary = (f"FID at {steps * runner.images:.0f} training images ({dataset} features): start {start:.1f}, {seed}, "
+               f"kept fixes {fixed:.1f} ({fixed / start:.2f}x; limit {limit:.2f}x): {verdict}")
+    return {"dataset": dataset, "images": steps * runner.images, "start_fid": start, "seed_fid": seed_fid,
+            "spread": spread, "limit": limit, "kept_fid": fixed, "backed_off": backed_off, "summary": summary}
+
+
+def _back_off(result: TryReport, start: float, fid) -> tuple[float, list, FidJudgement | None]:
+    """The kept fixes scored together and judged against the start; past the limit, the last is marked "failed the
+    guard" and the rest scored again, until they hold or none is left. The start's second seed is trained at most
+    once, when a judgement first needs it.
+
+    Returns:
+        (the FID of the fixes left, or the start's where none is; the names backed off; the judgement that trained
+        the second seed, or None where none needed it)."""
+    def seed() -> float:  # called only when a judgement needs it
+        return fid((), 1, "the start with its seeds moved by one")
     kept = [t for t in result.tried if t.outcome == "kept"]
-    backed_off = []
+    backed_off, seeded = [], None
     while kept:
-        parts = tuple(p for t in kept for p in t.parts)
-        fixed = fid(parts, what="the kept fixes")
-        if fixed / start <= limit:
-            break
+        fixed = fid(tuple(p for t in kept for p in t.parts), what="the kept fixes")
+        judged = judge_fid(fixed, start, seed)
+        if judged.seed_fid is not None:
+            seed, seeded = judged.seed_fid, seeded or judged
+        if not judged.worse:
+            return fixed, backed_off, seeded
         t = kept.pop()
         t.outcome, t.why = "failed the guard", (f"FID {fixed:.1f} with it against the start's {start:.1f}: "
-                                               f"{fixed / start:.2f}x, past the {limit:.2f}x limit")
+                                               f"{judged.moved:.2f}x, past the {judged.limit:.2f}x limit")
         backed_off.append(t.name)
-    else:
-        fixed = start
-    verdict = ("held" if not backed_off else f"backed off {', '.join(backed_off)}")
-    summary = (f"FID at {steps * runner.images:.0f} training images ({dataset} features): start {start:.1f}, start "
-               f"with another seed {seed:.1f} ({spread:.2f}x apart), kept fixes {fixed:.1f} "
-               f"({fixed / start:.2f}x; limit {limit:.2f}x): {verdict}")
-    return {"dataset": dataset, "images": steps * runner.images, "start_fid": start, "seed_fid": seed,
-            "spread": spread, "limit": limit, "kept_fid": fixed, "backed_off": backed_off, "summary": summary}
+    return start, backed_off, seeded
 
 
 class _Runner:
@@ -253,25 +271,42 @@ class _Runner:
         return runs_a, runs_b
 
 
+class _Ended(Exception):
+    """A comparison ended before its decision (the candidate broke the script, or failed the guard)."""
+
+    def __init__(self, tried: Tried):
+        super().__init__(tried.why)
+        self.tried = tried
+
+
 def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) -> tuple[Tried, list]:
-    a, b = runner.pair(best, candidate, repeats)
-    if b and not b[-1].measured:
-        t = b[-1]
-        return Tried(fix.name, fix.title, fix.parts, "broke the script", _failed(t), traceback=t.traceback), a
-    bad = guard(a, b)
-    if bad:
-        return Tried(fix.name, fix.title, fix.parts, "failed the guard", bad), a
-    kept, ratio, spread, why = decide([t.images_per_sec for t in a], [t.images_per_sec for t in b], final=False)
-    if kept is None:
-        a2, b2 = runner.pair(best, candidate, repeats)
-        if b2 and not b2[-1].measured:
-            t = b2[-1]
-            return Tried(fix.name, fix.title, fix.parts, "broke the script", _failed(t), traceback=t.traceback), a
-        a, b = a + a2, b + b2
+    """`candidate` against `best` in paired runs, kept or not by `keep.decide_in_two` (a close call runs as many
+    pairs again); returns what was decided and the runs of `best` (the first comparison's are the start's)."""
+    def ended(outcome: str, why: str, traceback: str = "") -> _Ended:
+        return _Ended(Tried(fix.name, fix.title, fix.parts, outcome, why, traceback=traceback))
+
+    def checked(a: list, b: list) -> None:
+        if b and not b[-1].measured:
+            raise ended("broke the script", _failed(b[-1]), b[-1].traceback)
         bad = guard(a, b)
         if bad:
-            return Tried(fix.name, fix.title, fix.parts, "failed the guard", bad), a
-        kept, ratio, spread, why = decide([t.images_per_sec for t in a], [t.images_per_sec for t in b])
+            raise ended("failed the guard", bad)
+
+    def again(why: str) -> tuple:
+        a2, b2 = runner.pair(best, candidate, repeats)
+        if b2 and not b2[-1].measured:
+            raise ended("broke the script", _failed(b2[-1]), b2[-1].traceback)
+        a.extend(a2)
+        b.extend(b2)
+        checked(a, b)
+        return [t.images_per_sec for t in a2], [t.images_per_sec for t in b2]
+
+    a, b = runner.pair(best, candidate, repeats)
+    try:
+        checked(a, b)
+        kept, ratio, spread, why = decide_in_two([t.images_per_sec for t in a], [t.images_per_sec for t in b], again)
+    except _Ended as e:
+        return e.tried, a
     why = why.split(": ", 1)[1]  # decide's "kept: " / "not kept: " is the outcome, said once
     return Tried(fix.name, fix.title, fix.parts, "kept" if kept else "not faster", why, ratio, spread), a
 

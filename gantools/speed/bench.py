@@ -31,6 +31,7 @@ from ..core.config import TrainConfig, cli_flags, preset, scale_batch
 from ..errors import ConfigError, GantoolsError, ScalingCrash, Stopped
 from ..measuring.hardware import autocast_precision, machine_info, resolve_device
 from ..quick import QUICK
+from .keep import QUALITY_TARGET
 
 # bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
 PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100": 756e12,
@@ -38,7 +39,6 @@ PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100
 
 TARGETS = {"cpu": 3.0, "gpu": 10.0}  # best preset's images/s over the reference's
 MFU_TARGET = 0.25                   # max-throughput preset on one H100
-QUALITY_TARGET = 1.1                # best preset's FID over the reference's, at an equal image budget
 
 SIZES = {  # two presets: a few minutes on a 2-core CPU, and one GPU
     "cpu": dict(dataset="glyphs", image_size=32, channels=1, batch_size=128, ngf=64, ndf=64),
@@ -204,38 +204,6 @@ def interleave(contenders: dict, warmup_images: int, images_per_repeat: int, rep
             m.images_per_sec_runs.append(_chunk(m.trainer, m.steps_per_repeat, stop))
         progress(f"repeat {r + 1}/{repeats} done")
     return measured
-
-
-def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, tuple, str]:
-    """Keep the candidate or not: the rule, a sequential sign test on paired ratios.
-
-    Each repeat of an interleaved measurement times the incumbent and the candidate back to back, so repeat r gives
-    one paired ratio rho_r = candidate images/s / incumbent images/s, in which machine noise common to both
-    cancels. The speed-up is the median of the rho_r; the spread shown is their range [min rho, max rho].
-
-    First measurement (`final=False`, the plan's repeats, 5): kept if the whole range lies above 1 (it won every
-    repeat; a change that does nothing passes by chance 1 time in 32); not kept if it is not faster on the median;
-    otherwise undecided (None): faster on the median but it lost a repeat, which on a noisy machine (paired ratios
-    vary by about +-5% on the 2-core CPU here) is what a real 5% gain does one time in two. The caller then measures
-    as many repeats again and asks once more (`final=True`): kept if faster on the median and it won at least 80% of
-    all the repeats (8 of 10), i.e. the range without its lowest and highest fifth lies above 1. A change that does
-    nothing is kept about 1 time in 14 over both stages (and then costs nothing: its median was above 1); one 5%
-    faster about 8 times in 10, against 3 in 10 for "won all 5".
-
-    Returns (kept or None, speed-up, spread, why)."""
-    ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs)]
-    ratio, spread = statistics.median(ratios), (min(ratios), max(ratios))
-    shown = f"{ratio:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
-    wins, n = sum(r > 1 for r in ratios), len(ratios)
-    if spread[0] > 1:
-        return True, ratio, spread, f"kept: {shown}, faster in all {n} repeats"
-    if ratio <= 1:
-        return False, ratio, spread, f"not kept: {shown}, not faster"
-    if not final:
-        return None, ratio, spread, f"undecided: {shown}, faster in {wins} of {n} repeats"
-    if wins >= 0.8 * n:
-        return True, ratio, spread, f"kept: {shown}, faster in {wins} of {n} repeats"
-    return False, ratio, spread, f"not kept: {shown}, faster in only {wins} of {n} repeats: within the noise"
 
 
 def prefetched(cfg: TrainConfig) -> int:

@@ -16,7 +16,7 @@ machine, with every step it took shown.
 
 Then quality, a constraint rather than an afterthought: the start and the final config each train from scratch on
 the same number of images and are scored (FID, KID, classes covered: `gantools.core.metrics`). If the final FID is
-worse than `bench.QUALITY_TARGET` (1.1) times the start's, the start is first trained again with another seed: a
+worse than `keep.QUALITY_TARGET` (1.1) times the start's, the start is first trained again with another seed: a
 short run's FID moves by chance, so the limit becomes the wider of 1.1x and that second seed's distance. Then the
 accepted changes are backed off, last first, one at a time (each re-trained and scored) until it holds; the start
 always holds, so the final config's FID is never worse than the start's by more than that limit. Last, start and
@@ -38,8 +38,8 @@ Stopping: Ctrl-C, or `stop` (a threading.Event: the widget panel's Stop button),
 (a training run in progress stops after its current step); the result holds every step so far, with the incumbent
 as its final config (its quality not checked).
 
-Where it lives: the search space in `gantools/tuning/space.py` (`search_space`), the rule in `gantools/speed/bench.py`
-(`decide`, beside `interleave`), the loop in `gantools/tuning/tuner.py`
+Where it lives: the search space in `gantools/tuning/space.py` (`search_space`), the rule in `gantools/speed/keep.py`
+(`decide_in_two`, `judge_fid`), the loop in `gantools/tuning/tuner.py`
 (`Tuner`), the runs it builds, measures and scores
 in `gantools/tuning/trials.py` (`Trials`), the result in `gantools/tuning/result.py` (`TuneResult`).
 """
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import threading
 
-from ..speed.bench import decide
+from ..speed.keep import decide
 from ..core.config import TrainConfig
 from .result import ROW_HEAD, Step, TuneResult
 from .space import OPTIMIZER_ORDER, PRIOR, Candidate, describe, search_space

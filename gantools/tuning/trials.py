@@ -2,6 +2,7 @@
 configs built, measured against each other and scored, and what each of those cost, for the time budget)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import shutil
@@ -16,11 +17,12 @@ import torch
 from ..speed import bench
 from ..core.checkpoint import ensure_writable
 from ..core.config import TrainConfig, speed_knobs
-from ..errors import ConfigError
+from ..core.recovery import is_out_of_memory
+from ..errors import ConfigError, GantoolsError
 from ..quick import QUICK
 
-# Seconds to score one config (generate 2048 images, classifier features, FID and KID), measured on the 2-core CPU;
-# less on a GPU, so the reserve errs long there. Used until a score has been timed.
+# Seconds to score one config (generate 2048 images, classifier features, FID and KID) on a small CPU (evidence:
+# docs/tune.md); less on a GPU, so the reserve errs long there. Used until a score has been timed.
 SCORE_S = 12.0
 
 
@@ -155,6 +157,26 @@ class Trials:
             self.speed[key(configs[name])] = m.images_per_sec
         return measured
 
+    def measure_candidate(self, incumbent, cfg: TrainConfig, inc_cfg: TrainConfig) -> tuple[dict | None, str | None]:
+        """The candidate `cfg` measured against the incumbent's trainer: what went wrong rejects the candidate, not
+        the tune (out of memory, a user's error, a compile failure; with your own networks, any error of theirs).
+
+        Returns:
+            (measured, None), or (None, why it was rejected), its trial's folder and memory already freed."""
+        contenders = {"incumbent": incumbent, "candidate": lambda: self.trainer(cfg, "candidate")}
+        try:
+            return self.measure(contenders, {"incumbent": inc_cfg, "candidate": cfg}), None
+        except bench.Stopped:
+            raise
+        except (GantoolsError, *_compile_errors()) as e:
+            failure = reason(e)
+        except Exception as e:  # noqa: BLE001 - with your own networks, their errors under a setting reject it
+            if not is_out_of_memory(e) and self.options.own is None:  # OOM: torch's, or a CUDA library's
+                raise
+            failure = reason(e) if is_out_of_memory(e) else f"your networks failed with this change: {reason(e)}"
+        self.discard_failed()
+        return None, failure
+
     def score(self, cfg: TrainConfig, name: str) -> dict:
         """`cfg` trained from scratch on `quality_images` and scored (or your own quality function's answer)."""
         if callable(self.options.quality):
@@ -197,3 +219,18 @@ def key(change) -> frozenset:
     """A config, or a change, as something a set holds: what tune remembers it tried and measured by."""
     items = change.to_dict().items() if isinstance(change, TrainConfig) else change.items()
     return frozenset((k, tuple(v) if isinstance(v, list) else v) for k, v in items)
+
+
+def reason(e: BaseException) -> str:
+    """An error in one line (at most 400 characters of its message), for a rejected step or a failed phase."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
+
+
+def _compile_errors() -> tuple:
+    """torch.compile's own failures (dynamo and inductor), wherever this torch defines them."""
+    found = []
+    for module, name in (("torch._dynamo.exc", "TorchDynamoException"), ("torch._inductor.exc", "InductorError")):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(getattr(__import__(module, fromlist=[name]), name))
+    return tuple(found)

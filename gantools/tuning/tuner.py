@@ -10,8 +10,7 @@ import time
 
 import torch
 
-from ..speed import bench
-from ..speed.bench import decide
+from ..speed import bench, keep
 from ..core.config import TrainConfig, differences
 from ..core.data import returns_cpu_tensors
 from ..errors import ConfigError, GantoolsError
@@ -19,23 +18,13 @@ from ..core.recovery import is_out_of_memory
 from ..core.process import on_interrupt
 from .result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
 from .space import Candidate, allowed, complete, describe, search_space
-from .trials import Trials, TuneOptions, key
+from .trials import Trials, TuneOptions, key, reason
 
-# Extra warm-up when a candidate first turns torch.compile on: 24 s measured for the 32 px DCGAN on the 2-core CPU,
-# against about 4 s without compile.
+# Extra warm-up when a candidate first turns torch.compile on (evidence: docs/tune.md).
 COMPILE_S = 20.0
 # Profiled steps per profile: enough for a verdict (the profiler's own warm-up step comes on top), few enough to
 # cost seconds.
 PROFILE_STEPS, PROFILE_WARMUP = 3, 1
-
-
-def _compile_errors() -> tuple:
-    """torch.compile's own failures (dynamo and inductor), wherever this torch defines them."""
-    found = []
-    for module, name in (("torch._dynamo.exc", "TorchDynamoException"), ("torch._inductor.exc", "InductorError")):
-        with contextlib.suppress(ImportError, AttributeError):
-            found.append(getattr(__import__(module, fromlist=[name]), name))
-    return tuple(found)
 
 
 @contextlib.contextmanager
@@ -49,11 +38,6 @@ def _room_to_recompile():
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     with config.patch(**{name: max(64, getattr(config, name))}):
         yield
-
-
-def _reason(e: BaseException) -> str:
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-    return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
 
 
 class Tuner:
@@ -144,7 +128,7 @@ class Tuner:
         except Exception as e:  # noqa: BLE001 - a user's error or out of memory is noted; anything else is a bug
             if not (isinstance(e, GantoolsError) or is_out_of_memory(e)):
                 raise
-            self.result.quality.setdefault("note", f"not checked: the {name} failed: {_reason(e)}")
+            self.result.quality.setdefault("note", f"not checked: the {name} failed: {reason(e)}")
 
     def _search(self) -> None:
         r, o, cfg = self.result, self.options, self.options.cfg
@@ -230,64 +214,55 @@ class Tuner:
         try:
             cfg = inc_cfg.replace(**cand.change).validate()
         except ConfigError as e:
-            step.why = f"rejected: {_reason(e)}"
+            step.why = f"rejected: {reason(e)}"
             return step
         self._say("", now=f"measuring {cand.label} against the incumbent ({self._left():.0f} s left)")
-        contenders = {"incumbent": self.incumbent, "candidate": lambda: self.trials.trainer(cfg, "candidate")}
-        measured, failure = None, None
-        try:
-            measured = self.trials.measure(contenders, {"incumbent": inc_cfg, "candidate": cfg})
-        except bench.Stopped:
-            raise
-        except (GantoolsError, *_compile_errors()) as e:
-            failure = _reason(e)
-        except Exception as e:  # noqa: BLE001 - with your own networks, their errors under a setting reject it
-            if is_out_of_memory(e):  # as torch.OutOfMemoryError, or a CUDA library's allocation failure
-                failure = _reason(e)
-            elif self.options.own is None:
-                raise
-            else:
-                failure = f"your networks failed with this change: {_reason(e)}"
+        measured, failure = self.trials.measure_candidate(self.incumbent, cfg, inc_cfg)
         step.seconds = time.perf_counter() - t
         if failure is not None:
-            self.trials.discard_failed()
             step.why = f"rejected: {failure}"
             return step
         inc, new = measured["incumbent"], measured["candidate"]
-        kept, ratio, spread, why = decide(inc.images_per_sec_runs, new.images_per_sec_runs, final=False)
-        if kept is None and self._estimate(cand) <= self._left() - self._reserve(inc_cfg):
+
+        def again(why: str) -> tuple | None:
+            if self._estimate(cand) > self._left() - self._reserve(inc_cfg):
+                return None
             self._say("", now=f"{cand.label}: {why}; measuring it again")
-            again = self.trials.measure({"incumbent": inc.trainer, "candidate": new.trainer},
-                                        {"incumbent": inc_cfg, "candidate": cfg})
+            more = self.trials.measure({"incumbent": inc.trainer, "candidate": new.trainer},
+                                       {"incumbent": inc_cfg, "candidate": cfg})
             for name in ("incumbent", "candidate"):  # one series of paired repeats, the new ones after the first
-                measured[name].images_per_sec_runs += again[name].images_per_sec_runs
-            kept, ratio, spread, why = decide(inc.images_per_sec_runs, new.images_per_sec_runs)
-        elif kept is None:
-            kept, why = False, f"not kept: {why.removeprefix('undecided: ')}, and no time left to measure it again"
+                measured[name].images_per_sec_runs += more[name].images_per_sec_runs
+            return more["incumbent"].images_per_sec_runs, more["candidate"].images_per_sec_runs
+        kept, ratio, spread, why = keep.decide_in_two(inc.images_per_sec_runs, new.images_per_sec_runs, again)
         step.seconds = time.perf_counter() - t
         step.accepted, step.why, step.ratio, step.spread = kept, why, ratio, spread
         step.images_per_sec, step.incumbent_images_per_sec = new.images_per_sec, inc.images_per_sec
         step.ratio_to_start, step.warmup_s = ratio_to_start * ratio, new.warmup_s
         if len(self.chain) == 1:
             self.result.start["images_per_sec"] = inc.images_per_sec
-        if kept:  # never try to undo it later: it was just measured slower, as this candidate's incumbent
-            self.tried.update(key({k: getattr(inc_cfg, k)}) for k in cand.change)
-            self.tried.add(key({k: getattr(inc_cfg, k) for k in cand.change}))
-            self.trials.discard(self.incumbent)
-            self.incumbent = new.trainer
-            self.compiled = self.compiled or cfg.compile != "off"
-            self.chain.append(cfg)
-            self.kept.append(step)
-            self.result.final = {"config": cfg, "images_per_sec": (self.result.start["images_per_sec"] *
-                                                                   step.ratio_to_start), "fid": None}
+        if kept:
+            self._accept(step, inc_cfg, cfg, new.trainer)
         else:
             self.trials.discard(new.trainer)
         return step
 
+    def _accept(self, step: Step, inc_cfg: TrainConfig, cfg: TrainConfig, trainer) -> None:
+        """The kept candidate becomes the incumbent. Never try to undo it later: the old values were just measured
+        slower, as this candidate's incumbent."""
+        self.tried.update(key({k: getattr(inc_cfg, k)}) for k in step.change)
+        self.tried.add(key({k: getattr(inc_cfg, k) for k in step.change}))
+        self.trials.discard(self.incumbent)
+        self.incumbent = trainer
+        self.compiled = self.compiled or cfg.compile != "off"
+        self.chain.append(cfg)
+        self.kept.append(step)
+        self.result.final = {"config": cfg, "images_per_sec": (self.result.start["images_per_sec"] *
+                                                               step.ratio_to_start), "fid": None}
+
     # -- quality and the final check -------------------------------------------------------------------------------
     def _hold_quality(self) -> None:
         r = self.result
-        limit = bench.QUALITY_TARGET
+        limit = keep.QUALITY_TARGET
         if self.options.quality is False:
             r.quality = {"held": None, "note": "not checked (quality=False)"}
             return
@@ -305,13 +280,16 @@ class Tuner:
             r.final = {"config": cfg, "images_per_sec": self.trials.speed.get(key(cfg)), "fid": None}
             self._say("", now=f"quality: training {describe(_diff(cfg, self.chain[0]))}")
             q = self.trials.score(cfg, f"quality-{len(r.quality['tries']) + 1}")
-            if q["fid"] > limit * start_q["fid"] and "seed_fid" not in r.quality:
-                limit = self._fid_noise(start_q["fid"], limit)
-            held = q["fid"] <= limit * start_q["fid"]
+            judged = keep.judge_fid(q["fid"], start_q["fid"], r.quality.get("seed_fid", self._seed_fid))
+            if judged.seed_fid is not None and "seed_fid" not in r.quality:  # just trained: the limit widens
+                r.quality.update(seed_fid=judged.seed_fid, spread=judged.spread, limit=judged.limit)
+                self._say(f"  the start with seed {self.chain[0].seed + 1}: FID {judged.seed_fid:.2f} against "
+                          f"{start_q['fid']:.2f} ({judged.spread:.2f}x apart): the limit is {judged.limit:.2f}x")
+            limit, held = judged.limit, not judged.worse
             r.quality["tries"].append({"changes": _diff(cfg, self.chain[0]), "fid": q["fid"],
-                                       "ratio": q["fid"] / start_q["fid"], "held": held})
+                                       "ratio": judged.moved, "held": held})
             self._say(f"  FID {q['fid']:.2f} against the start's {start_q['fid']:.2f}: "
-                      f"{q['fid'] / start_q['fid']:.2f}x (limit {limit}x): {'held' if held else 'worse'}")
+                      f"{judged.moved:.2f}x (limit {limit}x): {'held' if held else 'worse'}")
             if held:
                 r.final = {**r.final, "config": cfg, **q}
                 break
@@ -331,19 +309,13 @@ class Tuner:
             self.incumbent = None
         self.chain = self.chain[:final + 1]
 
-    def _fid_noise(self, start_fid: float, limit: float) -> float:
-        """Before backing anything off, the start trained again with another seed: a short run's FID moves by chance
-        (two GAN runs part ways from the first rounding difference), so a change counts as hurting quality only when
-        its FID is worse than both the limit and what a second seed of the unchanged config moves it. Measured once,
-        only when a back-off is in question; the wider of the two becomes the limit."""
+    def _seed_fid(self) -> float:
+        """FID of the start trained again with another seed (`keep.judge_fid` asks for it once, when a back-off
+        is in question): a short run's FID moves by chance, two GAN runs parting ways from the first rounding
+        difference."""
         start = self.chain[0]
         self._say("", now="quality: training the start again with another seed (FID's own spread)")
-        seed_fid = self.trials.score(start.replace(seed=start.seed + 1), "quality-start-seed")["fid"]
-        spread = max(seed_fid / start_fid, start_fid / seed_fid)
-        self.result.quality.update(seed_fid=seed_fid, spread=spread, limit=max(limit, spread))
-        self._say(f"  the start with seed {start.seed + 1}: FID {seed_fid:.2f} against {start_fid:.2f} ({spread:.2f}x "
-                  f"apart): the limit is {max(limit, spread):.2f}x")
-        return max(limit, spread)
+        return self.trials.score(start.replace(seed=start.seed + 1), "quality-start-seed")["fid"]
 
     def _speed_check(self) -> None:
         """Start against final, interleaved: the speed-up the result reports."""
@@ -360,7 +332,8 @@ class Tuner:
         self.incumbent = measured["final"].trainer
         r.start["images_per_sec"] = measured["start"].images_per_sec
         r.final["images_per_sec"] = measured["final"].images_per_sec
-        _, r.speedup, spread, _ = decide(measured["start"].images_per_sec_runs, measured["final"].images_per_sec_runs)
+        start_runs, final_runs = measured["start"].images_per_sec_runs, measured["final"].images_per_sec_runs
+        _, r.speedup, spread, _ = keep.decide(start_runs, final_runs)
         self.trials.discard(measured["start"].trainer)
         self._say(f"final against start, interleaved: {r.start['images_per_sec']:.0f} -> "
                   f"{r.final['images_per_sec']:.0f} images/s, {r.speedup:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})")

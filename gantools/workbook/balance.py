@@ -7,7 +7,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .conclusions import FID_BAND, still_learning
+from ..speed.keep import judge_fid
+from .conclusions import still_learning
 from .display import markdown_table
 
 COLUMNS = ("d_real", "d_fake", "loss_d", "loss_g")
@@ -63,24 +64,35 @@ def balance(histories: dict, tail: float = 0.5) -> Balance:
 
 
 def fid_against_seed(change: str, run: dict, start: dict, other_seed: dict, start_name: str) -> str:
-    """A sentence on how far `change` moved FID (and classes covered) from `start` (run summaries at the same number
-    of images), judged against `other_seed`: the same config as `start` with another seed. Two GAN runs differ by
-    more than rounding (see `drift.lockstep`), so a FID difference counts only when it is larger than the one a
-    second seed shows, and larger than `conclusions.FID_BAND`; between generators still early in training
-    (`conclusions.still_learning`) it does not count at all, unless the run collapsed onto one class."""
-    moved, noise = run["fid"] / start["fid"], other_seed["fid"] / start["fid"]
-    band = max(noise, 1 / noise, FID_BAND)
+    """A sentence on how far `change` moved FID (and classes covered) from `start`, judged by the rule tune and
+    doctor --try use (`keep.judge_fid`, with the second seed already trained here): two GAN runs differ by more than
+    rounding (see `drift.lockstep`), so a FID difference counts only beyond both `keep.QUALITY_TARGET` and what a
+    second seed shows. Between generators still early in training (`conclusions.still_learning`) it does not count
+    at all, unless the run collapsed onto one class.
+
+    Args:
+        change: the change's name, as the sentence shows it.
+        run: the changed run's summary (fid, classes_covered, classes).
+        start: the start's, at the same number of images.
+        other_seed: the start's config trained with another seed, at the same number of images.
+        start_name: the start's name, as the sentence shows it.
+
+    Returns:
+        The sentence, in Markdown."""
+    judged = judge_fid(run["fid"], start["fid"], other_seed["fid"])
+    noise = other_seed["fid"] / start["fid"]
     if run["classes_covered"] == 1 < start["classes_covered"]:
-        judged = "collapsed: it draws a single class"
+        judged_words = "collapsed: it draws a single class"
     elif still_learning(run, start, other_seed):
-        judged = ("not judged: these generators are still early in training (fewer than half the classes), where FID "
-                  "moves far more from run to run than one second seed shows; read the game's balance below instead")
-    elif moved >= band:
-        judged = f"worse than {start_name}, by more than a second seed moves it"
-    elif moved <= 1 / band:
-        judged = f"better than {start_name}, by more than a second seed moves it"
+        judged_words = ("not judged: these generators are still early in training (fewer than half the classes), "
+                        "where FID moves far more from run to run than one second seed shows; read the game's balance "
+                        "below instead")
+    elif judged.worse:
+        judged_words = f"worse than {start_name}, by more than a second seed moves it"
+    elif judged.better:
+        judged_words = f"better than {start_name}, by more than a second seed moves it"
     else:
-        judged = f"no different from {start_name}: within what a second seed moves it"
-    return (f"**{change}**: FID {run['fid']:.1f} against {start['fid']:.1f} ({moved:.2f}x), "
+        judged_words = f"no different from {start_name}: within what a second seed moves it"
+    return (f"**{change}**: FID {run['fid']:.1f} against {start['fid']:.1f} ({judged.moved:.2f}x), "
             f"classes covered {run['classes_covered']} against {start['classes_covered']}; {start_name} with "
-            f"another seed scored {other_seed['fid']:.1f} ({noise:.2f}x): **{judged}**.")
+            f"another seed scored {other_seed['fid']:.1f} ({noise:.2f}x): **{judged_words}**.")

@@ -1,12 +1,14 @@
 """Conclusions computed from a notebook's own numbers, so the sentence under a result stays true on any machine (a
-GPU included): "here bf16 ran 1.62x as fast as fp32 and FID moved 1.03x: keep it". One place decides what counts as
-faster and what counts as quality kept."""
+GPU included): "here bf16 ran 1.62x as fast as fp32 and FID moved 1.03x: keep it". What counts as faster in one
+run's ratio is decided here (`SPEED_BAND`); what counts as quality kept is tune's and doctor --try's rule
+(`speed.keep.judge_fid`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..speed.keep import QUALITY_TARGET, judge_fid
+
 SPEED_BAND = 0.05  # a speed ratio within 5% of 1 reads as "no faster": timed chunks on a busy machine spread this much
-FID_BAND = 1.10    # FID up by less than 10% reads as "quality kept"; a second seed moves FID too (see the exercises)
 
 
 @dataclass
@@ -36,26 +38,38 @@ def still_learning(*scores: dict) -> bool:
     return any(2 * s["classes_covered"] < s["classes"] for s in scores)
 
 
-def verdict(change: str, start: str, speedup: float, fid: float | None = None,
-            fid_start: float | None = None, early: bool = False) -> Conclusion:
+def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = None,
+                  fid_start: float | None = None, early: bool = False) -> Conclusion:
     """Whether to keep `change` over `start`, from the speed-up measured in one run and, where the change can
-    affect images, the two FIDs at the same number of training images. `early` (see `still_learning`): the FIDs
-    are shown but not judged, and the decision rests on speed."""
+    affect images, the two FIDs at the same number of training images, judged by `keep.judge_fid` (with no second
+    seed: the notebook's sentence asks for one where FID rose). `early` (see `still_learning`): the FIDs are shown
+    but not judged, and the decision rests on speed.
+
+    Args:
+        change: the change's name, as the sentence shows it.
+        start: what it is compared with.
+        speedup: the change's images/s over the start's.
+        fid: the change's FID, or None where it cannot affect images.
+        fid_start: the start's, at the same number of training images.
+        early: whether the generators are still early in training.
+
+    Returns:
+        The `Conclusion`: the sentence, and whether to keep the change."""
     text = f"Here **{change}** ran {speed_words(speedup, f'**{start}**')}"
     quality_kept = True
     if fid is not None and fid_start is not None and early:
         text += (f"; FID {fid_start:.1f} and {fid:.1f} come from generators still early in training, so they "
                  "are not judged here")
     elif fid is not None and fid_start is not None:
-        moved = fid / fid_start
-        quality_kept = moved < FID_BAND
-        text += f", and FID went from {fid_start:.1f} to {fid:.1f} ({moved:.2f}x)"
+        judged = judge_fid(fid, fid_start)
+        quality_kept = not judged.worse
+        text += f", and FID went from {fid_start:.1f} to {fid:.1f} ({judged.moved:.2f}x)"
     faster = speedup >= 1 + SPEED_BAND
     if faster and quality_kept:
         decision = "keep it"
     elif faster:
-        decision = (f"faster, but FID rose by more than {100 * (FID_BAND - 1):.0f}%: look at the samples and try "
-                    "a second seed before keeping it")
+        decision = (f"faster, but FID rose by more than {100 * (QUALITY_TARGET - 1):.0f}%: look at the samples and "
+                    "try a second seed before keeping it")
     elif speedup > 1 - SPEED_BAND:
         decision = ("no gain on this machine: the time goes elsewhere (01 finds where)" if quality_kept else
                     "no gain, and quality fell: leave it off")
@@ -121,8 +135,8 @@ def same_story(a: dict, b: dict, a_name: str, b_name: str, tolerance: float = 0.
     return Conclusion(text, not apart)
 
 
-def bottleneck(share: float, what: str = "waiting for data", fix: str = "feed the device faster",
-               noise: float = 0.0) -> Conclusion:
+def worth_removing(share: float, what: str = "waiting for data", fix: str = "feed the device faster",
+                   noise: float = 0.0) -> Conclusion:
     """Whether `what`, taking `share` (0-1) of each step, is worth making faster: removing it entirely makes the
     step at most 1 / (1 - share) as fast (Amdahl's law), so a share whose bound stays inside the speed band is not
     this machine's bottleneck, however much faster it could be made. `.keep` is True when it is worth the work.

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..measuring.results import markdown_table
-from ..speed.bench import QUALITY_TARGET
+from ..speed.keep import QUALITY_TARGET
 
 from .chart_layout import (SCALE_NOTE, WIDTH_IN, fit_scale, label_line_ends, legend_below, legend_height, make_room,
     place_labels, wrap, wrap_names, wrap_to)

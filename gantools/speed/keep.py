@@ -1,0 +1,121 @@
+"""Keep a change or drop it: the one rule `tune` and `doctor --try` share, and the notebooks' conclusions too.
+
+Speed (`decide`, `decide_in_two`): a sequential sign test on paired ratios. The candidate is measured against the
+incumbent in paired repeats; a close call is measured again, as many repeats more, and decided once more.
+
+Quality (`judge_fid`): FID of the changed run against the start's at an equal number of training images. A short
+GAN run's FID moves by chance from seed to seed, so a change counts as hurting (or helping) quality only beyond the
+wider of `QUALITY_TARGET` and what a second seed of the unchanged start moves it; that second seed costs a whole
+training run, so it is trained only when a decision needs it.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+QUALITY_TARGET = 1.1  # a FID within this factor of the start's reads as quality kept (evidence: docs/tune.md)
+
+
+def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, tuple, str]:
+    """Keep the candidate or not: the rule, a sequential sign test on paired ratios.
+
+    Each repeat of an interleaved measurement times the incumbent and the candidate back to back, so repeat r gives
+    one paired ratio rho_r = candidate images/s / incumbent images/s, in which machine noise common to both
+    cancels. The speed-up is the median of the rho_r; the spread shown is their range [min rho, max rho].
+
+    First measurement (`final=False`, the plan's repeats, 5): kept if the whole range lies above 1 (it won every
+    repeat; a change that does nothing passes by chance 1 time in 32); not kept if it is not faster on the median;
+    otherwise undecided (None): faster on the median but it lost a repeat, which on a noisy machine is what a small
+    real gain often does. The caller then measures as many repeats again and asks once more (`final=True`): kept if
+    faster on the median and it won at least 80% of all the repeats (8 of 10), i.e. the range without its lowest and
+    highest fifth lies above 1. How often each stage keeps a change that does nothing, and one slightly faster:
+    docs/tune.md.
+
+    Args:
+        incumbent_runs: the incumbent's images/s per repeat, in repeat order.
+        candidate_runs: the candidate's, paired with them repeat by repeat.
+        final: whether this is the last look (no undecided answer).
+
+    Returns:
+        (kept, or None when undecided; speed-up; spread; why, starting "kept: ", "not kept: " or "undecided: ")."""
+    ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs)]
+    ratio, spread = statistics.median(ratios), (min(ratios), max(ratios))
+    shown = f"{ratio:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
+    wins, n = sum(r > 1 for r in ratios), len(ratios)
+    if spread[0] > 1:
+        return True, ratio, spread, f"kept: {shown}, faster in all {n} repeats"
+    if ratio <= 1:
+        return False, ratio, spread, f"not kept: {shown}, not faster"
+    if not final:
+        return None, ratio, spread, f"undecided: {shown}, faster in {wins} of {n} repeats"
+    if wins >= 0.8 * n:
+        return True, ratio, spread, f"kept: {shown}, faster in {wins} of {n} repeats"
+    return False, ratio, spread, f"not kept: {shown}, faster in only {wins} of {n} repeats: within the noise"
+
+
+def decide_in_two(incumbent_runs: list, candidate_runs: list, again: Callable[[str], tuple | None]
+                  ) -> tuple[bool, float, tuple, str]:
+    """The two stages of `decide` in one: decided on the first measurement where it can be; undecided, measured
+    again (`again`) and decided on all the repeats; undecided with no room to measure again, not kept.
+
+    Args:
+        incumbent_runs: the first measurement's incumbent images/s per repeat.
+        candidate_runs: the candidate's, paired with them.
+        again: called with the undecided reason; measures as many repeats again and returns the new
+            (incumbent runs, candidate runs), or None when there is no time left to. It may raise to end the
+            comparison its own way (a run that broke, say).
+
+    Returns:
+        (kept, speed-up, spread, why) as `decide` gives them, never undecided."""
+    first = list(incumbent_runs), list(candidate_runs)  # as measured: `again` may extend the caller's lists
+    kept, ratio, spread, why = decide(*first, final=False)
+    if kept is not None:
+        return kept, ratio, spread, why
+    more = again(why)
+    if more is None:
+        why = why.removeprefix("undecided: ")
+        return False, ratio, spread, f"not kept: {why}, and no time left to measure it again"
+    return decide([*first[0], *more[0]], [*first[1], *more[1]])
+
+
+@dataclass(frozen=True, kw_only=True)
+class FidJudgement:
+    """How far a change moved FID, judged against the limit: `QUALITY_TARGET`, widened to a second seed's spread
+    where that seed was trained (`seed_fid`, `spread`: None where no decision needed it)."""
+
+    moved: float
+    limit: float
+    seed_fid: float | None = None
+    spread: float | None = None
+
+    @property
+    def worse(self) -> bool:
+        """FID rose past the limit: quality not kept."""
+        return self.moved > self.limit
+
+    @property
+    def better(self) -> bool:
+        """FID fell past the limit's inverse."""
+        return self.moved < 1 / self.limit
+
+
+def judge_fid(fid: float, start_fid: float, seed: float | Callable[[], float] | None = None) -> FidJudgement:
+    """Judge a change's FID against the start's, at an equal number of training images.
+
+    Args:
+        fid: the changed run's FID.
+        start_fid: the start's.
+        seed: the FID of the start trained with another seed: a number where it is already known (it then always
+            widens the limit), a function that trains and scores it, called only when the change's FID is worse than
+            `QUALITY_TARGET` allows (the one case where that seed can change the decision), or None where no second
+            seed is to be had (the limit is then `QUALITY_TARGET`).
+
+    Returns:
+        The `FidJudgement`."""
+    moved = fid / start_fid
+    seed_fid = (seed() if moved > QUALITY_TARGET else None) if callable(seed) else seed
+    if seed_fid is None:
+        return FidJudgement(moved=moved, limit=QUALITY_TARGET)
+    spread = max(seed_fid / start_fid, start_fid / seed_fid)
+    return FidJudgement(moved=moved, limit=max(QUALITY_TARGET, spread), seed_fid=seed_fid, spread=spread)
