@@ -12,6 +12,7 @@ from PIL import Image
 from torch import nn
 
 from gantools import ImageTensorDataset, TrainConfig, render_glyphs
+from gantools.core.data import write_glyph_pngs
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CUDA = torch.cuda.is_available()
@@ -78,6 +79,26 @@ def big_images(tmp_path_factory):
     for i in range(48):
         Image.fromarray(rng.integers(0, 255, (640, 640, 3), dtype=np.uint8)).save(root / f"{i}.png")
     return root
+
+
+@pytest.fixture(scope="session")
+def pngs(tmp_path_factory):
+    """64 glyphs as 128 px RGB PNGs in class folders, for the user-style scripts in tests/scripts/: ImageFolder
+    decodes and resizes each one per step, as the tutorial's loop does."""
+    return write_glyph_pngs(tmp_path_factory.mktemp("pngs"), n=64, image_size=128, channels=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_pngs(tmp_path_factory):
+    """160 glyphs as 32 px RGB PNGs in ten class folders: ten batches of 16 an epoch (twenty of 8, a multiple of the
+    WGAN-GP's five critic steps, so its G steps every fifth batch in every epoch)."""
+    return write_glyph_pngs(tmp_path_factory.mktemp("small_pngs"), n=160, image_size=32, channels=3, seed=0)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from a second thread, and a single one is not thrown off by a busy neighbour."""
+    torch.set_num_threads(1)
 
 
 # A DCGAN small enough that a step takes milliseconds (also used by ddp_worker.py, which has no fixtures)

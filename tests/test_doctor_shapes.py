@@ -30,24 +30,7 @@ VANILLA, TRAINER_CLASS = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "trainer_cla
 TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
 PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
 LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and a single one is not thrown off by a busy neighbour."""
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def pngs(tmp_path_factory):
-    """160 glyphs as 32 px PNGs in ten class folders: ten batches of 16 an epoch (twenty of 8, a multiple of the
-    WGAN-GP's five critic steps, so its G steps every fifth batch in every epoch)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from glyph_pngs import write_pngs
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return write_pngs(tmp_path_factory.mktemp("pngs"), n=160, size=32)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def flags(script, pngs, epochs=50) -> list:
@@ -65,14 +48,14 @@ def flags(script, pngs, epochs=50) -> list:
 
 
 @pytest.fixture(scope="module")
-def diagnose(pngs, tmp_path_factory):
+def diagnose(small_pngs, tmp_path_factory):
     """The diagnosis of a script, run once per module (the --try and --patch tests start from it)."""
     traces, reports = tmp_path_factory.mktemp("traces"), {}
 
     def get(script):
         if script not in reports:
             torch.set_num_threads(1)
-            reports[script] = doctor.run_script(script, flags(script, pngs), steps=3, warmup=1,
+            reports[script] = doctor.run_script(script, flags(script, small_pngs), steps=3, warmup=1,
                                                 trace=traces / f"{script.stem}.json")
         return reports[script]
     return get
@@ -121,7 +104,7 @@ def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
 
 
 @pytest.mark.slow
-def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_main_binds(diagnose, pngs, tmp_path):
+def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_main_binds(diagnose, small_pngs, tmp_path):
     """The vanilla GAN's G returns (B, 256) rows, not an image batch: G is the model feeding the one that returns one
     value per image. Its loop lives in main(), whose `device = torch.device(...)` the autocast lines name."""
     report = diagnose(VANILLA)
@@ -141,11 +124,11 @@ def test_an_mlp_g_of_flat_images_is_told_apart_and_its_patch_uses_the_device_mai
     shutil.copy(VANILLA, tmp_path)
     applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=tmp_path, capture_output=True, text=True)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    assert all(math.isfinite(v) for v in run_copy(VANILLA, tmp_path, pngs))
+    assert all(math.isfinite(v) for v in run_copy(VANILLA, tmp_path, small_pngs))
 
 
 @pytest.mark.slow
-def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagnose, pngs, tmp_path):
+def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagnose, small_pngs, tmp_path):
     """Models, optimizers and the device as attributes of a trainer object: the report and the patch name them as the
     code does (`self.D`, `self.opt_g`, `self.device.type`), not by their classes."""
     report = diagnose(TRAINER_CLASS)
@@ -164,7 +147,7 @@ def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagno
     shutil.copy(TRAINER_CLASS, tmp_path)
     applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=tmp_path, capture_output=True, text=True)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    assert all(math.isfinite(v) for v in run_copy(TRAINER_CLASS, tmp_path, pngs))
+    assert all(math.isfinite(v) for v in run_copy(TRAINER_CLASS, tmp_path, small_pngs))
 
 
 def test_models_and_optimizers_are_named_as_the_code_reaches_them():
@@ -243,7 +226,7 @@ def test_wgan_gp_counts_five_critic_steps_and_freezes_only_g_steps_call(diagnose
     assert_in_script_terms(report, WGAN_GP)
 
 
-def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, pngs, monkeypatch):
+def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, small_pngs, monkeypatch):
     """--try's freeze-d on the WGAN-GP: D's parameters are frozen in the one call per iteration that G's step makes,
     never in the five critic steps, whose fakes carry G's gradients just the same."""
     report = diagnose(WGAN_GP)
@@ -254,8 +237,8 @@ def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, pngs, mo
             seen.append(self.frozen_calls)
             return super().__exit__(*exc)
     monkeypatch.setattr(trial, "Applied", Recorded)
-    run = trial.run_trial(WGAN_GP, flags(WGAN_GP, pngs), (FREEZE_D,), context(report, facts()), pacer_index(report),
-                          report.images_per_step, warmup=1, steps=3, timeout=60)
+    run = trial.run_trial(WGAN_GP, flags(WGAN_GP, small_pngs), (FREEZE_D,), context(report, facts()),
+                          pacer_index(report), report.images_per_step, warmup=1, steps=3, timeout=60)
     assert run.measured and run.finite, run.traceback
     assert seen == [1 + 1 + 3]  # one frozen call per G step: the warm-up's, the clock's start and three timed
 
@@ -272,7 +255,7 @@ def run_copy(script: Path, folder: Path, pngs: Path) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [CGAN, WGAN_GP], ids=["cgan", "wgan-gp"])
-def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, script, pngs, tmp_path):
+def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, script, small_pngs, tmp_path):
     """Every fix the diagnosis has a candidate for (and freezing D, for the WGAN-GP's two look-alike calls), as a
     diff of the script: `patch -p1` applies it to a copy, which then trains an epoch with finite losses."""
     report = diagnose(script)
@@ -295,17 +278,17 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
         applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=folder, capture_output=True, text=True)
         assert applied.returncode == 0, applied.stdout + applied.stderr
         assert (folder / script.name).read_text() != script.read_text()
-        losses = run_copy(script, folder, pngs)
+        losses = run_copy(script, folder, small_pngs)
         assert all(math.isfinite(v) for v in losses), (name, losses)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [CGAN, WGAN_GP, VANILLA, TRAINER_CLASS, ACCELERATE],
                          ids=["cgan", "wgan-gp", "vanilla", "trainer-class", "accelerate"])
-def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, pngs):
+def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, small_pngs):
     """Each fix, applied at run time, leaves the script running with finite losses, under Accelerate's wrappers too."""
     report = diagnose(script)
-    result = try_fixes(script, flags(script, pngs), report, facts(), warmup=1, steps=3, repeats=2)
+    result = try_fixes(script, flags(script, small_pngs), report, facts(), warmup=1, steps=3, repeats=2)
     print(result)
     assert result.tried and not result.interrupted
     assert not [t.name for t in result.tried if t.outcome == "broke the script"], str(result)

@@ -27,21 +27,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN = SCRIPTS / "dcgan_plain.py"
 TUTORIAL = SCRIPTS / "dcgan_tutorial.py"
 CPU = machine_facts(torch.device("cpu"))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def pngs(tmp_path_factory):
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from glyph_pngs import write_pngs
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return write_pngs(tmp_path_factory.mktemp("pngs"), n=64, size=128)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(pngs, *flags):

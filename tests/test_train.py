@@ -465,7 +465,9 @@ def test_a_sigmoid_registered_but_not_applied_last_is_not_refused(tiny, glyphs64
         def predict(self, x):
             return self.to_probability(self(x))
 
-    Trainer(tiny.replace(loss="bce"), generator=BatchFreeG(), discriminator=PredictingD(), dataset=glyphs64)
+    history = Trainer(tiny.replace(loss="bce", steps=2), generator=BatchFreeG(), discriminator=PredictingD(),
+                      dataset=glyphs64).fit()
+    assert history[-1]["step"] == 2 and all(math.isfinite(r["loss_d"]) for r in history)  # built, and it trains
 
 
 def test_an_unwritable_out_dir_is_a_config_error_naming_the_path_and_the_reason(tiny, glyphs64, tmp_path,
