@@ -257,7 +257,7 @@ class Tuner:
         kept, ratio, spread, why = decide(inc.images_per_sec_runs, new.images_per_sec_runs, final=False)
         if kept is None and self._estimate(cand) <= self._left() - self._reserve(inc_cfg):
             self._say("", now=f"{cand.label}: {why}; measuring it again")
-            again = self.trials.measure({"incumbent": inc.trainer, "candidate": new.trainer},
+            again = self.trials.measure({"incumbent": inc.subject, "candidate": new.subject},
                                         {"incumbent": inc_cfg, "candidate": cfg})
             for name in ("incumbent", "candidate"):  # one series of paired repeats, the new ones after the first
                 measured[name].images_per_sec_runs += again[name].images_per_sec_runs
@@ -274,14 +274,14 @@ class Tuner:
             self.tried.update(key({k: getattr(inc_cfg, k)}) for k in cand.change)
             self.tried.add(key({k: getattr(inc_cfg, k) for k in cand.change}))
             self.trials.discard(self.incumbent)
-            self.incumbent = new.trainer
+            self.incumbent = new.subject
             self.compiled = self.compiled or cfg.compile != "off"
             self.chain.append(cfg)
             self.kept.append(step)
             self.result.final = {"config": cfg, "images_per_sec": (self.result.start["images_per_sec"] *
                                                                    step.ratio_to_start), "fid": None}
         else:
-            self.trials.discard(new.trainer)
+            self.trials.discard(new.subject)
         return step
 
     # -- quality and the final check -------------------------------------------------------------------------------
@@ -357,11 +357,11 @@ class Tuner:
         final = self.incumbent if self.incumbent is not None else (lambda: trials.trainer(self.chain[-1], "final"))
         measured = trials.measure({"start": lambda: trials.trainer(self.chain[0], "start"), "final": final},
                                   {"start": self.chain[0], "final": self.chain[-1]})
-        self.incumbent = measured["final"].trainer
+        self.incumbent = measured["final"].subject
         r.start["images_per_sec"] = measured["start"].images_per_sec
         r.final["images_per_sec"] = measured["final"].images_per_sec
         _, r.speedup, spread, _ = decide(measured["start"].images_per_sec_runs, measured["final"].images_per_sec_runs)
-        self.trials.discard(measured["start"].trainer)
+        self.trials.discard(measured["start"].subject)
         self._say(f"final against start, interleaved: {r.start['images_per_sec']:.0f} -> "
                   f"{r.final['images_per_sec']:.0f} images/s, {r.speedup:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})")
 
