@@ -95,3 +95,41 @@ def test_counting_a_variants_flops_does_not_change_its_training(tmp_path):
     # and each config counts its own step: D's weight gradients in G's step when D is not frozen
     free = bench.flops_per_image(Trainer(cfg.replace(freeze_d=False, out_dir=str(tmp_path / "c")), dataset=data))
     assert free > frozen > 0
+
+
+class _FakeHistory:
+    def __init__(self):
+        self.records = []
+
+    def __len__(self):
+        return len(self.records)
+
+
+class _FakeTrainer:
+    """Just what `interleave` reads of a trainer: its config, step, fit() and the log records fit() writes."""
+
+    def __init__(self, name, step_ms, order):
+        from types import SimpleNamespace
+
+        self.name, self.step_ms, self.order, self.step = name, step_ms, order, 0
+        self.cfg = SimpleNamespace(images_per_step=32, loader="device", num_workers=0)
+        self.history = _FakeHistory()
+
+    def fit(self, n):
+        self.order.append((self.name, n))
+        self.step += n
+        self.history.records.append({"step": self.step, "step_time_ms": self.step_ms})
+
+
+def test_interleave_warms_up_then_alternates_and_reads_each_chunk_from_the_logged_step_times():
+    order = []
+    fast, slow = _FakeTrainer("fast", 10.0, order), _FakeTrainer("slow", 20.0, order)
+    lines = []
+    measured = bench.interleave({"fast": fast, "slow": lambda: slow}, 64, 96, 3, progress=lines.append)
+    assert order == [("fast", 2), ("slow", 2), ("fast", 3), ("slow", 3), ("slow", 3), ("fast", 3), ("fast", 3),
+                     ("slow", 3)]
+    assert measured["fast"].images_per_sec_runs == pytest.approx([3200.0] * 3) and measured["slow"].subject is slow
+    assert measured["slow"].spread == (1600.0, 1600.0) and lines[-1] == "repeat 3/3 done"
+    stopped = _FakeTrainer("x", 1.0, [])
+    with pytest.raises(bench.Stopped):
+        bench.interleave({"x": stopped}, 32, 32, 1, stop=lambda: True)

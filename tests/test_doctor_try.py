@@ -617,3 +617,26 @@ def test_tf32_and_cudnn_fixes_work_whichever_tf32_api_the_process_used():
 def test_only_a_loss_of_the_wrapped_outputs_joins_the_autocast_block(line, joins):
     import libcst as cst
     assert patching._loss_of(cst.parse_statement(line + "\n"), {"output", "validity"}) is joins
+
+
+def test_a_pair_alternates_stops_at_a_broken_candidate_and_raises_for_a_broken_start():
+    from types import SimpleNamespace
+
+    runner, calls = trying._Runner.__new__(trying._Runner), []
+
+    def run(parts, warmup=None):
+        calls.append((parts, warmup))
+        return SimpleNamespace(measured=parts != ("broken",), images_per_sec=10.0 * (1 + len(parts)),
+                               outcome="raised", ours=False, traceback="", times_ms=[])
+
+    runner.run, runner.warmup_for = run, lambda *runs: 7
+    a, b = runner.pair((), ("x",), 3)
+    assert calls == [((), 7), (("x",), 7), (("x",), 7), ((), 7), ((), 7), (("x",), 7)]
+    assert [t.images_per_sec for t in a] == [10.0] * 3 and [t.images_per_sec for t in b] == [20.0] * 3
+    calls.clear()
+    a, b = runner.pair((), ("broken",), 3)
+    assert [p for p, _ in calls] == [(), ("broken",)] and len(a) == 1 and not b[-1].measured
+    with pytest.raises(trying.DoctorError, match="the run without the fixes being tried raised"):
+        runner.pair(("broken",), ("x",), 2)
+    with pytest.raises(trying.DoctorError):
+        runner.pair(("broken",), ("broken",), 1)

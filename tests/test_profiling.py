@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from gantools import Trainer, TrainConfig, preset
-from gantools.speed.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, OPTIONAL_PHASES, PHASES, ProfileReport,
-                                compare, diagnose, profile, time_optimizer_steps)
+from gantools.measuring.protocol import OPTIONAL_PHASES, PHASES
+from gantools.speed.profiling import (COMPUTE_SHARE, DATA_BOUND, HOST_BOUND, ProfileReport, compare, diagnose, profile,
+                                      time_optimizer_steps)
 
 from conftest import BatchFreeD, BatchFreeG, cuda_only
 

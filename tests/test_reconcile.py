@@ -7,6 +7,7 @@ import pytest
 
 from gantools.workbook import reconcile
 from gantools.core.config import TrainConfig
+from gantools.measuring.turns import Spread
 from gantools.workbook.reconcile import Figure
 
 
@@ -18,12 +19,13 @@ def _trainer(speeds, cfg=None, quality=None):
 def test_paired_ratios_pair_rounds_and_leave_out_warm_up():
     start, run = _trainer([10, 100, 110, 90]), _trainer([5, 200, 220, 270])
     assert reconcile.paired_ratios(run, start) == pytest.approx([2.0, 2.0, 3.0])
-    assert reconcile.band([2.0, 2.0, 3.0]) == (2.0, 3.0)
-    assert reconcile.band([]) is None
+    assert Spread.of([2.0, 2.0, 3.0]) == Spread(2.0, 3.0) == (2.0, 3.0)
+    assert Spread.of([]) is None
 
 
 def test_half_width_is_the_noise_share_of_a_figure():
-    assert Figure("a", "m", 2.0, (1.8, 2.2)).half_width == pytest.approx(0.1)
+    assert Figure("a", "m", 2.0, Spread(1.8, 2.2)).half_width == pytest.approx(0.1)
+    assert Figure("a", "m", 2.0, (1.8, 2.4)).band == Spread(low=1.8, high=2.4), "a pair read back from JSON"
     assert Figure("a", "m", 2.0).half_width == 0.0
 
 

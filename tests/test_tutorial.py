@@ -70,10 +70,13 @@ def test_the_race_takes_turns_and_tells_the_slow_loop_from_the_fast(glyphs64):
                   for name, fn in (("fast", fast), ("slow", slow))}
     result = tutorial.race(contenders, steps=6, chunk_steps=2)
     assert order == ["fast"] * 2 + ["slow"] * 2 + ["fast"] * 2 + ["slow"] * 2 + ["fast"] * 2 + ["slow"] * 2
-    # each of slow's chunks is timed around its two sleeps (a bound no busy machine can break, unlike a race)
-    assert max(result.chunks["slow"]) <= 2 * 16 / (2 * 0.05)
-    assert result.images_per_sec["slow"] == statistics.median(result.chunks["slow"][1:])  # warm-up chunk left out
-    assert result.images == 6 * 16 and len(result.chunks["fast"]) == 3 and len(result.losses["slow"]) == 3
+    # each of slow's timed chunks includes its two sleeps (a bound no busy machine can break, unlike a race)
+    assert max(result.measured["slow"].images_per_sec_runs) <= 2 * 16 / (2 * 0.05)
+    assert result.images == 6 * 16 and len(result.losses["slow"]) == 3
+    assert len(result.measured["fast"].images_per_sec_runs) == 2, "the first chunk is warm-up, not timed"
+    assert [step for step, *_ in result.losses["slow"]] == [2, 4, 6]
+    low, high = result.spread("fast")
+    assert low <= result.images_per_sec["fast"] <= high and result.spread("fast").share_of(high) >= 0
     assert "| fast |" in result._repr_markdown_() and "vs fast" in result._repr_markdown_()
 
 

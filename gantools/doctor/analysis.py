@@ -16,7 +16,7 @@ import torch
 
 from ..measuring import hardware
 from ..measuring.protocol import OWN_SYNC, code_syncs, spans
-from ..speed.profiling import PHASES as ORDER  # the trainer's phase names, in the same order
+from ..measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
 from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
 from .hooks import COUNTED_READ, RANGE
 from .observations import Call, Observations, Optimizer

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..measuring import hardware
+from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
 from ..speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
 from ..errors import DoctorError
 from .fixes import WORKERS, Context, candidates, context
@@ -156,7 +157,7 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
             if b and not b[-1].measured:
                 raise DoctorError(f"all kept fixes together: the run {_failed(b[-1])}")
             ratios = [y.images_per_sec / x.images_per_sec for x, y in zip(a, b)]
-            result.together = {"speedup": statistics.median(ratios), "spread": (min(ratios), max(ratios)),
+            result.together = {"speedup": statistics.median(ratios), "spread": Spread.of(ratios),
                                "images_per_sec": statistics.median(t.images_per_sec for t in b)}
             start_runs = a
     except KeyboardInterrupt:
@@ -255,19 +256,21 @@ class _Runner:
         return max(self.warmup, 2 * workers + 1) if workers else self.warmup
 
     def pair(self, a: tuple, b: tuple, repeats: int) -> tuple[list, list]:
-        """Runs of `a` and `b` back to back, the order alternating per repeat; stops at the first failed run of
-        `b` (returned as its last). A failed run of `a`, which ran before, is the machine's or ours: raised."""
-        runs_a, runs_b = [], []
-        for r in range(repeats):
-            for which in ((a, b) if r % 2 == 0 else (b, a)):
-                trial = self.run(which, warmup=self.warmup_for(a, b))  # the same warm-up for both
-                if not trial.measured:
-                    if which is b and b != a:
-                        runs_b.append(trial)
-                        return runs_a, runs_b
-                    raise DoctorError(f"the run without the fixes being tried {_failed(trial)}"
-                                      + (f":\n{trial.traceback}" if trial.traceback else ""))
-                (runs_a if which is a else runs_b).append(trial)
+        """Runs of `a` and `b` back to back, the order alternating per repeat (`turns.take_turns`); stops at the
+        first failed run of `b` (returned as its last). A failed run of `a`, which ran before, is the machine's or
+        ours: raised."""
+        warmup = self.warmup_for(a, b)  # the same warm-up for both
+        measured = take_turns({"a": Contender(subject=a, turn=lambda parts: self.run(parts, warmup=warmup)),
+                               "b": Contender(subject=b, turn=lambda parts: self.run(parts, warmup=warmup))},
+                              repeats, order=ALTERNATE, figure=lambda trial: trial.images_per_sec,
+                              until=lambda trial: not trial.measured)
+        runs_a, runs_b = measured["a"].turns, measured["b"].turns
+        failed = next((t for t in runs_a if not t.measured), None)
+        if failed is None and runs_b and not runs_b[-1].measured and b == a:
+            failed = runs_b[-1]
+        if failed is not None:
+            raise DoctorError(f"the run without the fixes being tried {_failed(failed)}"
+                              + (f":\n{failed.traceback}" if failed.traceback else ""))
         return runs_a, runs_b
 
 

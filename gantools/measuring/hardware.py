@@ -53,20 +53,34 @@ def synchronize(device: torch.device) -> None:
 
 
 class Timer:
-    """Wall-clock seconds between `start()` and `stop()`, synchronising the device at both ends."""
+    """The one clock every gantools timing reads: wall-clock seconds between device synchronisations, so GPU work
+    queued before a mark counts before it and work queued after it counts after it. `start()`, then `lap()` (seconds
+    since the last mark, and a new mark) or `stop()` (seconds since the last mark). The trainer's `clock.StepClock`, the
+    doctor's `protocol.IterationClock` and every chunk `turns.take_turns` times read time through one."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self._t0 = None
 
+    def now(self, sync: bool = True) -> float:
+        """The host clock (seconds), after waiting for the device's queued work unless `sync` is False (a mark
+        that follows a synchronisation anyway, or one where the caller chose not to wait)."""
+        if sync:
+            synchronize(self.device)
+        return time.perf_counter()
+
     def start(self) -> "Timer":
-        synchronize(self.device)
-        self._t0 = time.perf_counter()
+        self._t0 = self.now()
         return self
 
+    def lap(self) -> float:
+        """Seconds since the last mark (`start()` or `lap()`); this one is the next mark."""
+        now = self.now()
+        seconds, self._t0 = now - self._t0, now
+        return seconds
+
     def stop(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter() - self._t0
+        return self.now() - self._t0
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +32,12 @@ KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
 # synchronisations alone counts each read once.
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 OWN_SYNC = hardware.OWN_SYNC
+# The phases of a GAN step, labelled one way for the trainer (its `label_phase` ranges), the profiler's phase table
+# and the doctor's, in the order they are shown
+PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
+          "D backward (G step)", "G backward", "G optimizer step", "EMA update", "host sync")
+OPTIONAL_PHASES = ("D penalty", "EMA update")  # only with a gradient penalty (wgan-gp, R1) or ema_decay
+DATA_WAIT = PHASES[0]
 
 
 def amdahl(step_ms: float, removed_ms: float) -> float:
@@ -71,21 +76,18 @@ def code_syncs(events, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> list:
     return found
 
 
-class IterationClock:
-    """Milliseconds per iteration without the profiler: `start()` before the first, `lap()` at each one's end."""
+class IterationClock(hardware.Timer):
+    """Milliseconds per iteration without the profiler: `start()` before the first, `lap()` at each one's end (the
+    device synchronised there, so an iteration's GPU work is inside it)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.times_ms, self._t0 = device, [], None
+        super().__init__(device)
+        self.times_ms = []
 
-    def start(self) -> None:
-        hardware.synchronize(self.device)
-        self._t0 = time.perf_counter()
-
-    def lap(self) -> None:
-        hardware.synchronize(self.device)
-        now = time.perf_counter()
-        self.times_ms.append(1e3 * (now - self._t0))
-        self._t0 = now
+    def lap(self) -> float:
+        seconds = super().lap()
+        self.times_ms.append(1e3 * seconds)
+        return seconds
 
     @property
     def median_ms(self) -> float:

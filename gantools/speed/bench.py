@@ -1,12 +1,12 @@
 """The benchmark ladder: the tutorial's loop, each technique alone, everything together and a max-throughput preset,
 measured in one process, interleaved, with quality beside speed when asked.
 
-Protocol (`interleave`, the one place that decides how gantools measures speed; `gantools.tuning` uses it too):
-every variant is built and warmed up first (warm-up time, which holds torch.compile, is reported on its own); then
-the variants take turns, one chunk of steps each per repeat, so machine noise hits them all alike. Every chunk is
-timed with the device synchronised; a row reports the median images/s over repeats and its spread (min to max).
-Every variant trains on the same number of images, so with `quality=True` their FID, KID and class coverage are
-comparable.
+Protocol (`interleave`, the benchmark's use of `measuring.turns.take_turns`, how gantools measures speed;
+`gantools.tuning` uses it too): every variant is built and warmed up first (warm-up time, which holds torch.compile,
+is reported on its own); then the variants take turns, one chunk of steps each per repeat, so machine noise hits
+them all alike. Every chunk is timed with the device synchronised; a row reports the median images/s over repeats
+and its spread (min to max). Every variant trains on the same number of images, so with `quality=True` their FID,
+KID and class coverage are comparable.
 
 `scaling()` adds the row for more than one GPU: the same training under torchrun with 1..N processes (N: the GPUs
 here; on a CPU, 2 processes with gloo), each process with the preset's batch (so the global batch grows with N, the
@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,7 +28,9 @@ import torch
 from ..core import distributed, techniques
 from ..core.config import TrainConfig, cli_flags, preset, scale_batch
 from ..errors import ConfigError, GantoolsError, ScalingCrash, Stopped
+from ..measuring.clock import logged_seconds
 from ..measuring.hardware import autocast_precision, machine_info, resolve_device
+from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
 from ..quick import QUICK
 from .keep import QUALITY_TARGET
 
@@ -139,12 +140,12 @@ def side_by_side(configs: dict, plan: dict | None = None, out_dir="runs/bench/si
     builders = {name: (lambda name=name, cfg=cfg: measurement_trainer(
         cfg.replace(out_dir=str(Path(out_dir) / f"{i}")), plan)) for i, (name, cfg) in enumerate(configs.items())}
     measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
-    base = measured[next(iter(measured))].images_per_sec_runs
+    base = measured[next(iter(measured))]
     rows = {}
     for name, m in measured.items():
-        ratios = [a / b for a, b in zip(m.images_per_sec_runs, base)]
+        ratios = m.ratios(base)
         rows[name] = {"images_per_sec": m.images_per_sec, "spread": m.spread, "vs_first": statistics.median(ratios),
-                      "vs_first_spread": (min(ratios), max(ratios)), "warmup_s": m.warmup_s}
+                      "vs_first_spread": Spread.of(ratios), "warmup_s": m.warmup_s}
     return {"plan": plan, "date": time.strftime("%Y-%m-%d"), "machine": machine_info(first.device), "rows": rows}
 
 
@@ -158,52 +159,29 @@ def side_by_side_markdown(result: dict) -> str:
                                   f"{r['warmup_s']:.1f}"] for name, r in result["rows"].items()])
 
 
-@dataclass
-class Measured:
-    """One contender of an interleaved measurement: its trainer (warm, ready to go on), the steps in each of its
-    chunks, its warm-up time (construction included: it holds torch.compile and worker start-up) and the images/s
-    of each repeat's chunk, in repeat order (so two contenders' runs pair up repeat by repeat)."""
-
-    trainer: object
-    steps_per_repeat: int
-    warmup_s: float
-    images_per_sec_runs: list = field(default_factory=list)
-
-    @property
-    def images_per_sec(self) -> float:
-        return statistics.median(self.images_per_sec_runs)
-
-    @property
-    def spread(self) -> tuple:
-        return min(self.images_per_sec_runs), max(self.images_per_sec_runs)
-
-
 def interleave(contenders: dict, warmup_images: int, images_per_repeat: int, repeats: int, progress=None,
                stop=None) -> dict:
-    """Measure trainers against each other in one process: the benchmark's protocol, and the tuner's.
+    """Measure trainers against each other in one process: the benchmark's protocol, and the tuner's, by
+    `turns.take_turns` in alternating order.
 
     `contenders`: name -> a Trainer, or a function that builds one (then its construction counts as warm-up). Each
     is warmed up first (`warmup_images`, at least one step; the time is returned apart and excluded), then they take
-    turns for `repeats` rounds, one chunk of `images_per_repeat` images (at least one step) each per round; the order
-    is reversed every other round, so no contender always runs right after the same one. A chunk's images/s comes
-    from the trainer's own synchronised step times over that chunk (every log record it wrote), so the config's
-    log_interval does not matter. `stop()` is asked between chunks; a chunk cut short (Ctrl-C, `Trainer.stop`)
-    also ends the measurement: both raise `Stopped`."""
-    progress, stop = progress or (lambda line: None), stop or (lambda: False)
-    measured = {}
-    for name, contender in contenders.items():
-        t0 = time.perf_counter()
+    turns for `repeats` rounds, one chunk of `images_per_repeat` images (at least one step) each per round. A chunk's
+    images/s comes from the trainer's own synchronised step times over that chunk (`_chunk`). `stop()` is asked
+    between chunks; a chunk cut short (Ctrl-C, `Trainer.stop`) also ends the measurement: both raise `Stopped`.
+    Returns name -> `turns.Measured`, its subject the warm trainer."""
+    stop = stop or (lambda: False)
+
+    def warm_up(contender):
         trainer = contender() if callable(contender) else contender
-        batch = trainer.cfg.images_per_step  # real images per step (d_steps batches)
-        _chunk(trainer, max(1, warmup_images // batch), stop)
-        measured[name] = Measured(trainer, max(1, images_per_repeat // batch), time.perf_counter() - t0)
-        progress(f"warmed up {name} in {measured[name].warmup_s:.1f} s")
-    for r in range(repeats):
-        for name in (list(measured) if r % 2 == 0 else list(measured)[::-1]):
-            m = measured[name]
-            m.images_per_sec_runs.append(_chunk(m.trainer, m.steps_per_repeat, stop))
-        progress(f"repeat {r + 1}/{repeats} done")
-    return measured
+        _chunk(trainer, max(1, warmup_images // trainer.cfg.images_per_step), stop)  # real images per step
+        return trainer
+
+    def turn(trainer):
+        return _chunk(trainer, max(1, images_per_repeat // trainer.cfg.images_per_step), stop)
+
+    return take_turns({name: Contender(warm_up=lambda c=c: warm_up(c), turn=turn) for name, c in contenders.items()},
+                      repeats, order=ALTERNATE, progress=progress)
 
 
 def prefetched(cfg: TrainConfig) -> int:
@@ -227,13 +205,8 @@ def _chunk(trainer, steps: int, stop) -> float:
         trainer.fit(n)
         if trainer.step - start < n:
             raise Stopped(f"stopped after {trainer.step - start} of {n} steps")
-    images = seconds = 0.0
-    previous = start
-    for record in trainer.history.records[first:]:
-        n = record["step"] - previous
-        images, seconds = images + n * trainer.cfg.images_per_step, seconds + n * record["step_time_ms"] / 1e3
-        previous = record["step"]
-    return images / seconds
+    steps, seconds = logged_seconds(trainer.history.records[first:], start)
+    return steps * trainer.cfg.images_per_step / seconds
 
 
 def flops_per_image(trainer) -> float:
@@ -293,13 +266,13 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
     matmul = {"fp32": matmul_peak(dev, torch.float32),
               half: matmul_peak(dev, torch.bfloat16 if half == "bf16" else torch.float16)}
     reference = measured[next(iter(measured))].images_per_sec
-    rows, trainers = {}, {name: m.trainer for name, m in measured.items()}
+    rows, trainers = {}, {name: m.subject for name, m in measured.items()}
     for name, m in measured.items():
-        flops = flops_per_image(m.trainer)
-        rows[name] = {"variant": name, "changes": dict(steps[name]), "batch_size": m.trainer.cfg.batch_size,
+        flops = flops_per_image(m.subject)
+        rows[name] = {"variant": name, "changes": dict(steps[name]), "batch_size": m.subject.cfg.batch_size,
                       "warmup_s": m.warmup_s, "images_per_sec_runs": m.images_per_sec_runs,
                       "flops_per_image": flops, "images_per_sec": m.images_per_sec, "spread": m.spread,
-                      "speedup": m.images_per_sec / reference, "peak_mem_mb": m.trainer.history[-1]["peak_mem_mb"],
+                      "speedup": m.images_per_sec / reference, "peak_mem_mb": m.subject.history[-1]["peak_mem_mb"],
                       "tflops": m.images_per_sec * flops / 1e12,
                       "mfu": m.images_per_sec * flops / peak if peak else None,
                       "matmul_share": m.images_per_sec * flops / max(matmul.values())}
@@ -400,7 +373,7 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
             progress(f"{n} process(es), repeat {r + 1}/{repeats}: {runs[n][-1]:.0f} images/s")
     one = statistics.median(runs[1])
     rows = [{"processes": n, "batch_per_process": per_process, "global_batch": per_process * n,
-             "images_per_sec": statistics.median(v), "images_per_sec_runs": v, "spread": (min(v), max(v)),
+             "images_per_sec": statistics.median(v), "images_per_sec_runs": v, "spread": Spread.of(v),
              "speedup": statistics.median(v) / one, "efficiency": statistics.median(v) / (n * one)}
             for n, v in runs.items()]
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "repeats": repeats,

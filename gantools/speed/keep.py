@@ -14,10 +14,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from ..measuring.turns import Spread
+
 QUALITY_TARGET = 1.1  # a FID within this factor of the start's reads as quality kept (evidence: docs/tune.md)
 
 
-def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, tuple, str]:
+def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, Spread, str]:
     """Keep the candidate or not: the rule, a sequential sign test on paired ratios.
 
     Each repeat of an interleaved measurement times the incumbent and the candidate back to back, so repeat r gives
@@ -40,7 +42,7 @@ def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tu
     Returns:
         (kept, or None when undecided; speed-up; spread; why, starting "kept: ", "not kept: " or "undecided: ")."""
     ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs)]
-    ratio, spread = statistics.median(ratios), (min(ratios), max(ratios))
+    ratio, spread = statistics.median(ratios), Spread.of(ratios)
     shown = f"{ratio:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
     wins, n = sum(r > 1 for r in ratios), len(ratios)
     if spread[0] > 1:
@@ -55,7 +57,7 @@ def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tu
 
 
 def decide_in_two(incumbent_runs: list, candidate_runs: list, again: Callable[[str], tuple | None]
-                  ) -> tuple[bool, float, tuple, str]:
+                  ) -> tuple[bool, float, Spread, str]:
     """The two stages of `decide` in one: decided on the first measurement where it can be; undecided, measured
     again (`again`) and decided on all the repeats; undecided with no room to measure again, not kept.
 

@@ -34,12 +34,10 @@ from torch.autograd import DeviceType
 from ..measuring import hardware
 from ..core import techniques
 from ..core.config import TrainConfig
-from ..measuring.protocol import PhaseTable, amdahl, profile_trainer
+from ..measuring.clock import logged_seconds
+from ..measuring.protocol import PHASES, PhaseTable, amdahl, profile_trainer
 from ..core.trainer import Trainer
 
-PHASES = ("data wait", "G forward", "D forward", "D penalty", "D backward", "D optimizer step", "D forward (G step)",
-          "D backward (G step)", "G backward", "G optimizer step", "EMA update", "host sync")
-OPTIONAL_PHASES = ("D penalty", "EMA update")  # only with a gradient penalty (wgan-gp, R1) or ema_decay
 DATA_BOUND = 0.20      # share of the step spent waiting for data
 HOST_BOUND = 0.40      # share of the step the GPU sits idle
 COMPUTE_SHARE = 0.50   # share of busy time in convolutions / matmuls
@@ -155,11 +153,8 @@ def _unprofiled_ms(trainer: Trainer, steps: int) -> float:
     sampling, checkpoints and callbacks left out."""
     start, first_record = trainer.step, len(trainer.history)
     trainer.fit(steps)
-    total_ms, previous = 0.0, start
-    for record in trainer.history.records[first_record:]:  # synced step times, weighted by steps per record
-        total_ms += record["step_time_ms"] * (record["step"] - previous)
-        previous = record["step"]
-    return total_ms / steps
+    _, seconds = logged_seconds(trainer.history.records[first_record:], start)  # synced, weighted by steps
+    return 1e3 * seconds / steps
 
 
 def device_time(averages, steps: int, step_ms: float, wait_ms: float, cuda: bool, skip=lambda key: False):
@@ -309,6 +304,7 @@ def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"
     """Median milliseconds of one optimizer step over both DCGAN networks, per implementation. The variants are
     timed interleaved (one step of each, repeated) so a noisy machine disturbs them all alike."""
     from ..measuring.hardware import Timer, resolve_device, seeded
+    from ..measuring.turns import SAME, Contender, take_turns
     from ..core.models import build_dcgan
     from ..core.trainer import make_optimizer
 
@@ -322,13 +318,16 @@ def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"
     optimizers = {impl: make_optimizer(params, cfg.replace(optimizer_impl=impl), cfg.lr_g) for impl in impls}
     for opt in optimizers.values():  # allocate the moment buffers outside the timing
         opt.step()
-    times, timer = {impl: [] for impl in impls}, Timer(device)
-    for _ in range(repeats):
-        for impl, opt in optimizers.items():
-            timer.start()
-            opt.step()
-            times[impl].append(1e3 * timer.stop())
-    return {impl: statistics.median(t) for impl, t in times.items()}
+    timer = Timer(device)
+
+    def turn(opt) -> float:  # the seconds of one step
+        timer.start()
+        opt.step()
+        return timer.stop()
+
+    measured = take_turns({impl: Contender(subject=opt, turn=turn) for impl, opt in optimizers.items()}, repeats,
+                          order=SAME, figure=lambda seconds: 1 / seconds)
+    return {impl: 1e3 * statistics.median(m.turns) for impl, m in measured.items()}
 
 
 def time_shares(phases_ms: dict, ops, busy_ms: float) -> dict:

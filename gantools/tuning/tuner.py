@@ -228,7 +228,7 @@ class Tuner:
             if self._estimate(cand) > self._left() - self._reserve(inc_cfg):
                 return None
             self._say("", now=f"{cand.label}: {why}; measuring it again")
-            more = self.trials.measure({"incumbent": inc.trainer, "candidate": new.trainer},
+            more = self.trials.measure({"incumbent": inc.subject, "candidate": new.subject},
                                        {"incumbent": inc_cfg, "candidate": cfg})
             for name in ("incumbent", "candidate"):  # one series of paired repeats, the new ones after the first
                 measured[name].images_per_sec_runs += more[name].images_per_sec_runs
@@ -241,9 +241,9 @@ class Tuner:
         if len(self.chain) == 1:
             self.result.start["images_per_sec"] = inc.images_per_sec
         if kept:
-            self._accept(step, inc_cfg, cfg, new.trainer)
+            self._accept(step, inc_cfg, cfg, new.subject)
         else:
-            self.trials.discard(new.trainer)
+            self.trials.discard(new.subject)
         return step
 
     def _accept(self, step: Step, inc_cfg: TrainConfig, cfg: TrainConfig, trainer) -> None:
@@ -329,12 +329,12 @@ class Tuner:
         final = self.incumbent if self.incumbent is not None else (lambda: trials.trainer(self.chain[-1], "final"))
         measured = trials.measure({"start": lambda: trials.trainer(self.chain[0], "start"), "final": final},
                                   {"start": self.chain[0], "final": self.chain[-1]})
-        self.incumbent = measured["final"].trainer
+        self.incumbent = measured["final"].subject
         r.start["images_per_sec"] = measured["start"].images_per_sec
         r.final["images_per_sec"] = measured["final"].images_per_sec
         start_runs, final_runs = measured["start"].images_per_sec_runs, measured["final"].images_per_sec_runs
         _, r.speedup, spread, _ = keep.decide(start_runs, final_runs)
-        self.trials.discard(measured["start"].trainer)
+        self.trials.discard(measured["start"].subject)
         self._say(f"final against start, interleaved: {r.start['images_per_sec']:.0f} -> "
                   f"{r.final['images_per_sec']:.0f} images/s, {r.speedup:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})")
 

@@ -1,10 +1,11 @@
-"""One speed-up, measured more than one way in the same kernel, set side by side and reconciled.
+"""One speed-up, measured in turns and alone in the same kernel, set side by side and reconciled.
 
-A config's speed-up over a start can be measured by training the two in turns (`workbook.train_side_by_side`), by a
-run of its own set against a start measured earlier (the panel's Run: sequential), by the benchmark's paired repeats
-(`bench.side_by_side`) or by tune's final check. Each method gives its own figure, with its own noise. A notebook
-that shows more than one figure for a config shows them here, in one table, with the noise each carries, and a
-sentence computed from them: do they agree, and if not, what the difference is made of. And since every quality run
+Every measurement in turns (training side by side, the benchmark's paired repeats, tune's final check, `doctor
+--try`) is `measuring.turns.take_turns`: one protocol, one `Spread` of paired ratios, so those figures differ only by
+noise. What still needs reconciling is a figure taken alone: a run of its own set against a start measured earlier
+(the panel's Run: sequential), which carries the machine's state at its own moment. A notebook that shows both
+shows them here, in one table, with the noise each carries, and a sentence computed from them: do they agree, and if
+not, what the difference is made of. And since every quality run
 costs minutes on a CPU, `scores_from` lets `tune` reuse the scores of configs the notebook already trained."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable
 
 from .conclusions import SPEED_BAND, Conclusion
 from ..core.config import TrainConfig
+from ..measuring.turns import Spread
 
 # the fields that say where a run writes and how often it logs, not what it trains or how fast
 BOOKKEEPING = ("out_dir", "steps", "log_interval", "sample_interval", "checkpoint_interval")
@@ -21,18 +23,22 @@ BOOKKEEPING = ("out_dir", "steps", "log_interval", "sample_interval", "checkpoin
 @dataclass
 class Figure:
     """One measurement of `config`'s speed-up over the start: the `method` that gave it, the figure, where the
-    method pairs its chunks or repeats the lowest and highest of those paired ratios (`band`), and whether it is
+    method pairs its chunks or repeats the `Spread` of those paired ratios (`band`), and whether it is
     `sequential`: a run set against a start measured at another moment."""
     config: str
     method: str
     speedup: float
-    band: tuple | None = None
+    band: Spread | None = None
     sequential: bool = False
+
+    def __post_init__(self):
+        if self.band is not None:  # a (low, high) pair read back from JSON reads as the Spread it was
+            self.band = Spread(*self.band)
 
     @property
     def half_width(self) -> float:
         """Half the band, as a share of the figure: the noise this figure carries (0 where unmeasured)."""
-        return (self.band[1] - self.band[0]) / 2 / self.speedup if self.band else 0.0
+        return self.band.share_of(self.speedup) if self.band else 0.0
 
 
 def paired_ratios(run, start) -> list[float]:
@@ -42,11 +48,6 @@ def paired_ratios(run, start) -> list[float]:
     a = [r["images_per_sec"] for r in run.history.records[1:]]
     b = [r["images_per_sec"] for r in start.history.records[1:]]
     return [x / y for x, y in zip(a, b)]
-
-
-def band(ratios: list[float]) -> tuple | None:
-    """The lowest and highest of paired ratios: a figure's band (None without any)."""
-    return (min(ratios), max(ratios)) if ratios else None
 
 
 def speedup_table(figures: list[Figure]) -> str:

@@ -12,6 +12,7 @@ from ..core.config import TrainConfig, preset
 from .display import LiveRuns
 from ..errors import ConfigError
 from ..measuring.hardware import machine_info, resolve_device
+from ..measuring.turns import SAME, Contender, take_turns
 from ..core.history import History
 from ..core.metrics import QualityCurve
 from ..quick import QUICK  # noqa: F401  (the notebooks import it from here)
@@ -101,11 +102,18 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
         for name, trainer in trainers.items():
             trainer.callbacks.append(QualityCurve([r * per_turn[name] for r in scored_rounds]))
     live = LiveRuns() if plot else None
-    for r in range(rounds):
-        for name, trainer in trainers.items():
-            trainer.fit(per_turn[name])
+
+    def after_round(r: int) -> None:
         if live is not None:
             live.update(trainers, (r + 1) * chunk, rounds * chunk, unit)
+
+    def turn(name: str) -> float:  # a chunk's images/s, from the trainer's own clock (one log record per chunk)
+        trainers[name].fit(per_turn[name])
+        records = trainers[name].history.records
+        return records[-1]["images_per_sec"] if records else float("nan")
+
+    take_turns({name: Contender(subject=name, turn=turn) for name in trainers}, rounds, order=SAME,
+               after_round=after_round)
     return trainers
 
 

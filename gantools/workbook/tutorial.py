@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 
 from ..core.data import make_dataset
 from ..measuring.hardware import Timer, resolve_device, seeded
+from ..measuring.turns import SAME, Contender, Spread, take_turns
 from ..core.models import build_dcgan
 from ..core.sampling import generate
 
@@ -92,50 +92,67 @@ def train_step(gan: PlainGAN, real: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 @dataclass
 class Race:
-    """What `race` measured: each contender's images/s (median over its timed chunks after the first, which holds
-    warm-up), every chunk's figure, and its losses read at chunk ends."""
-    images_per_sec: dict
-    chunks: dict = field(default_factory=dict)
-    losses: dict = field(default_factory=dict)
+    """What `race` measured: each contender's `turns.Measured` (its timed chunks, each chunk's images/s and the
+    losses read at its end), what its first chunk, the warm-up, returned, and the images each trained."""
+    measured: dict
+    warm_up: dict
     images: int = 0
+
+    @property
+    def images_per_sec(self) -> dict:
+        """Each contender's median images/s over its timed chunks."""
+        return {name: m.images_per_sec for name, m in self.measured.items()}
+
+    @property
+    def losses(self) -> dict:
+        """Each contender's (step, losses ...) read at each chunk's end, the warm-up chunk's included."""
+        return {name: [self.warm_up[name][1], *(losses for _, losses in m.turns)]
+                for name, m in self.measured.items()}
 
     def ratio(self, name: str, against: str) -> float:
         """How many times as fast `name` ran as `against` (images/s over images/s)."""
         return self.images_per_sec[name] / self.images_per_sec[against]
 
-    def spread(self, name: str) -> float:
-        """Half the range of a contender's timed chunks, as a share of its median: the noise in its figure."""
-        timed = self.chunks[name][1:] or self.chunks[name]
-        return (max(timed) - min(timed)) / 2 / self.images_per_sec[name]
+    def spread(self, name: str) -> Spread:
+        """The lowest and highest of a contender's timed chunks (`.share_of(median)`: the noise in its figure)."""
+        return self.measured[name].spread
 
     def _repr_markdown_(self) -> str:
         first = next(iter(self.images_per_sec))
-        rows = [f"| {n} | {v:.0f} | ±{100 * self.spread(n):.0f}% | {v / self.images_per_sec[first]:.2f}x |"
-                for n, v in self.images_per_sec.items()]
+        rows = [f"| {n} | {v:.0f} | ±{100 * self.spread(n).share_of(v):.0f}% | "
+                f"{v / self.images_per_sec[first]:.2f}x |" for n, v in self.images_per_sec.items()]
         return "\n".join([f"| loop | images/s | chunk spread | vs {first} |", "|---|---:|---:|---:|", *rows])
 
 
 def race(contenders: dict, steps: int, chunk_steps: int) -> Race:
     """Train each contender, `{name: (step_fn, gan)}` with `step_fn(gan, real)`, for `steps` steps, taking turns
-    `chunk_steps` at a time (A B A B ...), so machine noise hits all of them alike, as the benchmark does. Each
-    chunk is timed with the device synchronised at both ends, fetching its batches included."""
+    `chunk_steps` at a time (A B A B ...: `turns.take_turns`, the first chunk of each its warm-up), so machine noise
+    hits all of them alike, as the benchmark does. Each chunk is timed with the device synchronised at both ends
+    (`hardware.Timer`), fetching its batches included."""
     if steps < 2 * chunk_steps or steps % chunk_steps:
         raise ValueError(f"steps={steps} must be a multiple of chunk_steps={chunk_steps}, at least two chunks")
-    result = Race({}, {name: [] for name in contenders}, {name: [] for name in contenders})
-    for r in range(steps // chunk_steps):
-        for name, (step_fn, gan) in contenders.items():
-            images, timer = 0, Timer(gan.device).start()
-            for _ in range(chunk_steps):
-                real = next(gan.batches)
-                losses = step_fn(gan, real)
-                images += real.size(0)
-            seconds = timer.stop()
-            result.chunks[name].append(images / seconds)
-            result.losses[name].append(((r + 1) * chunk_steps, *(float(v) for v in losses)))  # read after timing
-            result.images = (r + 1) * images
-    for name, chunks in result.chunks.items():
-        result.images_per_sec[name] = statistics.median(chunks[1:])
-    return result
+    done, last_images = dict.fromkeys(contenders, 0), {}
+
+    def chunk(name: str) -> tuple:
+        step_fn, gan = contenders[name]
+        images, timer = 0, Timer(gan.device).start()
+        for _ in range(chunk_steps):
+            real = next(gan.batches)
+            losses = step_fn(gan, real)
+            images += real.size(0)
+        seconds = timer.stop()
+        done[name], last_images[name] = done[name] + chunk_steps, images
+        return images / seconds, (done[name], *(float(v) for v in losses))  # losses read after timing
+
+    warm = {}
+
+    def warm_up(name: str):
+        warm[name] = chunk(name)
+        return name
+
+    measured = take_turns({name: Contender(warm_up=lambda name=name: warm_up(name), turn=chunk) for name in contenders},
+                          steps // chunk_steps - 1, order=SAME, figure=lambda result: result[0])
+    return Race(measured, warm, steps // chunk_steps * last_images[list(contenders)[-1]])
 
 
 def samples(gan: PlainGAN, n: int, seed: int = 0) -> torch.Tensor:
