@@ -8,7 +8,7 @@ from torch import nn
 
 from gantools import (CheckpointError, ConfigError, ImageTensorDataset, NonFiniteLossError, Trainer,
                       load_checkpoint, preset, save_checkpoint)
-from gantools.core.trainer import METRICS
+from gantools.core.history import METRICS
 
 from conftest import PRECISIONS, BatchFreeD, BatchFreeG, cuda_only, weights
 
@@ -499,7 +499,7 @@ def test_reduce_overhead_marks_each_step_and_refuses_a_background_thread(tiny, g
     trainer = Trainer(tiny.replace(grad_accum_steps=2), dataset=glyphs64)
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(trainer.step))
-    trainer.cuda_graphs = True  # as on a GPU with compile='reduce-overhead' (CUDA graphs cannot run on a CPU)
+    trainer.stepper.cuda_graphs = True  # as on a GPU with compile='reduce-overhead' (CUDA graphs cannot run on a CPU)
     trainer.fit(3)
     assert marks == [0, 1, 2]  # one generation per step, accumulation's micro-batches included
     errors = []

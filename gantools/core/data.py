@@ -7,7 +7,6 @@ and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does.
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 from pathlib import Path
@@ -20,6 +19,7 @@ from .checkpoint import atomic_save
 from .distributed import World
 from ..errors import ConfigError, DataError, OutOfMemory
 from .recovery import is_out_of_memory
+from .batches import worker_safe
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -396,50 +396,10 @@ class HostLoader:
         self.sampler.set_position(epoch, batch)
 
     def __iter__(self):
-        for batch in _worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
+        for batch in worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
             x = prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
             yield (x, torch.as_tensor(batch[1]).to(self.device, non_blocking=True)) if self.labels else x
-
-
-# -- DataLoader workers shut down outside the garbage collector ----------------------------------------------------
-# A DataLoader iterator with workers that becomes garbage inside a reference cycle (a Trainer dropped in a notebook
-# or a test) is collected by `gc`, which first runs the weakref callbacks of its multiprocessing queues: they stop the
-# queues' feeder threads, so the iterator's own shutdown, run just after, can no longer send its workers the stop
-# signal and waits 5 s per worker for them to time out (measured: 10 s for 2 workers). So every live iterator is held
-# here (never garbage), and one whose consumer was collected is shut down by the next loader that starts, outside
-# the collector, in milliseconds.
-_LIVE_WORKERS: list = []   # [iterator, still consumed?]
-_COLLECTING = [False]
-
-
-def _note_collection(phase: str, info: dict) -> None:
-    _COLLECTING[0] = phase == "start"
-
-
-def _watch_collections() -> None:
-    """Follow the garbage collector from the first loader with workers on, not from import: importing gantools
-    changes nothing global."""
-    if _note_collection not in gc.callbacks:
-        gc.callbacks.append(_note_collection)
-
-
-def _worker_safe(loader: DataLoader):
-    """Iterate `loader`; with workers, keep its iterator out of the garbage collector's reach (see above)."""
-    _LIVE_WORKERS[:] = [entry for entry in _LIVE_WORKERS if entry[1]]  # dropped here: shut down by refcount, now
-    it = iter(loader)
-    if not loader.num_workers:
-        yield from it
-        return
-    _watch_collections()
-    entry = [it, True]
-    _LIVE_WORKERS.append(entry)
-    try:
-        yield from it
-    finally:
-        entry[1] = False
-        if not _COLLECTING[0]:  # closed or finished in plain code: let it go now
-            _LIVE_WORKERS.remove(entry)
 
 
 class DeviceLoader:
@@ -487,17 +447,13 @@ class DeviceLoader:
 
 def make_loader(dataset: Dataset, cfg, device, world: World = World(),
                 generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
-    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share.
+    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share;
+    with `cfg.conditional` every batch is an (images, labels) pair, else the images alone.
     `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA from the CPU: only then is the
-    non-blocking copy asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation
-    when asked), and impossible for a dataset whose tensors are already on the GPU (`returns_cpu_tensors`): the
-    DataLoader pins every tensor of a batch (torch/utils/data/_utils/pin_memory.py: `data.pin_memory()`), and
-    pinning a CUDA tensor raises "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned". Such a
-    dataset gets no workers either: its __getitem__ would use CUDA in a worker forked (Linux's default) from a
-    process that already did, which the CUDA runtime does not support (PyTorch docs, notes/multiprocessing, "CUDA in
-    multiprocessing"; torch.cuda's lazy init raises "Cannot re-initialize CUDA in forked subprocess"). Asking for
-    either is one ConfigError here, before training.
-    With `cfg.conditional` every batch is an (images, labels) pair, else the images alone."""
+    non-blocking copy asynchronous (see `prepare_batch`). A dataset whose tensors are already on the GPU
+    (`returns_cpu_tensors`) can be neither pinned (the DataLoader pins every tensor of a batch, and a CUDA tensor
+    cannot be) nor read in workers (forked from a process that already used CUDA, which the CUDA runtime does not
+    support: PyTorch docs, notes/multiprocessing); asking for either is one ConfigError here, before training."""
     common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
                   world=world, generator=generator, labels=cfg.conditional)
     if cfg.loader == "device":

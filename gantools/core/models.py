@@ -31,8 +31,8 @@ class Generator(nn.Module):
         super().__init__()
         start, n = _layout(image_size)
         self.nz = nz
-        # The label's code, joined to z. Short (classes numbers) beside z: a code as long as z made G ignore z in
-        # short runs (measured on glyphs: every sample of a class the same image), as conditional GANs are prone to.
+        # The label's code, joined to z. Short (classes numbers) beside z: a code as long as z lets G ignore z in
+        # short runs (every sample of a class the same image), as conditional GANs are prone to.
         self.embed = nn.Embedding(classes, classes) if classes else None
         width = ngf * 2 ** (n - 1)
         layers = [nn.ConvTranspose2d(nz + classes, width, start, 1, 0, bias=False),  # -> start x start
