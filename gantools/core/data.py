@@ -1,10 +1,7 @@
 """Datasets and the two loader paths. Datasets live here, not in notebooks, so DataLoader workers can import them
-under spawn/forkserver.
-
-Every dataset yields `(image, label)`. With `transform="on-device"` the image is a uint8 (C, H, W) tensor and the
-whole batch is normalised on the device; with `transform="per-sample"` it is a normalised float tensor made by PIL
-and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does.
-"""
+under spawn/forkserver. Every dataset yields `(image, label)`. With `transform="on-device"` the image is a uint8
+(C, H, W) tensor and the whole batch is normalised on the device; with `transform="per-sample"` it is a normalised
+float tensor made by PIL and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does."""
 from __future__ import annotations
 
 import hashlib
@@ -175,24 +172,12 @@ class ImageFolderDataset(Dataset):
         self[0]  # fail now, not inside a worker, if the first image cannot be decoded
 
     def _check_files(self) -> None:
-        """Every file must be an image PIL can parse (PIL's verify: corrupt, truncated PNGs, a text file named
-        .png), and a JPEG must end with its end-of-image marker (verify does not read JPEG data), so bad files are
-        reported now, all of them at once, not from inside a worker mid-run. Far cheaper than decoding them all."""
-        from PIL import Image
-
+        """Every file must be a readable image (`_check_image`), so bad files are reported now, all of them at once,
+        not from inside a worker mid-run. Far cheaper than decoding them all."""
         bad = []
         for path in self.files:
             try:
-                with Image.open(path) as f:
-                    jpeg = f.format == "JPEG"
-                    f.verify()
-                if jpeg:
-                    with open(path, "rb") as f:
-                        f.seek(max(0, path.stat().st_size - 64))
-                        marker = b"\xff\xd9" in f.read()
-                    if not marker:  # missing end marker: truncated, or trailing data; decoding decides
-                        with Image.open(path) as f:
-                            f.load()
+                _check_image(path)
             except Exception as e:  # PIL raises many types for broken files
                 bad.append(f"{path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'})")
         if bad:
@@ -216,6 +201,24 @@ class ImageFolderDataset(Dataset):
         array = np.asarray(self._crop(image), np.uint8)
         array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
         return torch.from_numpy(array.copy()), self.labels[i]
+
+
+def _check_image(path: Path) -> None:
+    """Raise unless `path` is an image PIL can parse (PIL's verify: corrupt, truncated PNGs, a text file named .png);
+    a JPEG must also end with its end-of-image marker (verify does not read JPEG data), or else decode."""
+    from PIL import Image
+
+    with Image.open(path) as f:
+        jpeg = f.format == "JPEG"
+        f.verify()
+    if not jpeg:
+        return
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 64))
+        marker = b"\xff\xd9" in f.read()
+    if not marker:  # missing end marker: truncated, or trailing data; decoding decides
+        with Image.open(path) as f:
+            f.load()
 
 
 def _fit_images(images: torch.Tensor, image_size: int, channels: int) -> torch.Tensor:
@@ -311,11 +314,10 @@ class EpochBatchSampler(Sampler):
     """Shuffled batches whose order depends only on (seed, epoch), and which can start mid-epoch: that is what
     lets a resumed run see exactly the batches an uninterrupted run would.
 
-    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch. This is what
-    DistributedSampler with set_epoch does (a disjoint share of every epoch per rank, reshuffled per epoch from a
-    seed all ranks share), but batch-aligned and in the single-process order: DistributedSampler draws its own
-    permutation, strides it across ranks and cannot start mid-epoch, so N processes would not train on the batches
-    one process trains on, and a checkpoint could not resume at its batch under another process count."""
+    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch: DistributedSampler's
+    disjoint share of every epoch per rank, but batch-aligned and in the single-process order (DistributedSampler
+    strides its own permutation across ranks and cannot start mid-epoch), so N processes train on the batches one
+    process trains on, and a checkpoint resumes at its batch under any process count."""
 
     def __init__(self, n: int, batch_size: int, seed: int = 0, drop_last: bool = True, rank: int = 0,
                  world_size: int = 1):
@@ -348,15 +350,12 @@ class EpochBatchSampler(Sampler):
 def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
                   channels_last: bool = False, world: World = World(),
                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Batch to the device, uint8 -> [-1, 1] there (4x less to copy than floats), flipped and laid out there.
-    Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None). Under torchrun
-    they are drawn for the whole global batch and each rank keeps its slice: the same flips, and the same RNG use,
-    as one process.
-
-    `non_blocking=True` makes the copy asynchronous only from pinned (page-locked) host memory; from pageable
-    memory the copy first waits for the work already queued on the GPU (PyTorch tutorial "A guide on good usage
-    of non_blocking and pin_memory()", pytorch.org/tutorials/intermediate/pinmem_nonblock.html). That is why a
-    DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
+    """Batch to the device, uint8 -> [-1, 1] there (a quarter of the bytes of floats to copy), flipped and laid out
+    there. Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None); under torchrun
+    for the whole global batch, each rank keeping its slice: the same flips, and RNG use, as one process.
+    `non_blocking=True` makes the copy asynchronous only from pinned host memory; from pageable memory it first
+    waits for the work queued on the GPU (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()"),
+    which is why a DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
     x = images.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         x = x.float().div_(127.5).sub_(1.0)

@@ -160,7 +160,7 @@ class TrainStep:
         this D step (the `d_index`-th of the run: lazy R1 counts them). Returns G's fakes (their graph kept when
         G's step will reuse them, as the tutorial does), the noise and labels, and the last micro-batch's
         (loss_d, d_real, d_fake)."""
-        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+        cfg, k = self.cfg, self.cfg.grad_accum_steps
         zs = self._draw(torch.randn, real.shape[0], cfg.nz).chunk(k)
         mixes = (self._draw(torch.rand, real.shape[0]).chunk(k) if any(p.mixes for p in self.parts.penalties)
                  else [None] * k)
@@ -168,60 +168,72 @@ class TrainStep:
         weights = [r.shape[0] / real.shape[0] for r in reals]
 
         self.parts.opt_d.zero_grad(set_to_none=True)
-        fakes = []
+        fakes, keep = [], k == 1 and keep_fakes
         for i, (r, y, z, mix, w) in enumerate(zip(reals, ys, zs, mixes, weights)):
-            with phase("G forward"), self.parts.autocast():
-                if k == 1 and keep_fakes:  # keep G's graph: the G step below reuses this fake, as the tutorial does
-                    fake = forward(self.g, z, y)
-                    fakes.append(fake)
-                else:  # accumulating (holding k graphs would defeat the point: G re-runs in its step), or an
-                    with torch.no_grad():  # earlier D step of several
-                        fake = forward(self.g, z, y)
+            fake = self._fake(z, y, keep)
+            if keep:
+                fakes.append(fake)
             with distributed.no_sync(self.ddp_d, skip=i < k - 1):  # all-reduce with the last micro-batch
-                with phase("D forward"):
-                    with self.parts.autocast():
-                        out_real = forward(self.d, r, y).float()
-                        out_fake = forward(self.d, fake.detach(), y).float()
-                    loss = self.parts.loss.d(out_real, out_fake)
-                penalty = self._penalty(r, fake, y, mix, d_index)
-                logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
-                if penalty is not None and self.parts.scaler_d.is_enabled():
-                    # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
-                    # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
-                    # warned about), so the log leaves that step's penalty out rather than stop the run
-                    logged = torch.where(logged.isfinite(), logged, 0.0)
-                probs = self.parts.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
-                d_real = (out_real.sigmoid() if probs else out_real).mean()
-                d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-                self.metrics.add(w * share, loss_d=loss.detach() + logged, d_real=d_real.detach(),
-                                 d_fake=d_fake.detach(), penalty=logged)
-                if penalty is not None:
-                    loss = loss + penalty
-                with phase("D backward"):
-                    self.parts.scaler_d.scale(loss * w).backward()
-        with phase("D optimizer step"):
+                values = self._d_micro_batch(r, fake, y, mix, w, share, d_index)
+        with self.label_phase("D optimizer step"):
             self.parts.scaler_d.step(self.parts.opt_d)
             self.parts.scaler_d.update()
-        return fakes, zs, ys, (loss, d_real, d_fake)
+        return fakes, zs, ys, values
+
+    def _fake(self, z, y, keep: bool) -> torch.Tensor:
+        """G's images for one micro-batch of D's step; with `keep`, with G's graph."""
+        with self.label_phase("G forward"), self.parts.autocast():
+            if keep:  # keep G's graph: the G step reuses this fake, as the tutorial does
+                return forward(self.g, z, y)
+            with torch.no_grad():  # accumulating (holding k graphs would defeat the point: G re-runs in its step),
+                return forward(self.g, z, y)  # or an earlier D step of several
+
+    def _d_micro_batch(self, real, fake, labels, mix, w: float, share: float, d_index: int):
+        """D's loss and penalties on one micro-batch (weight `w` of the batch, `share` of the step), added to the
+        metric sums and backpropagated. Returns (loss_d, d_real, d_fake)."""
+        phase = self.label_phase
+        with phase("D forward"):
+            with self.parts.autocast():
+                out_real = forward(self.d, real, labels).float()
+                out_fake = forward(self.d, fake.detach(), labels).float()
+            loss = self.parts.loss.d(out_real, out_fake)
+        penalty = self._penalty(real, fake, labels, mix, d_index)
+        logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
+        if penalty is not None and self.parts.scaler_d.is_enabled():
+            # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
+            # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
+            # warned about), so the log leaves that step's penalty out rather than stop the run
+            logged = torch.where(logged.isfinite(), logged, 0.0)
+        probs = self.parts.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
+        d_real = (out_real.sigmoid() if probs else out_real).mean()
+        d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
+        self.metrics.add(w * share, loss_d=loss.detach() + logged, d_real=d_real.detach(), d_fake=d_fake.detach(),
+                         penalty=logged)
+        if penalty is not None:
+            loss = loss + penalty
+        with phase("D backward"):
+            self.parts.scaler_d.scale(loss * w).backward()
+        return loss, d_real, d_fake
 
     def _penalty(self, real, fake, labels, mix, d_index: int):
         """The sum of D's penalties due at this D step (None when none is), each on D's gradient with respect to
         its input, taken through D's plain module (`losses.input_gradients`: AMP-correct, no host sync)."""
         total = None
         for penalty in self.parts.penalties:
-            if penalty.due(d_index):
-                with self.label_phase("D penalty"):
-                    grads = input_gradients(lambda x: forward(self.parts.discriminator, x, labels),
-                                            penalty.points(real, fake, mix), self.parts.autocast, self.parts.scaler_d)
-                    with self.parts.autocast():  # computed under autocast, as PyTorch's AMP recipe does
-                        term = penalty(grads).float()
-                total = term if total is None else total + term
+            if not penalty.due(d_index):
+                continue
+            with self.label_phase("D penalty"):
+                grads = input_gradients(lambda x: forward(self.parts.discriminator, x, labels),
+                                        penalty.points(real, fake, mix), self.parts.autocast, self.parts.scaler_d)
+                with self.parts.autocast():  # computed under autocast, as PyTorch's AMP recipe does
+                    term = penalty(grads).float()
+            total = term if total is None else total + term
         return total
 
     def _g_step(self, fakes, zs, ys) -> torch.Tensor:
         """One optimizer step of G through the updated D (frozen, with `freeze_d`); returns the last micro-batch's
         loss."""
-        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+        cfg, k = self.cfg, self.cfg.grad_accum_steps
         weights = [z.shape[0] / sum(z.shape[0] for z in zs) for z in zs]
         if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
             self.parts.discriminator.requires_grad_(False)
@@ -229,29 +241,34 @@ class TrainStep:
             self.parts.opt_g.zero_grad(set_to_none=True)
             for i, (zi, yi, w) in enumerate(zip(zs, ys, weights)):
                 with distributed.no_sync(self.ddp_g, skip=i < k - 1):
-                    if k == 1:
-                        fake = fakes[i]
-                    else:
-                        with phase("G forward"), self.parts.autocast():
-                            fake = forward(self.g, zi, yi)
-                    # D's share of G's step has its own labels, so a profile says where that time goes: D judges
-                    # a detached copy of the images, its backward stops at their gradient, and that gradient then
-                    # flows through G alone. The chain rule split in two: the same gradients as one backward.
-                    judged = fake.detach().requires_grad_()
-                    with phase("D forward (G step)"):
-                        with self.parts.autocast():
-                            out = forward(self.d_in_g_step, judged, yi).float()
-                        loss_g = self.parts.loss.g(out)
-                        self.metrics.add(w, loss_g=loss_g.detach())
-                    with phase("D backward (G step)"):
-                        self.parts.scaler_g.scale(loss_g * w).backward()
-                    with phase("G backward"):
-                        fake.backward(judged.grad)
-            with phase("G optimizer step"):
+                    loss_g = self._g_micro_batch(fakes[i] if k == 1 else None, zi, yi, w)
+            with self.label_phase("G optimizer step"):
                 self.parts.scaler_g.step(self.parts.opt_g)
                 self.parts.scaler_g.update()
         finally:  # also after an exception (out of memory, an interrupt): D must train again next step
             self.parts.discriminator.requires_grad_(True)
+        return loss_g
+
+    def _g_micro_batch(self, fake, z, labels, w: float) -> torch.Tensor:
+        """G's loss on one micro-batch (weight `w`), through D, added to the metric sums and backpropagated; `fake`
+        is D's step's kept one, or None to run G here. Returns the loss."""
+        phase = self.label_phase
+        if fake is None:
+            with phase("G forward"), self.parts.autocast():
+                fake = forward(self.g, z, labels)
+        # D's share of G's step has its own labels, so a profile says where that time goes: D judges
+        # a detached copy of the images, its backward stops at their gradient, and that gradient then
+        # flows through G alone. The chain rule split in two: the same gradients as one backward.
+        judged = fake.detach().requires_grad_()
+        with phase("D forward (G step)"):
+            with self.parts.autocast():
+                out = forward(self.d_in_g_step, judged, labels).float()
+            loss_g = self.parts.loss.g(out)
+            self.metrics.add(w, loss_g=loss_g.detach())
+        with phase("D backward (G step)"):
+            self.parts.scaler_g.scale(loss_g * w).backward()
+        with phase("G backward"):
+            fake.backward(judged.grad)
         return loss_g
 
     def _draw(self, sample, n: int, *shape) -> torch.Tensor:
