@@ -581,3 +581,18 @@ def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(m
             scaler.step(opt)
             scaler.update()
         assert len(reads) == syncs, impl
+
+
+def test_the_step_s_metric_sums_are_added_by_name_and_refuse_names_out_of_metrics_order():
+    from gantools.core.step import MetricSums
+
+    sums = MetricSums(torch.device("cpu"))
+    sums.add(0.5, loss_d=torch.tensor(2.0), d_real=torch.tensor(4.0), d_fake=torch.tensor(6.0),
+             penalty=torch.tensor(8.0))
+    sums.add(2.0, loss_g=torch.tensor(3.0))
+    assert dict(zip(METRICS, sums.sums.tolist())) == {"loss_d": 1.0, "d_real": 2.0, "d_fake": 3.0, "penalty": 4.0,
+                                                       "loss_g": 6.0}
+    with pytest.raises(ValueError, match="do not follow each other"):
+        sums.add(1.0, loss_d=torch.tensor(1.0), loss_g=torch.tensor(1.0))
+    sums.zero()
+    assert sums.sums.tolist() == [0.0] * len(METRICS)
