@@ -3,8 +3,9 @@ from .core.checkpoint import load_checkpoint, save_checkpoint
 from .core.config import TrainConfig, preset
 from .core.data import (DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, data_root,
                         dataset_from_config, load_glyphs, make_dataset, make_loader, render_glyphs)
+from .core.history import History
 from .core.models import Discriminator, Generator, build_dcgan, dcgan_init
-from .core.trainer import History, Trainer
+from .core.trainer import Trainer
 from .errors import (CheckpointError, ConfigError, DataError, DoctorError, GantoolsError, NonFiniteLossError,
                      OutOfMemory, QualityError)
 from .measuring.hardware import Timer, machine_info, resolve_device

@@ -78,8 +78,8 @@ def count_all_reduces(trainer: Trainer) -> dict:
             return allreduce_hook(state, bucket)
         return hook
 
-    trainer.ddp_g.register_comm_hook(None, counting("generator"))
-    trainer.ddp_d.register_comm_hook(None, counting("discriminator"))
+    trainer.stepper.ddp_g.register_comm_hook(None, counting("generator"))
+    trainer.stepper.ddp_d.register_comm_hook(None, counting("discriminator"))
     return calls
 
 
@@ -136,7 +136,7 @@ def main(out: Path, one_process_checkpoint: Path) -> None:
 
     trainer = Trainer(cfgs["dcgan"], dataset=data)
     trainer.fit()
-    results["dcgan"] = {**summary(trainer), "buffer_sync": trainer.ddp_d.broadcast_buffers}
+    results["dcgan"] = {**summary(trainer), "buffer_sync": trainer.stepper.ddp_d.broadcast_buffers}
 
     trainer = family(cfgs["family"], data)
     trainer.fit()

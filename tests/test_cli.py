@@ -98,7 +98,7 @@ def test_every_error_of_every_subcommand_is_one_message_not_a_traceback(tmp_path
     from gantools import Trainer
     from gantools.core import losses
 
-    monkeypatch.setattr(Trainer, "_train_step", lambda self, real: (_ for _ in ()).throw(
+    monkeypatch.setattr(Trainer, "train_step", lambda self, real: (_ for _ in ()).throw(
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
     args = ["--loader", "device", "--out-dir", str(tmp_path / "p"), *[a for a in TINY if a != "--quiet"]]
     assert main(["profile", "--profile-steps", "1", "--warmup", "1", *args]) == 2

@@ -42,10 +42,10 @@ def test_tune_offers_max_autotune_on_cuda_only_where_check_validated_it(tiny):
 def test_a_trainer_with_cuda_graphs_marks_each_step_and_refuses_a_background_thread(tiny, glyphs64, monkeypatch):
     trainer = Trainer(tiny.replace(steps=2, log_interval=1, sample_interval=0, checkpoint_interval=0),
                       dataset=glyphs64)
-    assert trainer.cuda_graphs is False  # a CPU never uses them
+    assert trainer.stepper.cuda_graphs is False  # a CPU never uses them
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    trainer.cuda_graphs = True  # as on a GPU with compile='max-autotune'
+    trainer.stepper.cuda_graphs = True  # as on a GPU with compile='max-autotune'
     trainer.fit(2)
     assert len(marks) == 2
     errors = []

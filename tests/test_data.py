@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 
 import gantools.core.data as gdata
+import gantools.core.batches as gbatches
 from gantools import (DataError, DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, TrainConfig, Trainer,
                       data_root, load_glyphs, make_dataset, make_loader, render_glyphs)
 
@@ -264,14 +265,14 @@ def test_workers_of_a_collected_trainer_are_shut_down_outside_the_garbage_collec
 
     trainer = Trainer(tiny.replace(num_workers=2, steps=2), dataset=glyphs64)
     trainer.fit()
-    iterator = weakref.ref(next(e for e in gdata._LIVE_WORKERS if e[1])[0])
+    iterator = weakref.ref(next(e for e in gbatches._LIVE_WORKERS if e[1])[0])
     workers = list(iterator()._workers)
     trainer.cycle = trainer  # garbage only the collector can free
     del trainer
     gc.collect()
-    assert [e[1] for e in gdata._LIVE_WORKERS if e[0] is iterator()] == [False]  # held, not torn down in gc
+    assert [e[1] for e in gbatches._LIVE_WORKERS if e[0] is iterator()] == [False]  # held, not torn down in gc
     assert all(w.is_alive() for w in workers)
-    next(iter(gdata._worker_safe(torch.utils.data.DataLoader(range(4)))))  # the next loader reaps it
+    next(iter(gbatches.worker_safe(torch.utils.data.DataLoader(range(4)))))  # the next loader reaps it
     assert iterator() is None
     for w in workers:
         w.join(timeout=5)

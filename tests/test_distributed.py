@@ -193,5 +193,6 @@ def test_without_torchrun_nothing_is_wrapped_or_initialised(tiny, glyphs64):
     assert "WORLD_SIZE" not in os.environ
     trainer = Trainer(tiny, generator=BatchFreeG(), discriminator=BatchFreeD(), dataset=glyphs64)
     assert trainer.world == distributed.World() and not trainer.world.distributed
-    assert trainer.g is trainer.generator and trainer.d is trainer.discriminator is trainer.d_in_g_step
+    step = trainer.stepper
+    assert step.g is trainer.generator and step.d is trainer.discriminator is step.d_in_g_step
     assert not torch.distributed.is_initialized()

@@ -7,8 +7,8 @@ from gantools import errors
 
 @pytest.mark.parametrize("name, old_home, builtin", [
     ("ConfigError", "core.config", ValueError), ("DataError", "core.data", RuntimeError),
-    ("CheckpointError", "core.checkpoint", RuntimeError), ("OutOfMemory", "core.trainer", RuntimeError),
-    ("NonFiniteLossError", "core.trainer", FloatingPointError), ("QualityError", "core.metrics", RuntimeError),
+    ("CheckpointError", "core.checkpoint", RuntimeError), ("OutOfMemory", "core.recovery", RuntimeError),
+    ("NonFiniteLossError", "core.recovery", FloatingPointError), ("QualityError", "core.metrics", RuntimeError),
 ])
 def test_every_user_error_shares_the_base_and_keeps_its_old_name_and_base(name, old_home, builtin):
     import importlib

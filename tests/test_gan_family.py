@@ -7,6 +7,7 @@ import torch
 
 from gantools import ConfigError, Trainer, TrainConfig
 from gantools.cli import main
+from gantools.core.batches import BatchStream
 
 from conftest import BatchFreeD, BatchFreeG, CondBatchFreeD, CondBatchFreeG, HostReads, weights
 
@@ -16,16 +17,16 @@ def test_d_steps_makes_that_many_d_steps_per_g_step_each_on_its_own_batch(tiny, 
     counts = {"d": 0, "g": 0}
     trainer.opt_d.register_step_post_hook(lambda *a: counts.__setitem__("d", counts["d"] + 1))
     trainer.opt_g.register_step_post_hook(lambda *a: counts.__setitem__("g", counts["g"] + 1))
-    seen, step = [], trainer._train_step
+    seen, step = [], trainer.train_step
 
     def watch(*batches):
         seen.append([b.clone() for b in batches])
         return step(*batches)
 
-    trainer._train_step = watch
+    trainer.train_step = watch
     history = trainer.fit()
     assert counts == {"d": 10, "g": 2} and [len(s) for s in seen] == [5, 5] and trainer.batches_seen == 10
-    expected = iter(Trainer(tiny.replace(out_dir=tiny.out_dir + "-1"), dataset=glyphs64)._batches())
+    expected = BatchStream(Trainer(tiny.replace(out_dir=tiny.out_dir + "-1"), dataset=glyphs64).loader, 0)
     for batch in (b for s in seen for b in s):  # the loader's own batches, in order, 5 per step: none skipped
         assert torch.equal(batch, next(expected))
     assert history[-1]["step"] == 2 and trainer.history[-1]["images_per_sec"] > 0  # a step is a G step
@@ -77,7 +78,7 @@ def test_a_conditional_trainer_feeds_labels_and_draws_one_row_per_class(tiny, gl
         calls.clear()
         trainer = Trainer(tiny.replace(steps=2, conditional=True, loader=loader, out_dir=f"{tiny.out_dir}-{loader}"),
                           generator=g, discriminator=d, dataset=glyphs64)
-        batches = list(zip(range(2), trainer._batches()))
+        batches = list(zip(range(2), BatchStream(trainer.loader, 0)))
         trainer.fit()
         for (_, (_, labels)), step in zip(batches, (0, 1)):  # D sees each real batch's labels (real, fake, G step)
             assert torch.equal(calls[1 + 3 * step], labels) and torch.equal(calls[2 + 3 * step], labels)
@@ -131,7 +132,7 @@ def test_no_host_sync_in_the_step_with_every_new_field_on(tiny, glyphs64):
     def reads(cfg):
         trainer = Trainer(cfg, dataset=glyphs64)
         trainer.fit(1)  # optimizer state created
-        step = trainer._train_step
+        step = trainer.train_step
 
         def watched(*batches):
             with HostReads() as host:
@@ -139,7 +140,7 @@ def test_no_host_sync_in_the_step_with_every_new_field_on(tiny, glyphs64):
             found.extend(host.reads)
 
         found = []
-        trainer._train_step = watched
+        trainer.train_step = watched
         trainer.fit(2)
         return trainer, found
 

@@ -33,7 +33,7 @@ def test_each_loss_is_its_formula():
         assert loss.g(args[1]).item() == pytest.approx(g.item(), rel=1e-6), name
     assert {n: LOSSES[n].outputs for n in LOSSES} == {
         "bce": "logits", "hinge": "scores", "bce-sigmoid": "probabilities", "lsgan": "scores", "wgan-gp": "scores"}
-    from gantools.core.trainer import d_loss, g_loss  # the names notebooks and scripts used before losses.py
+    from gantools.core.losses import d_loss, g_loss
     assert d_loss("hinge", real, fake) == LOSSES["hinge"].d(real, fake) and g_loss("bce", fake) == LOSSES["bce"].g(fake)
 
 
@@ -190,7 +190,8 @@ def test_an_fp16_style_overflow_of_the_scaled_penalty_skips_that_d_step_instead_
 
     trainer = Trainer(tiny.replace(steps=2, loss="wgan-gp"), generator=BatchFreeG(), discriminator=LoudD(),
                       dataset=glyphs64)
-    trainer.scaler_d = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # fp16 needs CUDA: the same scaler here
+    huge = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # fp16 needs CUDA: the same scaler here
+    trainer.scaler_d = trainer.stepper.parts.scaler_d = huge
     before = weights(trainer.discriminator)
     history = trainer.fit()  # no NonFiniteLossError: the inf penalty is the scaler's business
     assert all(torch.equal(before[k], v) for k, v in weights(trainer.discriminator).items())  # both steps skipped

@@ -181,7 +181,8 @@ def test_a_nan_update_never_replaces_a_good_checkpoint(tiny, glyphs64):
 
 def test_a_collapsing_grad_scaler_is_reported(tiny, glyphs64):
     trainer = Trainer(tiny.replace(steps=2, log_interval=2), dataset=glyphs64)
-    trainer.scaler_g = torch.amp.GradScaler("cpu", init_scale=2.0 ** -6)  # what fp16 overflows drive it to
+    collapsed = torch.amp.GradScaler("cpu", init_scale=2.0 ** -6)  # what fp16 overflows drive it to
+    trainer.scaler_g = trainer.stepper.parts.scaler_g = collapsed
     with pytest.warns(UserWarning, match="generator's fp16 GradScaler scale fell to 0.0156.*bf16"):
         history = trainer.fit()
     assert history[-1]["scale_g"] < 1 and history[-1]["scale_collapsed"] and "scale_d" not in history[-1]
@@ -191,7 +192,7 @@ def test_out_of_memory_is_one_clear_error_with_what_to_change(tiny, glyphs64, mo
     def oom(self, real):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    real_step = Trainer._train_step
+    real_step = Trainer.train_step
 
     def oom_in_g_step(self, real):  # D has stepped and is frozen for G's step when memory runs out
         original = self.scaler_g.scale
@@ -201,13 +202,13 @@ def test_out_of_memory_is_one_clear_error_with_what_to_change(tiny, glyphs64, mo
         finally:
             self.scaler_g.scale = original
 
-    monkeypatch.setattr(Trainer, "_train_step", oom_in_g_step)
+    monkeypatch.setattr(Trainer, "train_step", oom_in_g_step)
     trainer = Trainer(tiny, dataset=glyphs64)
     with pytest.raises(OutOfMemory, match=r"at step 1 .*batch_size \(now 16\).*grad_accum_steps=2.*bf16"):
         trainer.fit()
     assert all(p.requires_grad for p in trainer.discriminator.parameters())  # D trains again after the error
     assert all(p.grad is None for p in trainer.generator.parameters())  # the half step's gradients are freed
-    monkeypatch.setattr(Trainer, "_train_step", oom)
+    monkeypatch.setattr(Trainer, "train_step", oom)
     assert main(["train", "--steps", "2", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8",
                  "--batch-size", "16", "--out-dir", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -240,11 +241,11 @@ def test_an_allocation_failure_torch_raises_as_a_plain_error_is_out_of_memory_in
         return step
 
     trainer = Trainer(tiny, dataset=glyphs64)
-    monkeypatch.setattr(Trainer, "_train_step", fails("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED"))
+    monkeypatch.setattr(Trainer, "train_step", fails("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED"))
     with pytest.raises(OutOfMemory, match=r"at step 1 .*batch_size \(now 16\).*Detail: cuDNN error: "
                                           r"CUDNN_STATUS_NOT_INITIALIZED"):
         trainer.fit()
-    monkeypatch.setattr(Trainer, "_train_step", fails("mat1 and mat2 shapes cannot be multiplied"))
+    monkeypatch.setattr(Trainer, "train_step", fails("mat1 and mat2 shapes cannot be multiplied"))
     with pytest.raises(RuntimeError, match="mat1") as raised:  # any other error is left as it is
         trainer.fit()
     assert not isinstance(raised.value, OutOfMemory)

@@ -8,7 +8,7 @@ from torch import nn
 
 from gantools import (CheckpointError, ConfigError, ImageTensorDataset, NonFiniteLossError, Trainer,
                       load_checkpoint, preset, save_checkpoint)
-from gantools.core.trainer import METRICS
+from gantools.core.history import METRICS
 
 from conftest import PRECISIONS, BatchFreeD, BatchFreeG, cuda_only, weights
 
@@ -501,7 +501,7 @@ def test_reduce_overhead_marks_each_step_and_refuses_a_background_thread(tiny, g
     trainer = Trainer(tiny.replace(grad_accum_steps=2), dataset=glyphs64)
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(trainer.step))
-    trainer.cuda_graphs = True  # as on a GPU with compile='reduce-overhead' (CUDA graphs cannot run on a CPU)
+    trainer.stepper.cuda_graphs = True  # as on a GPU with compile='reduce-overhead' (CUDA graphs cannot run on a CPU)
     trainer.fit(3)
     assert marks == [0, 1, 2]  # one generation per step, accumulation's micro-batches included
     errors = []
@@ -583,3 +583,18 @@ def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(m
             scaler.step(opt)
             scaler.update()
         assert len(reads) == syncs, impl
+
+
+def test_the_step_s_metric_sums_are_added_by_name_and_refuse_names_out_of_metrics_order():
+    from gantools.core.step import MetricSums
+
+    sums = MetricSums(torch.device("cpu"))
+    sums.add(0.5, loss_d=torch.tensor(2.0), d_real=torch.tensor(4.0), d_fake=torch.tensor(6.0),
+             penalty=torch.tensor(8.0))
+    sums.add(2.0, loss_g=torch.tensor(3.0))
+    assert dict(zip(METRICS, sums.sums.tolist())) == {"loss_d": 1.0, "d_real": 2.0, "d_fake": 3.0, "penalty": 4.0,
+                                                       "loss_g": 6.0}
+    with pytest.raises(ValueError, match="do not follow each other"):
+        sums.add(1.0, loss_d=torch.tensor(1.0), loss_g=torch.tensor(1.0))
+    sums.zero()
+    assert sums.sums.tolist() == [0.0] * len(METRICS)

@@ -86,3 +86,38 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if missing:
         raise CheckpointError(f"{path} is not a gantools checkpoint (missing: {', '.join(missing)})")
     return state
+
+
+def load_parts(parts: dict, state: dict) -> str | None:
+    """Load a checkpoint's networks, optimizers, scalers and EMA generator into `parts` (a run's own, by checkpoint
+    key: `StepParts.stateful`), in place.
+
+    Args:
+        parts: the run's parts by checkpoint key; "ema" only when the run keeps an EMA generator.
+        state: the loaded checkpoint.
+
+    Returns:
+        a warning to show when the checkpoint has no EMA generator for a run that keeps one (its average starts
+        afresh), else None.
+    """
+    try:
+        parts["generator"].load_state_dict(state["generator"])
+        parts["discriminator"].load_state_dict(state["discriminator"])
+    except RuntimeError as e:
+        raise ConfigError(f"the checkpoint's networks do not match this config's (image_size, channels, nz, "
+                          f"ngf, ndf or your own modules differ): {str(e).splitlines()[0]}") from e
+    for key in ("opt_g", "opt_d", "scaler_g", "scaler_d"):
+        parts[key].load_state_dict(state[key])
+    ema = parts.get("ema")
+    if ema is None:
+        return None
+    if "ema" not in state:
+        ema.reset()
+        return (f"the checkpoint has no EMA generator (it was trained without ema_decay): the average starts "
+                f"now, from the generator of step {state['step']}")
+    try:
+        ema.load_state_dict(state["ema"])
+    except RuntimeError as e:
+        raise ConfigError(f"the checkpoint's EMA generator does not match this config's generator: "
+                          f"{str(e).splitlines()[0]}") from e
+    return None

@@ -9,15 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
 
-from . import distributed
-from ..measuring import hardware
 from ..errors import ConfigError
+from .validation import value_problems
 
 __all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags", "differences",
            "discriminator_norm", "knobs", "preset", "scale_batch", "speed_knobs"]
@@ -262,7 +260,7 @@ class TrainConfig:
         """Raise one ConfigError listing every impossible value or combination, before any work starts."""
         problems = _type_problems(self)
         if not problems:  # value checks assume the types are right
-            problems = _value_problems(self)
+            problems = value_problems(self)
         if problems:
             raise ConfigError("invalid TrainConfig:\n  - " + "\n  - ".join(problems))
         return self
@@ -334,8 +332,8 @@ def speed_knobs() -> tuple[str, ...]:
 def scale_batch(cfg: TrainConfig, batch_size: int) -> TrainConfig:
     """`cfg` with another batch size and both learning rates scaled by the square root of the batch ratio, the usual
     rule for Adam (linear is SGD's). A bigger batch means fewer optimizer steps for the same images, so this changes
-    what a run learns per image: on glyphs, batch x2 with lr x sqrt 2 had 2.78x the reference's FID at an equal
-    image budget (README, the benchmark's max-throughput row). Compare quality before keeping it."""
+    what a run learns per image, and the square-root rule does not make up for it (evidence: docs/benchmark.md, the
+    max-throughput row). Compare quality before keeping it."""
     ratio = batch_size / cfg.batch_size
     return cfg.replace(batch_size=batch_size, lr_g=cfg.lr_g * math.sqrt(ratio), lr_d=cfg.lr_d * math.sqrt(ratio))
 
@@ -356,167 +354,5 @@ def differences(cfg: TrainConfig, base: TrainConfig | None = None) -> dict[str, 
             if getattr(cfg, name) != getattr(base, name)}
 
 
-def _default(name: str):
-    """A field's default value (what leaving it out gives)."""
-    return getattr(TrainConfig(), name)
-
-
 def _type_problems(cfg: TrainConfig) -> list[str]:
     return [p for name, knob in knobs().items() if (p := knob.type_problem(name, getattr(cfg, name)))]
-
-
-def _value_problems(c: TrainConfig) -> list[str]:
-    p = []
-
-    def choice(name):
-        allowed = knobs()[name].choices
-        if getattr(c, name) not in allowed:
-            p.append(f"{name}={getattr(c, name)!r}: choose one of {', '.join(map(str, allowed))}")
-            return False
-        return True
-
-    def at_least(name, low):
-        if getattr(c, name) < low:
-            p.append(f"{name}={getattr(c, name)}: must be >= {low}")
-            return False
-        return True
-
-    def finite_at_least(name, low):
-        if not math.isfinite(getattr(c, name)):
-            p.append(f"{name}={getattr(c, name)}: must be a finite number")
-            return False
-        return at_least(name, low)
-
-    # device
-    device = None
-    world = distributed.world()
-    try:
-        device = distributed.device(c.device, world)
-        if device.type not in ("cpu", "cuda"):
-            p.append(f"device={c.device!r}: gantools runs on cpu or cuda")
-            device = None
-        elif device.type == "cuda" and not torch.cuda.is_available():
-            p.append(f"device={c.device!r}: no CUDA GPU is visible to PyTorch; use device='cpu' (or 'auto')")
-            device = None
-        elif device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            p.append(f"device={c.device!r}: only {torch.cuda.device_count()} GPU(s) visible" +
-                     (f" on this machine, but torchrun started process LOCAL_RANK={world.local_rank} here: "
-                      f"--nproc_per_node must not exceed the GPUs per machine" if c.device in ("auto", "cuda") else ""))
-            device = None
-        elif world.distributed and device.type == "cuda" and c.device not in ("auto", "cuda"):
-            p.append(f"device={c.device!r} would put every torchrun process on one GPU: use device='cuda' (or "
-                     f"'auto'), and each process takes its own, cuda:LOCAL_RANK")
-            device = None
-    except RuntimeError:
-        p.append(f"device={c.device!r}: not a device name; use auto, cpu, cuda or cuda:N")
-
-    # data
-    if choice("dataset") and c.dataset == "folder":
-        if not c.data_path:
-            p.append("dataset='folder' needs data_path (a folder of image files)")
-        elif not os.path.isdir(c.data_path):
-            p.append(f"data_path={c.data_path!r}: no such folder")
-    elif c.data_path:
-        p.append(f"data_path is only used with dataset='folder' (dataset={c.dataset!r}); remove it")
-    if c.dataset == "glyphs-color" and c.channels != 3:
-        p.append("dataset='glyphs-color' is 3-channel: set channels=3")
-    choice("image_size")
-    choice("channels")
-    if choice("loader") and c.loader == "device":
-        if c.transform == "per-sample":
-            p.append("loader='device' keeps uint8 images on the device: use transform='on-device'")
-        if c.num_workers or c.pin_memory or c.persistent_workers or c.prefetch_factor is not None:
-            p.append("num_workers, pin_memory, persistent_workers and prefetch_factor are DataLoader knobs; "
-                     "with loader='device' set them to 0/False/None")
-        if c.dataset == "folder":
-            p.append("loader='device' needs the whole dataset decoded in memory; dataset='folder' streams "
-                     "files: use loader='dataloader'")
-    choice("transform")
-    if at_least("num_workers", 0) and c.num_workers == 0:
-        if c.persistent_workers:
-            p.append("persistent_workers=True needs num_workers > 0")
-        if c.prefetch_factor is not None:
-            p.append("prefetch_factor needs num_workers > 0 (or leave it None)")
-    if c.prefetch_factor is not None:
-        at_least("prefetch_factor", 1)
-    if c.pin_memory and device is not None and device.type != "cuda":
-        p.append("pin_memory=True only helps copies to a GPU; set it False on the CPU")
-    # model
-    at_least("nz", 1)
-    at_least("ngf", 1)
-    at_least("ndf", 1)
-    if choice("d_norm") and c.d_norm == "batch" and (c.loss == "wgan-gp" or c.r1_gamma > 0):
-        p.append("d_norm='batch' with a gradient penalty (loss='wgan-gp' or r1_gamma > 0): BatchNorm mixes the "
-                 "images of a batch, so no image's input gradient is its own; use d_norm='layer' (or 'none', or "
-                 "'auto')")
-    # schedule
-    ok_b = at_least("batch_size", 1)
-    ok_k = at_least("grad_accum_steps", 1)
-    parts = world.size * c.grad_accum_steps if ok_k else 1
-    if ok_b and ok_k and c.batch_size % parts:
-        fix = f"try batch_size={parts * max(1, c.batch_size // parts)}"
-        if world.distributed:
-            micro = f", each in grad_accum_steps={c.grad_accum_steps} micro-batches" if c.grad_accum_steps > 1 else ""
-            p.append(f"batch_size={c.batch_size} is the global batch, shared by the {world.size} processes torchrun "
-                     f"started{micro}: it must be divisible by {parts} so every process gets an equal share ({fix}, "
-                     f"or a --nproc_per_node that divides it)")
-        else:
-            p.append(f"batch_size={c.batch_size} is not divisible by grad_accum_steps={c.grad_accum_steps}: "
-                     f"each micro-batch must have the same size ({fix})")
-    if ok_b and ok_k and parts > 1 and not c.drop_last:
-        p.append("grad_accum_steps > 1 and torchrun need drop_last=True so every batch splits into equal parts")
-    at_least("steps", 1)
-    # numerics
-    if choice("precision") and device is not None:
-        if c.precision == "fp16" and device.type == "cpu":
-            p.append("precision='fp16' needs a CUDA GPU (GradScaler and fast fp16 kernels); on the CPU use 'bf16'")
-        if c.precision == "bf16" and not hardware.supports_bf16(device):
-            p.append("precision='bf16' is not supported on this GPU (needs Ampere or newer); use 'fp16'")
-    if c.sync_batchnorm and device is not None and device.type != "cuda":
-        p.append("sync_batchnorm=True needs CUDA GPUs (PyTorch's SyncBatchNorm runs on NCCL, not on the CPU): "
-                 "set it False (each process then normalises over its own share of the batch)")
-    if choice("compile") and c.compile == "reduce-overhead" and device is not None and device.type != "cuda":
-        p.append("compile='reduce-overhead' uses CUDA graphs: on the CPU use compile='default'")
-    # optimisation
-    choice("optimizer")
-    choice("optimizer_impl")
-    for name in ("lr_g", "lr_d"):
-        v = getattr(c, name)
-        if not (math.isfinite(v) and v > 0):
-            p.append(f"{name}={v}: must be a positive number (DCGAN uses 2e-4)")
-    if not all(0 <= b < 1 for b in c.betas):
-        p.append(f"betas={tuple(c.betas)}: each beta must be in [0, 1)")
-    if not (math.isfinite(c.weight_decay) and c.weight_decay >= 0):
-        p.append(f"weight_decay={c.weight_decay}: must be >= 0")
-    if choice("loss") and c.loss == "bce-sigmoid" and c.precision != "fp32":
-        p.append("loss='bce-sigmoid' (Sigmoid + BCELoss) is unsafe under autocast: use loss='bce' "
-                 "(BCE with logits) with fp16/bf16")
-    # the GAN family
-    if finite_at_least("gp_weight", 0):
-        if c.loss == "wgan-gp" and c.gp_weight == 0:
-            p.append("loss='wgan-gp' with gp_weight=0 has nothing keeping the critic 1-Lipschitz, so its loss is no "
-                     "distance and training diverges: use gp_weight > 0 (10 in the paper)")
-        elif c.loss != "wgan-gp" and c.gp_weight != _default("gp_weight"):
-            p.append(f"gp_weight is only used with loss='wgan-gp' (loss={c.loss!r}); remove it")
-    if finite_at_least("r1_gamma", 0) and at_least("r1_interval", 1):
-        if c.r1_gamma == 0 and c.r1_interval != 1:
-            p.append("r1_interval sets how often R1 runs, but R1 is off (r1_gamma=0): set r1_gamma > 0, or remove "
-                     "r1_interval")
-        if c.r1_gamma > 0 and c.loss == "bce-sigmoid":
-            p.append("r1_gamma penalises the gradient of D's raw output, but loss='bce-sigmoid' squashes it through a "
-                     "Sigmoid: use loss='bce' (BCE with logits)")
-    at_least("d_steps", 1)
-    if not (math.isfinite(c.ema_decay) and 0 <= c.ema_decay < 1):
-        p.append(f"ema_decay={c.ema_decay}: must be in [0, 1) (0: off; 0.999 averages over about the last 1000 "
-                 "steps)")
-    if c.conditional and c.loss == "bce-sigmoid":
-        p.append("conditional=True adds a projection of the label to D's logit, but loss='bce-sigmoid' puts a "
-                 "Sigmoid after it: use loss='bce' (BCE with logits)")
-    # output
-    at_least("log_interval", 1)
-    at_least("sample_interval", 0)
-    at_least("checkpoint_interval", 0)
-    at_least("max_skips", 1)
-    if not c.out_dir:
-        p.append("out_dir is empty: give a folder for samples and checkpoints")
-    return p

@@ -1,13 +1,9 @@
 """Datasets and the two loader paths. Datasets live here, not in notebooks, so DataLoader workers can import them
-under spawn/forkserver.
-
-Every dataset yields `(image, label)`. With `transform="on-device"` the image is a uint8 (C, H, W) tensor and the
-whole batch is normalised on the device; with `transform="per-sample"` it is a normalised float tensor made by PIL
-and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does.
-"""
+under spawn/forkserver. Every dataset yields `(image, label)`. With `transform="on-device"` the image is a uint8
+(C, H, W) tensor and the whole batch is normalised on the device; with `transform="per-sample"` it is a normalised
+float tensor made by PIL and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does."""
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
 from pathlib import Path
@@ -20,6 +16,7 @@ from .checkpoint import atomic_save
 from .distributed import World
 from ..errors import ConfigError, DataError, OutOfMemory
 from .recovery import is_out_of_memory
+from .batches import worker_safe
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -175,24 +172,12 @@ class ImageFolderDataset(Dataset):
         self[0]  # fail now, not inside a worker, if the first image cannot be decoded
 
     def _check_files(self) -> None:
-        """Every file must be an image PIL can parse (PIL's verify: corrupt, truncated PNGs, a text file named
-        .png), and a JPEG must end with its end-of-image marker (verify does not read JPEG data), so bad files are
-        reported now, all of them at once, not from inside a worker mid-run. Far cheaper than decoding them all."""
-        from PIL import Image
-
+        """Every file must be a readable image (`_check_image`), so bad files are reported now, all of them at once,
+        not from inside a worker mid-run. Far cheaper than decoding them all."""
         bad = []
         for path in self.files:
             try:
-                with Image.open(path) as f:
-                    jpeg = f.format == "JPEG"
-                    f.verify()
-                if jpeg:
-                    with open(path, "rb") as f:
-                        f.seek(max(0, path.stat().st_size - 64))
-                        marker = b"\xff\xd9" in f.read()
-                    if not marker:  # missing end marker: truncated, or trailing data; decoding decides
-                        with Image.open(path) as f:
-                            f.load()
+                _check_image(path)
             except Exception as e:  # PIL raises many types for broken files
                 bad.append(f"{path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'})")
         if bad:
@@ -216,6 +201,24 @@ class ImageFolderDataset(Dataset):
         array = np.asarray(self._crop(image), np.uint8)
         array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
         return torch.from_numpy(array.copy()), self.labels[i]
+
+
+def _check_image(path: Path) -> None:
+    """Raise unless `path` is an image PIL can parse (PIL's verify: corrupt, truncated PNGs, a text file named .png);
+    a JPEG must also end with its end-of-image marker (verify does not read JPEG data), or else decode."""
+    from PIL import Image
+
+    with Image.open(path) as f:
+        jpeg = f.format == "JPEG"
+        f.verify()
+    if not jpeg:
+        return
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 64))
+        marker = b"\xff\xd9" in f.read()
+    if not marker:  # missing end marker: truncated, or trailing data; decoding decides
+        with Image.open(path) as f:
+            f.load()
 
 
 def _fit_images(images: torch.Tensor, image_size: int, channels: int) -> torch.Tensor:
@@ -311,11 +314,10 @@ class EpochBatchSampler(Sampler):
     """Shuffled batches whose order depends only on (seed, epoch), and which can start mid-epoch: that is what
     lets a resumed run see exactly the batches an uninterrupted run would.
 
-    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch. This is what
-    DistributedSampler with set_epoch does (a disjoint share of every epoch per rank, reshuffled per epoch from a
-    seed all ranks share), but batch-aligned and in the single-process order: DistributedSampler draws its own
-    permutation, strides it across ranks and cannot start mid-epoch, so N processes would not train on the batches
-    one process trains on, and a checkpoint could not resume at its batch under another process count."""
+    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch: DistributedSampler's
+    disjoint share of every epoch per rank, but batch-aligned and in the single-process order (DistributedSampler
+    strides its own permutation across ranks and cannot start mid-epoch), so N processes train on the batches one
+    process trains on, and a checkpoint resumes at its batch under any process count."""
 
     def __init__(self, n: int, batch_size: int, seed: int = 0, drop_last: bool = True, rank: int = 0,
                  world_size: int = 1):
@@ -348,15 +350,12 @@ class EpochBatchSampler(Sampler):
 def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
                   channels_last: bool = False, world: World = World(),
                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Batch to the device, uint8 -> [-1, 1] there (4x less to copy than floats), flipped and laid out there.
-    Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None). Under torchrun
-    they are drawn for the whole global batch and each rank keeps its slice: the same flips, and the same RNG use,
-    as one process.
-
-    `non_blocking=True` makes the copy asynchronous only from pinned (page-locked) host memory; from pageable
-    memory the copy first waits for the work already queued on the GPU (PyTorch tutorial "A guide on good usage
-    of non_blocking and pin_memory()", pytorch.org/tutorials/intermediate/pinmem_nonblock.html). That is why a
-    DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
+    """Batch to the device, uint8 -> [-1, 1] there (a quarter of the bytes of floats to copy), flipped and laid out
+    there. Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None); under torchrun
+    for the whole global batch, each rank keeping its slice: the same flips, and RNG use, as one process.
+    `non_blocking=True` makes the copy asynchronous only from pinned host memory; from pageable memory it first
+    waits for the work queued on the GPU (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()"),
+    which is why a DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
     x = images.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         x = x.float().div_(127.5).sub_(1.0)
@@ -396,50 +395,10 @@ class HostLoader:
         self.sampler.set_position(epoch, batch)
 
     def __iter__(self):
-        for batch in _worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
+        for batch in worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
             images = batch[0] if isinstance(batch, (tuple, list)) else batch
             x = prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
             yield (x, torch.as_tensor(batch[1]).to(self.device, non_blocking=True)) if self.labels else x
-
-
-# -- DataLoader workers shut down outside the garbage collector ----------------------------------------------------
-# A DataLoader iterator with workers that becomes garbage inside a reference cycle (a Trainer dropped in a notebook
-# or a test) is collected by `gc`, which first runs the weakref callbacks of its multiprocessing queues: they stop the
-# queues' feeder threads, so the iterator's own shutdown, run just after, can no longer send its workers the stop
-# signal and waits 5 s per worker for them to time out (measured: 10 s for 2 workers). So every live iterator is held
-# here (never garbage), and one whose consumer was collected is shut down by the next loader that starts, outside
-# the collector, in milliseconds.
-_LIVE_WORKERS: list = []   # [iterator, still consumed?]
-_COLLECTING = [False]
-
-
-def _note_collection(phase: str, info: dict) -> None:
-    _COLLECTING[0] = phase == "start"
-
-
-def _watch_collections() -> None:
-    """Follow the garbage collector from the first loader with workers on, not from import: importing gantools
-    changes nothing global."""
-    if _note_collection not in gc.callbacks:
-        gc.callbacks.append(_note_collection)
-
-
-def _worker_safe(loader: DataLoader):
-    """Iterate `loader`; with workers, keep its iterator out of the garbage collector's reach (see above)."""
-    _LIVE_WORKERS[:] = [entry for entry in _LIVE_WORKERS if entry[1]]  # dropped here: shut down by refcount, now
-    it = iter(loader)
-    if not loader.num_workers:
-        yield from it
-        return
-    _watch_collections()
-    entry = [it, True]
-    _LIVE_WORKERS.append(entry)
-    try:
-        yield from it
-    finally:
-        entry[1] = False
-        if not _COLLECTING[0]:  # closed or finished in plain code: let it go now
-            _LIVE_WORKERS.remove(entry)
 
 
 class DeviceLoader:
@@ -487,17 +446,13 @@ class DeviceLoader:
 
 def make_loader(dataset: Dataset, cfg, device, world: World = World(),
                 generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
-    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share.
+    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share;
+    with `cfg.conditional` every batch is an (images, labels) pair, else the images alone.
     `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA from the CPU: only then is the
-    non-blocking copy asynchronous (see `prepare_batch`); pinning is pointless for the CPU (and refused by validation
-    when asked), and impossible for a dataset whose tensors are already on the GPU (`returns_cpu_tensors`): the
-    DataLoader pins every tensor of a batch (torch/utils/data/_utils/pin_memory.py: `data.pin_memory()`), and
-    pinning a CUDA tensor raises "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned". Such a
-    dataset gets no workers either: its __getitem__ would use CUDA in a worker forked (Linux's default) from a
-    process that already did, which the CUDA runtime does not support (PyTorch docs, notes/multiprocessing, "CUDA in
-    multiprocessing"; torch.cuda's lazy init raises "Cannot re-initialize CUDA in forked subprocess"). Asking for
-    either is one ConfigError here, before training.
-    With `cfg.conditional` every batch is an (images, labels) pair, else the images alone."""
+    non-blocking copy asynchronous (see `prepare_batch`). A dataset whose tensors are already on the GPU
+    (`returns_cpu_tensors`) can be neither pinned (the DataLoader pins every tensor of a batch, and a CUDA tensor
+    cannot be) nor read in workers (forked from a process that already used CUDA, which the CUDA runtime does not
+    support: PyTorch docs, notes/multiprocessing); asking for either is one ConfigError here, before training."""
     common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
                   world=world, generator=generator, labels=cfg.conditional)
     if cfg.loader == "device":

@@ -96,20 +96,14 @@ def wrap(module: nn.Module, dev: torch.device, where: World) -> nn.Module:
     """DistributedDataParallel around a network (it broadcasts rank 0's weights now and averages gradients in
     every backward); the network itself alone.
 
-    No buffer sync in the forward (`broadcast_buffers=False`): each rank keeps its own BatchNorm running
-    statistics, and rank 0's go into the checkpoint. With DDP's default every forward first copies rank 0's buffers
-    into every rank, in place; a GAN calls D twice (real, then fake) before one backward, so the second forward's
-    copy modifies statistics the first forward's graph still needs, and on CUDA the backward fails with "one of
-    the variables needed for gradient computation has been modified by an inplace operation"
-    (pytorch/pytorch#175024: exactly this GAN pattern, NCCL, torch >= 2.6; a fix was proposed in #175851, which
-    the torch 2.11 our users have cannot be assumed to hold. The maintainers' advice in #110363:
-    broadcast_buffers=False, or SyncBatchNorm). On CPU with gloo the same pattern passes (tests/test_distributed.py
-    ran it with the default), so no CPU test can show this failure. SyncBatchNorm (`sync_batchnorm=True`) stays
-    an option on CUDA, at one collective per BatchNorm layer per forward and backward. No broadcast is needed at
-    the start either (DDP skips the buffers there with broadcast_buffers=False since torch 2.1, #111138): every
-    rank builds the same networks from the same seed, or loads the same checkpoint. Newer torch splits the flag
-    (#178054): `forward_sync_buffers=False` turns off the per-forward copy alone and deprecates
-    `broadcast_buffers`, so it is used where it exists."""
+    No buffer sync in the forward: each rank keeps its own BatchNorm running statistics, and rank 0's go into the
+    checkpoint. DDP's default copies rank 0's buffers into every rank, in place, before every forward; a GAN calls D
+    twice (real, then fake) before one backward, so the second copy modifies statistics the first forward's graph
+    still needs, and on CUDA that backward fails ("modified by an inplace operation"; gloo on a CPU lets it pass, so
+    no CPU test can show it). Every rank builds the same networks from the same seed, or loads the same checkpoint,
+    so no broadcast is needed at the start either. Where this torch has `forward_sync_buffers`, it turns off the
+    per-forward copy alone; else `broadcast_buffers=False`. `sync_batchnorm` (CUDA) shares the statistics instead.
+    Evidence: docs/torchrun.md."""
     if not where.distributed:
         return module
     import inspect

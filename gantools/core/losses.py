@@ -1,4 +1,4 @@
-"""The GAN losses and D's regularisers, one small object each, so the step (`step.TrainStep._train_step`) stays one
+"""The GAN losses and D's regularisers, one small object each, so the step (`step.TrainStep.__call__`) stays one
 readable loop.
 
 A loss (`LOSSES[name]`) gives D's loss from its outputs on real and fake images and G's loss from its outputs on
@@ -114,7 +114,7 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
     compiled penalty would not train D at all); and not DistributedDataParallel's wrapper, whose
     documentation says it does not work with `torch.autograd.grad()`: the gradient here is taken with respect to
     the input only, which fires none of DDP's parameter hooks, and the penalty then joins D's loss in the one
-    backward that DDP all-reduces (see `step.TrainStep._train_step`).
+    backward that DDP all-reduces (see `step.TrainStep.__call__`).
 
     Mixed precision follows PyTorch's AMP examples, "Gradient penalty" (docs.pytorch.org/docs/stable/notes/
     amp_examples.html): D's forward runs under autocast; with fp16 the output is scaled by the GradScaler before

@@ -25,7 +25,7 @@ from ..measuring.hardware import resolve_device, seeded
 from ..quick import QUICK
 
 CLASSIFIER_VERSION = 1
-MIN_SAMPLES = 2048
+MIN_SAMPLES = 2048  # FID's default sample count, and the fewest it is trusted from (docs/benchmark.md)
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's FID Inception (TF port)
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
 
@@ -107,7 +107,7 @@ def _accuracy(model: Classifier, images: torch.Tensor, labels: torch.Tensor, dev
 def load_classifier(dataset: str = "glyphs", image_size: int = 32, channels: int = 1, root=None, device="auto",
                     max_steps: int = 1500, batch_size: int = 128, verbose: bool = True) -> tuple[Classifier, float]:
     """The feature classifier for a dataset and size, and its test accuracy: loaded from the cache under
-    data/classifiers (`weights_only=True`), or trained on the training split (about a minute on a 2-core CPU)."""
+    data/classifiers (`weights_only=True`), or trained on the training split once (the slow part of a first score)."""
     device = resolve_device(device)
     path = _path(dataset, image_size, channels, root)
     train = make_dataset(dataset, image_size, channels, "train", root)

@@ -1,7 +1,8 @@
-"""One training step of a GAN, in one readable loop: D's steps, then G's. `TrainStep` is `Trainer`'s base class, in a
-module of its own so the step reads on one screen; each technique is a line of it (autocast, the scalers,
-accumulation's micro-batches, `no_sync`, `freeze_d`, the CUDA-graph mark), and losses, penalties and the EMA are
-small objects it calls (losses.py, ema.py).
+"""One training step of a GAN, in one readable loop: D's steps, then G's. `TrainStep` is an object the `Trainer`
+builds and owns, given everything the step works on (the networks, optimizers, scalers, autocast, loss, penalties,
+EMA, random generator and metric sums), so the step reads on one screen; each technique is a line of it (autocast,
+the scalers, accumulation's micro-batches, `no_sync`, `freeze_d`, the CUDA-graph mark), and losses, penalties and the
+EMA are small objects it calls (losses.py, ema.py).
 
 GradScaler policy (fp16): one scaler per network. D and G are stepped at different moments with losses and
 gradients of very different sizes; with its own scaler each network's scale follows its own overflows, and
@@ -30,47 +31,126 @@ under `no_sync()`, so gradients are all-reduced once per optimizer step. Only ra
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
+from torch import nn
 
 from . import distributed
+from .history import METRICS
 from .losses import input_gradients
 from .network_checks import forward
+from .recovery import Rollback
+
+
+class MetricSums:
+    """The step's running sums of `METRICS` on the device, added by name and read once per log interval: the step
+    never reads them back to the host."""
+
+    def __init__(self, device: torch.device):
+        self.sums = torch.zeros(len(METRICS), device=device)
+
+    def add(self, weight, **values: torch.Tensor) -> None:
+        """Add each named value times `weight`. The names must follow each other in `METRICS`, so they are added
+        as one slice, one kernel.
+
+        Args:
+            weight: the share of the step these values stand for (a float).
+            **values: 0-d tensors on the device, by metric name.
+        """
+        first = METRICS.index(next(iter(values)))
+        if tuple(values) != METRICS[first:first + len(values)]:
+            raise ValueError(f"metrics {tuple(values)} do not follow each other in {METRICS}")
+        self.sums[first:first + len(values)] += torch.stack(list(values.values())) * weight
+
+    def zero(self) -> None:
+        self.sums.zero_()
+
+
+@dataclass(kw_only=True)
+class StepParts:
+    """What the step works on, all built by the Trainer: the plain networks, their optimizers and GradScalers, the
+    autocast context, the loss, D's penalties, the EMA of G (or None), this run's random generator, the process
+    (`world`) and its device."""
+
+    generator: nn.Module
+    discriminator: nn.Module
+    opt_g: torch.optim.Optimizer
+    opt_d: torch.optim.Optimizer
+    scaler_g: torch.amp.GradScaler
+    scaler_d: torch.amp.GradScaler
+    autocast: Callable
+    loss: object
+    penalties: list = field(default_factory=list)
+    ema: object = None
+    rng: torch.Generator
+    world: distributed.World
+    device: torch.device
+
+    def stateful(self) -> dict:
+        """The parts a checkpoint saves and a rollback restores, by checkpoint key (the EMA only when kept)."""
+        return {"generator": self.generator, "discriminator": self.discriminator, "opt_g": self.opt_g,
+                "opt_d": self.opt_d, "scaler_g": self.scaler_g, "scaler_d": self.scaler_d,
+                **({"ema": self.ema} if self.ema is not None else {})}
 
 
 class TrainStep:
-    """The step of `Trainer` (its base class). It works on the trainer's networks (`g`, `d`, `d_in_g_step` as the step
-    calls them; `generator`, `discriminator` themselves), optimizers, scalers, `autocast`, `loss`, `penalties`,
-    `ema`, its random generator `rng` and the metric sums on the device; it never reads a value back to the host,
-    except with `sync_every_step` (the tutorial's way) and with fp16 and an optimizer that is not fused (an explicit
-    optimizer_impl 'for-loop' or 'foreach'): GradScaler.step then reads found_inf back once per optimizer step
-    (`config.optimizer_kernels`, which makes 'auto' fused for fp16 on CUDA, says why)."""
+    """One training step on the parts it is given (`StepParts`). It calls the networks as `g`, `d` and
+    `d_in_g_step`: DDP-wrapped under torchrun (`ddp_g`, `ddp_d`, for `no_sync`), then compiled with `compiled`. It
+    never reads a value back to the host, except with `sync_every_step` (the tutorial's way) and with fp16 and an
+    optimizer that is not fused (an explicit optimizer_impl 'for-loop' or 'foreach'): GradScaler.step then reads
+    found_inf back once per optimizer step (`config.optimizer_kernels`, which makes 'auto' fused for fp16 on CUDA,
+    says why)."""
 
-    def _train_step(self, *batches) -> None:
+    def __init__(self, cfg, parts: StepParts, *, compiled: Callable, cuda_graphs: bool, metrics: MetricSums,
+                 step_values: list, phase: Callable):
+        """
+        Args:
+            cfg: the run's TrainConfig.
+            parts: the networks, optimizers, scalers and the rest the step works on.
+            compiled: module -> the module as the step calls it (torch.compile, or the module itself).
+            cuda_graphs: mark each step's start as a new CUDA-graph generation.
+            metrics: the sums each step adds its losses and D's outputs to.
+            step_values: filled with each step's values with `sync_every_step`.
+            phase: name -> a context manager each phase of the step runs in (profiling labels them).
+        """
+        self.cfg, self.parts, self.cuda_graphs = cfg, parts, cuda_graphs
+        self.metrics, self.step_values, self.label_phase = metrics, step_values, phase
+        self.ddp_g = distributed.wrap(parts.generator, parts.device, parts.world)
+        self.ddp_d = distributed.wrap(parts.discriminator, parts.device, parts.world)
+        self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
+        self.d_in_g_step = compiled(parts.discriminator) if parts.world.distributed else self.d
+
+    def __call__(self, *batches, first_d_index: int) -> None:
         """One optimizer step of G after one of D per batch (`d_steps` of them in training, each batch its own
         real images, or (images, labels) for a conditional run). No host sync here: metrics stay on the device
         (fp16 with a non-fused optimizer aside: see the class docstring).
-        Under torchrun each batch is this rank's share; noise is drawn for the whole batch and sliced the same way."""
+        Under torchrun each batch is this rank's share; noise is drawn for the whole batch and sliced the same way.
+
+        Args:
+            *batches: one real batch per D step.
+            first_d_index: how many D steps the run made before this step (lazy penalties count them).
+        """
         cfg, phase = self.cfg, self.label_phase
         if self.cuda_graphs:
             # One CUDA-graph generation per training step. Without the mark, CUDA Graph Trees start a new generation
             # at any compiled call made with no backward pending (torch.compiler.cudagraph_mark_step_begin docs), and
             # a new generation overwrites the outputs of the last: with accumulation G runs under no_grad, and D's
             # next call would overwrite the images it is about to judge ("accessing tensor output of CUDAGraphs
-            # that has been overwritten by a subsequent run", pytorch/pytorch#122192, #160281). Once marked, only
-            # the mark starts a generation (MarkStepBox in torch/_inductor/cudagraph_trees.py), so G, D and their
-            # backwards all share the step's generation (the d_steps D steps too, like micro-batches), and nothing
-            # is kept across steps: the losses are copied out of the graphs' outputs by eager ops (the loss objects,
-            # the metric sums) within the step.
+            # that has been overwritten by a subsequent run"). Once marked, only the mark starts a generation
+            # (MarkStepBox in torch/_inductor/cudagraph_trees.py), so G, D and their backwards all share the step's
+            # generation (the d_steps D steps too, like micro-batches), and nothing is kept across steps: the losses
+            # are copied out of the graphs' outputs by eager ops (the loss objects, the metric sums) within the step.
             torch.compiler.cudagraph_mark_step_begin()
         for i, batch in enumerate(batches):
             real, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
-            fakes, zs, ys, d_values = self._d_step(real, labels, self.batches_seen + i, 1 / len(batches),
+            fakes, zs, ys, d_values = self._d_step(real, labels, first_d_index + i, 1 / len(batches),
                                                    keep_fakes=i == len(batches) - 1)
         loss_g = self._g_step(fakes, zs, ys)
-        if self.ema is not None:
+        if self.parts.ema is not None:
             with phase("EMA update"):
-                self.ema.update()
+                self.parts.ema.update()
         if cfg.sync_every_step:  # the tutorial's .item() calls every step: each one waits for the device
             with phase("host sync"):
                 self.step_values.append((*(v.item() for v in d_values), loss_g.item()))
@@ -80,128 +160,152 @@ class TrainStep:
         this D step (the `d_index`-th of the run: lazy R1 counts them). Returns G's fakes (their graph kept when
         G's step will reuse them, as the tutorial does), the noise and labels, and the last micro-batch's
         (loss_d, d_real, d_fake)."""
-        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+        cfg, k = self.cfg, self.cfg.grad_accum_steps
         zs = self._draw(torch.randn, real.shape[0], cfg.nz).chunk(k)
-        mixes = (self._draw(torch.rand, real.shape[0]).chunk(k) if any(p.mixes for p in self.penalties)
+        mixes = (self._draw(torch.rand, real.shape[0]).chunk(k) if any(p.mixes for p in self.parts.penalties)
                  else [None] * k)
         reals, ys = real.chunk(k), labels.chunk(k) if labels is not None else [None] * k
         weights = [r.shape[0] / real.shape[0] for r in reals]
 
-        self.opt_d.zero_grad(set_to_none=True)
-        fakes = []
+        self.parts.opt_d.zero_grad(set_to_none=True)
+        fakes, keep = [], k == 1 and keep_fakes
         for i, (r, y, z, mix, w) in enumerate(zip(reals, ys, zs, mixes, weights)):
-            with phase("G forward"), self.autocast():
-                if k == 1 and keep_fakes:  # keep G's graph: the G step below reuses this fake, as the tutorial does
-                    fake = forward(self.g, z, y)
-                    fakes.append(fake)
-                else:  # accumulating (holding k graphs would defeat the point: G re-runs in its step), or an
-                    with torch.no_grad():  # earlier D step of several
-                        fake = forward(self.g, z, y)
+            fake = self._fake(z, y, keep)
+            if keep:
+                fakes.append(fake)
             with distributed.no_sync(self.ddp_d, skip=i < k - 1):  # all-reduce with the last micro-batch
-                with phase("D forward"):
-                    with self.autocast():
-                        out_real = forward(self.d, r, y).float()
-                        out_fake = forward(self.d, fake.detach(), y).float()
-                    loss = self.loss.d(out_real, out_fake)
-                penalty = self._penalty(r, fake, y, mix, d_index)
-                logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
-                if penalty is not None and self.scaler_d.is_enabled():
-                    # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
-                    # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
-                    # warned about), so the log leaves that step's penalty out rather than stop the run
-                    logged = torch.where(logged.isfinite(), logged, 0.0)
-                probs = self.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
-                d_real = (out_real.sigmoid() if probs else out_real).mean()
-                d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-                values = [loss.detach() + logged, d_real.detach(), d_fake.detach(), logged]
-                self._metric_sum[:4] += torch.stack(values) * (w * share)
-                if penalty is not None:
-                    loss = loss + penalty
-                with phase("D backward"):
-                    self.scaler_d.scale(loss * w).backward()
-        with phase("D optimizer step"):
-            self.scaler_d.step(self.opt_d)
-            self.scaler_d.update()
-        return fakes, zs, ys, (loss, d_real, d_fake)
+                values = self._d_micro_batch(r, fake, y, mix, w, share, d_index)
+        with self.label_phase("D optimizer step"):
+            self.parts.scaler_d.step(self.parts.opt_d)
+            self.parts.scaler_d.update()
+        return fakes, zs, ys, values
+
+    def _fake(self, z, y, keep: bool) -> torch.Tensor:
+        """G's images for one micro-batch of D's step; with `keep`, with G's graph."""
+        with self.label_phase("G forward"), self.parts.autocast():
+            if keep:  # keep G's graph: the G step reuses this fake, as the tutorial does
+                return forward(self.g, z, y)
+            with torch.no_grad():  # accumulating (holding k graphs would defeat the point: G re-runs in its step),
+                return forward(self.g, z, y)  # or an earlier D step of several
+
+    def _d_micro_batch(self, real, fake, labels, mix, w: float, share: float, d_index: int):
+        """D's loss and penalties on one micro-batch (weight `w` of the batch, `share` of the step), added to the
+        metric sums and backpropagated. Returns (loss_d, d_real, d_fake)."""
+        phase = self.label_phase
+        with phase("D forward"):
+            with self.parts.autocast():
+                out_real = forward(self.d, real, labels).float()
+                out_fake = forward(self.d, fake.detach(), labels).float()
+            loss = self.parts.loss.d(out_real, out_fake)
+        penalty = self._penalty(real, fake, labels, mix, d_index)
+        logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
+        if penalty is not None and self.parts.scaler_d.is_enabled():
+            # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
+            # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
+            # warned about), so the log leaves that step's penalty out rather than stop the run
+            logged = torch.where(logged.isfinite(), logged, 0.0)
+        probs = self.parts.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
+        d_real = (out_real.sigmoid() if probs else out_real).mean()
+        d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
+        self.metrics.add(w * share, loss_d=loss.detach() + logged, d_real=d_real.detach(), d_fake=d_fake.detach(),
+                         penalty=logged)
+        if penalty is not None:
+            loss = loss + penalty
+        with phase("D backward"):
+            self.parts.scaler_d.scale(loss * w).backward()
+        return loss, d_real, d_fake
 
     def _penalty(self, real, fake, labels, mix, d_index: int):
         """The sum of D's penalties due at this D step (None when none is), each on D's gradient with respect to
         its input, taken through D's plain module (`losses.input_gradients`: AMP-correct, no host sync)."""
         total = None
-        for penalty in self.penalties:
-            if penalty.due(d_index):
-                with self.label_phase("D penalty"):
-                    grads = input_gradients(lambda x: forward(self.discriminator, x, labels),
-                                            penalty.points(real, fake, mix), self.autocast, self.scaler_d)
-                    with self.autocast():  # computed under autocast, as PyTorch's AMP recipe does
-                        term = penalty(grads).float()
-                total = term if total is None else total + term
+        for penalty in self.parts.penalties:
+            if not penalty.due(d_index):
+                continue
+            with self.label_phase("D penalty"):
+                grads = input_gradients(lambda x: forward(self.parts.discriminator, x, labels),
+                                        penalty.points(real, fake, mix), self.parts.autocast, self.parts.scaler_d)
+                with self.parts.autocast():  # computed under autocast, as PyTorch's AMP recipe does
+                    term = penalty(grads).float()
+            total = term if total is None else total + term
         return total
 
     def _g_step(self, fakes, zs, ys) -> torch.Tensor:
         """One optimizer step of G through the updated D (frozen, with `freeze_d`); returns the last micro-batch's
         loss."""
-        cfg, k, phase = self.cfg, self.cfg.grad_accum_steps, self.label_phase
+        cfg, k = self.cfg, self.cfg.grad_accum_steps
         weights = [z.shape[0] / sum(z.shape[0] for z in zs) for z in zs]
         if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
-            self.discriminator.requires_grad_(False)
+            self.parts.discriminator.requires_grad_(False)
         try:
-            self.opt_g.zero_grad(set_to_none=True)
+            self.parts.opt_g.zero_grad(set_to_none=True)
             for i, (zi, yi, w) in enumerate(zip(zs, ys, weights)):
                 with distributed.no_sync(self.ddp_g, skip=i < k - 1):
-                    if k == 1:
-                        fake = fakes[i]
-                    else:
-                        with phase("G forward"), self.autocast():
-                            fake = forward(self.g, zi, yi)
-                    # D's share of G's step has its own labels, so a profile says where that time goes: D judges
-                    # a detached copy of the images, its backward stops at their gradient, and that gradient then
-                    # flows through G alone. The chain rule split in two: the same gradients as one backward.
-                    judged = fake.detach().requires_grad_()
-                    with phase("D forward (G step)"):
-                        with self.autocast():
-                            out = forward(self.d_in_g_step, judged, yi).float()
-                        loss_g = self.loss.g(out)
-                        self._metric_sum[4] += loss_g.detach() * w
-                    with phase("D backward (G step)"):
-                        self.scaler_g.scale(loss_g * w).backward()
-                    with phase("G backward"):
-                        fake.backward(judged.grad)
-            with phase("G optimizer step"):
-                self.scaler_g.step(self.opt_g)
-                self.scaler_g.update()
+                    loss_g = self._g_micro_batch(fakes[i] if k == 1 else None, zi, yi, w)
+            with self.label_phase("G optimizer step"):
+                self.parts.scaler_g.step(self.parts.opt_g)
+                self.parts.scaler_g.update()
         finally:  # also after an exception (out of memory, an interrupt): D must train again next step
-            self.discriminator.requires_grad_(True)
+            self.parts.discriminator.requires_grad_(True)
+        return loss_g
+
+    def _g_micro_batch(self, fake, z, labels, w: float) -> torch.Tensor:
+        """G's loss on one micro-batch (weight `w`), through D, added to the metric sums and backpropagated; `fake`
+        is D's step's kept one, or None to run G here. Returns the loss."""
+        phase = self.label_phase
+        if fake is None:
+            with phase("G forward"), self.parts.autocast():
+                fake = forward(self.g, z, labels)
+        # D's share of G's step has its own labels, so a profile says where that time goes: D judges
+        # a detached copy of the images, its backward stops at their gradient, and that gradient then
+        # flows through G alone. The chain rule split in two: the same gradients as one backward.
+        judged = fake.detach().requires_grad_()
+        with phase("D forward (G step)"):
+            with self.parts.autocast():
+                out = forward(self.d_in_g_step, judged, labels).float()
+            loss_g = self.parts.loss.g(out)
+            self.metrics.add(w, loss_g=loss_g.detach())
+        with phase("D backward (G step)"):
+            self.parts.scaler_g.scale(loss_g * w).backward()
+        with phase("G backward"):
+            fake.backward(judged.grad)
         return loss_g
 
     def _draw(self, sample, n: int, *shape) -> torch.Tensor:
         """Random numbers for this rank's n images from this run's generator: drawn for the whole global batch
         (n per rank) and sliced, so every process count draws the same numbers for the same images."""
-        draws = sample(n * self.world.size, *shape, device=self.device, generator=self.rng)
-        return self.world.shard(draws)
+        draws = sample(n * self.parts.world.size, *shape, device=self.parts.device, generator=self.parts.rng)
+        return self.parts.world.shard(draws)
 
     @contextlib.contextmanager
-    def unchanged(self):
-        """Run training code (one step, to count its FLOPs) and leave no trace: the networks (buffers included, and the
-        EMA generator), optimizers, scalers, this run's generator, the global RNG, the metric sums and the per-step
-        values are put back as they were, so the run goes on exactly as if the block had never run."""
-        snapshot, rng = self._rollback.snapshot(self.step), self.rng.get_state()
-        metric_sum, values = self._metric_sum.clone(), len(self.step_values)
+    def unchanged(self, process_state):
+        """Run training code inside `process_state` (the run's settings and module stream, left as they were after)
+        and leave no trace: the networks (buffers included, and the EMA generator), optimizers, scalers, the run's
+        generator, the metric sums and the per-step values are put back as they were."""
+        rollback = Rollback(self.parts.stateful)
+        snapshot, rng = rollback.snapshot(0), self.parts.rng.get_state()
+        metric_sums, values = self.metrics.sums.clone(), len(self.step_values)
         try:
-            with self._process_state(keep_rng=False):
+            with process_state:
                 yield
         finally:
-            self._rollback.restore(snapshot)
-            self.rng.set_state(rng)
-            self._metric_sum.copy_(metric_sum)
+            rollback.restore(snapshot)
+            self.parts.rng.set_state(rng)
+            self.metrics.sums.copy_(metric_sums)
             del self.step_values[values:]
+
+    def forget(self) -> None:
+        """Drop what a step that failed midway left: both networks' gradients and the metric sums."""
+        self.parts.opt_d.zero_grad(set_to_none=True)
+        self.parts.opt_g.zero_grad(set_to_none=True)
+        self.metrics.zero()
 
     @contextlib.contextmanager
     def eager(self):
         """The step calls the networks uncompiled (still DDP-wrapped under torchrun) inside the block."""
         saved = self.g, self.d, self.d_in_g_step
         self.g, self.d = self.ddp_g, self.ddp_d
-        self.d_in_g_step = self.discriminator if self.world.distributed else self.d
+        self.d_in_g_step = self.parts.discriminator if self.parts.world.distributed else self.d
         try:
             yield
         finally:

@@ -1,7 +1,7 @@
 """The one training loop. Every technique the notebooks teach is a TrainConfig field read here, in one place.
 
-The step itself (D's steps, then G's) is `TrainStep` in step.py, Trainer's base: its docstring says how fp16's
-scalers, accumulation, n_critic, penalties and DDP meet in it.
+The step itself (D's steps, then G's) is a `TrainStep` (step.py) the Trainer builds from its parts and owns
+(`trainer.stepper`): its docstring says how fp16's scalers, accumulation, n_critic, penalties and DDP meet in it.
 
 A Trainer is self-contained: it leaves the process as it found it. Weights are initialised under a forked, seeded
 RNG; noise and flips come from its own `torch.Generator` (`self.rng`, saved in checkpoints); modules that draw
@@ -12,7 +12,6 @@ built side by side (the benchmark interleaves its variants) each run with their 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import signal
 import threading
@@ -24,20 +23,22 @@ from torch import nn
 
 from . import distributed, recovery
 from ..measuring import hardware
-from .checkpoint import ensure_writable, load_checkpoint, save_checkpoint
-from .config import TrainConfig, discriminator_norm, optimizer_kernels, uses_cuda_graphs
+from .checkpoint import ensure_writable, load_checkpoint, load_parts, save_checkpoint
+from .batches import BatchStream
+from .builders import build_compiler, build_networks, build_precision
+from .config import TrainConfig, optimizer_kernels, uses_cuda_graphs
 from .data import dataset_from_config, make_loader
 from .ema import EMAGenerator
-from ..errors import ConfigError, NonFiniteLossError, OutOfMemory  # noqa: F401 (still importable from here)
+from ..errors import ConfigError, OutOfMemory
 from .history import METRICS, History
-from .losses import LOSSES, d_loss, g_loss, penalties  # noqa: F401 (d_loss, g_loss: public names)
-from .models import build_dcgan
+from .losses import LOSSES, penalties
 from .network_checks import check_networks, dataset_classes
-from .recovery import SCALE_COLLAPSE, CompileStats, Rollback  # noqa: F401 (SCALE_COLLAPSE: importable here)
-from .sampling import GRID_CLASSES, fixed_noise, generate, grid, save_png, seeded_noise  # noqa: F401 (GRID_CLASSES)
+from .recovery import CompileStats, Rollback
+from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
 from .process import CHECKPOINT_FORMAT, RunStreams, on_interrupt
-from .step import TrainStep
+from .step import MetricSums, StepParts, TrainStep
 from ..measuring.clock import StepClock
+
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused; 'auto' as
@@ -48,21 +49,71 @@ def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer
     return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[kernels])
 
 
-def _import_cpp_extension_quietly() -> None:
-    """Inductor on a CPU imports torch.utils.cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..."
-    on a machine with a CUDA toolkit and no GPU: true, and nothing to do with CPU code, yet it shows in every
-    notebook that compiles. The import happens once per process, so doing it here with that logger quiet silences only
-    that line, and the logger's level is given back."""
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        import torch.utils.cpp_extension  # noqa: F401
-    finally:
-        logger.setLevel(level)
+def join_world(cfg: TrainConfig) -> tuple:
+    """This process's place: its rank (one process of one, unless torchrun started it), device and the process
+    group; the output folder is checked first, so an unwritable one is one clear error before any work.
+
+    Returns:
+        (world, device, out_dir)
+    """
+    world = distributed.world()
+    device = distributed.device(cfg.device, world)
+    out_dir = Path(cfg.out_dir)
+    if world.is_main:  # before the process group, the data or the models: one clear error, no traceback
+        ensure_writable(out_dir)
+    distributed.init(device, world)
+    return world, device, out_dir
 
 
-class Trainer(TrainStep):
+def load_dataset(cfg: TrainConfig, world, dataset=None) -> tuple:
+    """The run's dataset (the config's, unless given) and its class count (0 unless the run is conditional).
+
+    Returns:
+        (dataset, classes)
+    """
+    if dataset is None:
+        with distributed.main_first(world):  # rank 0 fills the dataset cache, the others read it
+            dataset = dataset_from_config(cfg)
+    return dataset, dataset_classes(dataset) if cfg.conditional else 0
+
+
+def refuse_background_thread(cuda_graphs: bool, compile_mode: str) -> None:
+    """CUDA graph trees keep their state per thread and assert in threads Python started (a limitation of the
+    torch versions users run): training there is refused rather than guessed."""
+    if cuda_graphs and threading.current_thread() is not threading.main_thread():
+        raise ConfigError(f"compile='{compile_mode}' (CUDA graphs) cannot train in a background thread (the "
+                          "widget panel trains in one): use compile='default' there, or train from the main "
+                          "thread (a notebook cell, a script, the CLI)")
+
+
+def stop_signals(world) -> tuple:
+    """The signals that stop a run after its current step instead of killing it mid-step: Ctrl-C (or Jupyter's
+    interrupt), and under torchrun SIGTERM too: torchrun forwards the signal it gets (Ctrl-C, or a scheduler's
+    SIGTERM) to every worker once, and kills those still running after a grace period."""
+    return (signal.SIGINT, signal.SIGTERM) if world.distributed else (signal.SIGINT,)
+
+
+def interval_record(step: int, values: list, times: dict, scaler_d, scaler_g, compile_stats) -> dict:
+    """One log interval's history record: the averages of `METRICS` (in their order), the clock's times, each
+    enabled GradScaler's scale and the compile counts (with compile on).
+
+    Args:
+        step: the step the interval ends at.
+        values: the interval's averages, in the order of `METRICS`.
+        times: the clock's figures for the interval.
+        scaler_d, scaler_g: the networks' GradScalers.
+        compile_stats: CompileStats, or None with compile off.
+    """
+    record = {"step": step, **dict(zip(METRICS, values)), **times}
+    for name, scaler in (("d", scaler_d), ("g", scaler_g)):
+        if scaler.is_enabled():
+            record[f"scale_{name}"] = scaler.get_scale()
+    if compile_stats is not None:
+        record.update(compile_stats.read())
+    return record
+
+
+class Trainer:
     """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
     (D must return one logit per image; G must take (B, nz) noise; with `conditional`, G's forward is (z, y) and
     D's (x, y), y the labels), on the config's dataset or your `dataset`.
@@ -78,75 +129,51 @@ class Trainer(TrainStep):
         self.cfg = cfg = (cfg if cfg is not None else TrainConfig()).validate()
         if (generator is None) != (discriminator is None):
             raise ConfigError("pass both generator and discriminator, or neither (for the built-in DCGAN)")
-        self.world = distributed.world()  # one process of one, unless torchrun started this one
-        self.device = dev = distributed.device(cfg.device, self.world)
-        self.out_dir = Path(cfg.out_dir)
-        if self.world.is_main:  # before the process group, the data or the models: one clear error, no traceback
-            ensure_writable(self.out_dir)
-        distributed.init(dev, self.world)
-        if dataset is None:
-            with distributed.main_first(self.world):  # rank 0 fills the dataset cache, the others read it
-                dataset = dataset_from_config(cfg)
-        self.dataset = dataset
-        self.classes = dataset_classes(dataset) if cfg.conditional else 0
-        self.loss = LOSSES[cfg.loss]
-        self.penalties = penalties(cfg)  # D's regularisers: the gradient penalty of wgan-gp, R1
-        if generator is None:  # the same weights on every rank; the caller's RNG is not touched
-            with hardware.seeded(cfg.seed):  # a penalty is per image: 'auto' gives D layer norm, not BatchNorm
-                generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
-                                                       sigmoid=(cfg.loss == "bce-sigmoid"),
-                                                       d_norm=discriminator_norm(cfg), classes=self.classes)
-        if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
-            generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
-            discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
-        fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
-        self.generator = generator.to(dev, memory_format=fmt)
-        self.discriminator = discriminator.to(dev, memory_format=fmt)
+        self.world, self.device, self.out_dir = join_world(cfg)
+        self.dataset, self.classes = load_dataset(cfg, self.world, dataset)
+        self.loss, self.penalties = LOSSES[cfg.loss], penalties(cfg)  # penalties: wgan-gp's gradient penalty, R1
+        self.generator, self.discriminator = build_networks(cfg, generator, discriminator, self.classes, self.device)
         self.ema = EMAGenerator(self.generator, cfg.ema_decay) if cfg.ema_decay else None  # samples come from it
-        self.streams = RunStreams(dev, cfg.seed)
+        self.streams = RunStreams(self.device, cfg.seed)
         self.rng = self.streams.noise  # this run's own random numbers, on its device: every step's noise, the flips
-        self.loader = make_loader(self.dataset, cfg, dev, self.world, self.rng)
+        self.loader = make_loader(self.dataset, cfg, self.device, self.world, self.rng)
         with self._process_state(keep_rng=False):
-            check_networks(cfg, self.generator, self.discriminator, self.dataset, dev, self.classes, self.loss,
-                           self.penalties)
-
+            check_networks(cfg, self.generator, self.discriminator, self.dataset, self.device, self.classes,
+                           self.loss, self.penalties)
         self.opt_g = make_optimizer(self.generator.parameters(), cfg, cfg.lr_g)
         self.opt_d = make_optimizer(self.discriminator.parameters(), cfg, cfg.lr_d)
-        self.scaler_g = torch.amp.GradScaler(dev.type, enabled=(cfg.precision == "fp16"))
-        self.scaler_d = torch.amp.GradScaler(dev.type, enabled=(cfg.precision == "fp16"))
-        if cfg.precision == "fp32":
-            self.autocast = contextlib.nullcontext
-        else:
-            dtype = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
-            self.autocast = lambda: torch.autocast(dev.type, dtype=dtype)
-        mode = None if cfg.compile == "default" else cfg.compile
-        if cfg.compile != "off" and dev.type == "cpu":
-            _import_cpp_extension_quietly()
-        compiled = (lambda m: torch.compile(m, mode=mode)) if cfg.compile != "off" else (lambda m: m)
-        # the networks as the step calls them: DDP-wrapped under torchrun (for no_sync), then compiled
-        self.ddp_g = distributed.wrap(self.generator, dev, self.world)
-        self.ddp_d = distributed.wrap(self.discriminator, dev, self.world)
-        self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
-        self.d_in_g_step = compiled(self.discriminator) if self.world.distributed else self.d
-        self._compile_stats = CompileStats() if cfg.compile != "off" else None
-        self.cuda_graphs = dev.type == "cuda" and uses_cuda_graphs(cfg.compile)  # the step marks each step's start
+        self.scaler_g, self.scaler_d, self.autocast = build_precision(cfg, self.device)
+        self.stepper = self._build_step()
+        self._start_run_state(callbacks)
 
-        self.fixed_noise, self.fixed_labels = fixed_noise(cfg, self.classes, dev)
+    def _build_step(self) -> TrainStep:
+        """The step, given the parts it works on, and the metric sums it adds to."""
+        parts = StepParts(generator=self.generator, discriminator=self.discriminator, opt_g=self.opt_g,
+                          opt_d=self.opt_d, scaler_g=self.scaler_g, scaler_d=self.scaler_d, autocast=self.autocast,
+                          loss=self.loss, penalties=self.penalties, ema=self.ema, rng=self.rng, world=self.world,
+                          device=self.device)
+        self.metrics = MetricSums(self.device)
+        self.step_values: list[tuple] = []  # per-step losses, only filled with sync_every_step (the tutorial's way)
+        self._compile_stats = CompileStats() if self.cfg.compile != "off" else None
+        return TrainStep(self.cfg, parts, compiled=build_compiler(self.cfg, self.device),
+                         cuda_graphs=self.device.type == "cuda" and uses_cuda_graphs(self.cfg.compile),
+                         metrics=self.metrics, step_values=self.step_values,
+                         phase=lambda name: self.label_phase(name))
+
+    def _start_run_state(self, callbacks) -> None:
+        """A fresh run: step 0, an empty history, the sample grid's fixed noise, no stop asked."""
+        self.fixed_noise, self.fixed_labels = fixed_noise(self.cfg, self.classes, self.device)
         self.step = 0
         self.batches_seen = 0
         self.history = History()
-        self.step_values: list[tuple] = []  # per-step losses, only filled with sync_every_step (the tutorial's way)
         self.latest_grid = None
         self.callbacks = list(callbacks)
         self._stop_requested = self._stop_agreed = False
-        self._stream = None  # the batch generator, positioned at batches_seen
+        self._stream = None  # the BatchStream, positioned at batches_seen
         self.label_phase = _unlabelled  # set with instrument(): profiling labels each phase of the step
         self.sync_data_wait = False  # set with instrument(): synchronise around every data wait
-        self._metric_sum = torch.zeros(len(METRICS), device=dev)
-        self.clock = StepClock(dev)
-        # on_nonfinite='skip' rolls back the networks (and the EMA generator), optimizers and scalers
-        self._rollback = Rollback(lambda: {k: getattr(self, k) for k in ("generator", "discriminator", "opt_g",
-                                           "opt_d", "scaler_g", "scaler_d") + (("ema",) if self.ema else ())})
+        self.clock = StepClock(self.device)
+        self._rollback = Rollback(self.stepper.parts.stateful)  # on_nonfinite='skip' rolls the parts back
 
     # -- public API ---------------------------------------------------------------------------------------------
     @classmethod
@@ -180,9 +207,14 @@ class Trainer(TrainStep):
             self.label_phase, self.sync_data_wait = saved
 
     def train_step(self, *batches) -> None:
-        """One training step on `batches` (`cfg.d_steps` of them: one per D step), outside fit(): the step count,
-        data position and history do not move (wrap it in `unchanged()` to leave no trace at all)."""
-        self._train_step(*batches)
+        """One training step on `batches` (`cfg.d_steps` of them: one per D step), as fit() runs it; outside fit()
+        the step count, data position and history do not move (wrap it in `unchanged()` to leave no trace at all)."""
+        self.stepper(*batches, first_d_index=self.batches_seen)
+
+    def unchanged(self):
+        """A block that runs training code (one step, to count its FLOPs) and leaves no trace (`TrainStep.unchanged`),
+        the global RNG included: the run goes on exactly as if the block had never run."""
+        return self.stepper.unchanged(self._process_state(keep_rng=False))
 
     def close(self) -> None:
         """Done with this trainer's data for now: its DataLoader workers end (with their batch iterator); a later
@@ -192,73 +224,81 @@ class Trainer(TrainStep):
             self._stream = None
 
     def fit(self, steps: int | None = None) -> History:
-        """Train `steps` more steps (default: up to cfg.steps). Returns the history of the whole run."""
-        cfg = self.cfg
-        end = self.step + steps if steps is not None else cfg.steps
-        if self.cuda_graphs and threading.current_thread() is not threading.main_thread():
-            # CUDA graph trees keep their state per thread and assert in threads Python started
-            # (pytorch/pytorch#123177, "torch.compile+cudagraphs asserts in multithreaded context"; its fix cannot be
-            # assumed in the torch versions our users run). Refused rather than guessed.
-            raise ConfigError(f"compile='{cfg.compile}' (CUDA graphs) cannot train in a background thread (the "
-                              "widget panel trains in one): use compile='default' there, or train from the main "
-                              "thread (a notebook cell, a script, the CLI)")
+        """Train `steps` more steps (default: up to cfg.steps).
+
+        Returns:
+            the history of the whole run.
+        """
+        end = self.step + steps if steps is not None else self.cfg.steps
+        refuse_background_thread(self.stepper.cuda_graphs, self.cfg.compile)
         self._stop_requested = self._stop_agreed = False
         if self._stream is None:  # kept across fit() calls: DataLoader workers are not restarted each time
-            self._stream = self._batches()
-        batches = self._stream
+            self._stream = BatchStream(self.loader, self.batches_seen)
         self.history.quality = {}  # set again by metrics.QualityCallback for this fit
         with self._process_state(keep_rng=True):
-            self._call("on_fit_start")
-            if cfg.on_nonfinite == "skip" and self._rollback.good is None:
-                self._rollback.keep(self.step)
-            hardware.reset_peak_memory(self.device)
-            self.clock.start(self.step, self.batches_seen,
-                             self.history[-1]["train_time_s"] if len(self.history) else 0.0)
-            if self._compile_stats is not None:
-                self._compile_stats.start()
-            # Ctrl-C (or Jupyter's interrupt) stops after the current step instead of killing it mid-step. Under
-            # torchrun SIGTERM too: torchrun forwards the signal it gets (Ctrl-C, or a scheduler's SIGTERM) to every
-            # worker once, and kills those still running 30 s later.
-            signals = (signal.SIGINT, signal.SIGTERM) if self.world.distributed else (signal.SIGINT,)
-            with on_interrupt(lambda signum, frame: self.stop(), signals):
+            self._start_fit()
+            with on_interrupt(lambda signum, frame: self.stop(), stop_signals(self.world)):
                 while self.step < end and not self._stopping():
-                    oom, reals = None, ()
-                    try:  # fetching a batch can run out of device memory too (its copy to the GPU)
-                        reals = self._next_batches(batches)  # one real batch per D step
-                        self._train_step(*reals)
-                    except BaseException as e:
-                        # a generator that raised is finished (its next() is StopIteration), and one that did not
-                        # is past this unfinished step's batches: the next fit() starts a fresh stream at them
-                        self.close()
-                        if isinstance(e, OutOfMemory) or not recovery.is_out_of_memory(e):
-                            raise
-                        oom = str(e).splitlines()[0] if str(e) else "out of memory"
-                    if oom is not None:  # outside the except block, so the failed step's tensors can be freed
-                        self.opt_d.zero_grad(set_to_none=True)
-                        self.opt_g.zero_grad(set_to_none=True)
-                        self._metric_sum.zero_()
-                        raise recovery.out_of_memory(oom, cfg, self.device, self.step,
-                                                     self.out_dir / "checkpoint.pt")
-                    self.step += 1
-                    self.batches_seen += len(reals)
-                    self._call("on_step_end")
-                    if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
-                        self._log()
-                    if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
-                        with self.clock.excluded():
-                            self.sample()
-                    if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
-                        with self.clock.excluded():  # never replace a good checkpoint with NaN weights
-                            if recovery.weights_finite(self.generator, self.discriminator):
-                                self.save_checkpoint()
-            if self.step > self.clock.interval_step:
-                self._log()
-            if self.latest_grid is None or self._stopping():
-                self.sample()
-            self.save_checkpoint()
-            distributed.barrier(self.world)  # every rank returns once the checkpoint is on disk
-            self._call("on_fit_end")
+                    self._fit_step(end)
+            self._end_fit()
         return self.history
+
+    def _start_fit(self) -> None:
+        """What a fit() does before its first step: callbacks told, rollback point kept, clock and counters started."""
+        self._call("on_fit_start")
+        if self.cfg.on_nonfinite == "skip" and self._rollback.good is None:
+            self._rollback.keep(self.step)
+        hardware.reset_peak_memory(self.device)
+        self.clock.start(self.step, self.batches_seen,
+                         self.history[-1]["train_time_s"] if len(self.history) else 0.0)
+        if self._compile_stats is not None:
+            self._compile_stats.start()
+
+    def _fit_step(self, end: int) -> None:
+        """One step of fit(), then what is due after it: a log record, a sample grid, a checkpoint."""
+        cfg = self.cfg
+        reals = self._guarded_step()
+        self.step += 1
+        self.batches_seen += len(reals)
+        self._call("on_step_end")
+        if self.step % cfg.log_interval == 0 or self.step == end or self._stopping():
+            self._log()
+        if cfg.sample_interval and self.step % cfg.sample_interval == 0 or self.step == end:
+            with self.clock.excluded():
+                self.sample()
+        if cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0:
+            with self.clock.excluded():  # never replace a good checkpoint with NaN weights
+                if recovery.weights_finite(self.generator, self.discriminator):
+                    self.save_checkpoint()
+
+    def _guarded_step(self) -> list:
+        """The step's batches fetched and trained on; running out of device memory (fetching a batch can too: its copy
+        to the GPU) ends the run with one error that says what to change. Returns the batches."""
+        oom, reals = None, ()
+        try:
+            reals = self._next_batches(self._stream)  # one real batch per D step
+            self.train_step(*reals)
+        except BaseException as e:
+            # a generator that raised is finished (its next() is StopIteration), and one that did not
+            # is past this unfinished step's batches: the next fit() starts a fresh stream at them
+            self.close()
+            if isinstance(e, OutOfMemory) or not recovery.is_out_of_memory(e):
+                raise
+            oom = str(e).splitlines()[0] if str(e) else "out of memory"
+        if oom is not None:  # outside the except block, so the failed step's tensors can be freed
+            self.stepper.forget()
+            raise recovery.out_of_memory(oom, self.cfg, self.device, self.step, self.out_dir / "checkpoint.pt")
+        return reals
+
+    def _end_fit(self) -> None:
+        """What a fit() does after its last step: the last log and grid, a checkpoint every rank waits for."""
+        if self.step > self.clock.interval_step:
+            self._log()
+        if self.latest_grid is None or self._stopping():
+            self.sample()
+        self.save_checkpoint()
+        distributed.barrier(self.world)  # every rank returns once the checkpoint is on disk
+        self._call("on_fit_end")
 
     def _next_batches(self, batches) -> list:
         """The step's `d_steps` batches (one per D step), their wait timed as one (see StepClock.data_wait)."""
@@ -305,37 +345,15 @@ class Trainer(TrainStep):
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs to continue exactly; `rng`: see RunStreams.state_dict."""
-        return {
-            "format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen,
-            "config": self.cfg.to_dict(),
-            "generator": self.generator.state_dict(), "discriminator": self.discriminator.state_dict(),
-            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
-            "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
-            "rng": self.streams.state_dict(), "history": self.history.records,
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
-        }
+        return {"format": CHECKPOINT_FORMAT, "step": self.step, "batches_seen": self.batches_seen,
+                "config": self.cfg.to_dict(), **{k: v.state_dict() for k, v in self.stepper.parts.stateful().items()},
+                "rng": self.streams.state_dict(), "history": self.history.records}
 
     def load_state(self, state: dict) -> None:
-        try:
-            self.generator.load_state_dict(state["generator"])
-            self.discriminator.load_state_dict(state["discriminator"])
-        except RuntimeError as e:
-            raise ConfigError(f"the checkpoint's networks do not match this config's (image_size, channels, nz, "
-                              f"ngf, ndf or your own modules differ): {str(e).splitlines()[0]}") from e
-        self.opt_g.load_state_dict(state["opt_g"])
-        self.opt_d.load_state_dict(state["opt_d"])
-        self.scaler_g.load_state_dict(state["scaler_g"])
-        self.scaler_d.load_state_dict(state["scaler_d"])
-        if self.ema is not None and "ema" in state:
-            try:
-                self.ema.load_state_dict(state["ema"])
-            except RuntimeError as e:
-                raise ConfigError(f"the checkpoint's EMA generator does not match this config's generator: "
-                                  f"{str(e).splitlines()[0]}") from e
-        elif self.ema is not None:
-            self.ema.reset()
-            self._warn(f"the checkpoint has no EMA generator (it was trained without ema_decay): the average starts "
-                       f"now, from the generator of step {state['step']}")
+        """Continue from a checkpoint's state (`load_checkpoint`): parts, position, history and random streams."""
+        warning = load_parts(self.stepper.parts.stateful(), state)
+        if warning:
+            self._warn(warning)
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self._stream = None  # restart the data stream at the restored position
         self._rollback.forget()
@@ -360,33 +378,16 @@ class Trainer(TrainStep):
         any rank: a callback, Ctrl-C forwarded by torchrun) takes effect where they agree on it, at a log interval."""
         return self._stop_agreed if self.world.distributed else self._stop_requested
 
-    def _batches(self):
-        """Endless batches, starting exactly where the run left off (epoch and batch within it). The position is
-        counted here, batch by batch: `batches_seen` only moves once a step is done, and a step of several D steps
-        can cross the end of an epoch."""
-        position = self.batches_seen
-        while True:
-            epoch, batch = divmod(position, len(self.loader))
-            self.loader.set_position(epoch, batch)
-            for real in self.loader:
-                position += 1
-                yield real
-
     def _log(self) -> None:
         times = self.clock.interval(self.step, self.batches_seen, self.cfg.batch_size)
         if times is None:
             return
-        values = self._metric_sum / (self.step - self.clock.interval_step)
+        values = self.metrics.sums / (self.step - self.clock.interval_step)
         if self.world.distributed:  # every rank logs, and decides on, the same averages
             values, self._stop_agreed = distributed.mean_and_any(values, self._stop_requested)
         values = values.tolist()  # the one host sync of the interval
-        self._metric_sum.zero_()
-        record = {"step": self.step, **dict(zip(METRICS, values)), **times}
-        for name, scaler in (("d", self.scaler_d), ("g", self.scaler_g)):
-            if scaler.is_enabled():
-                record[f"scale_{name}"] = scaler.get_scale()
-        if self._compile_stats is not None:
-            record.update(self._compile_stats.read())
+        self.metrics.zero()
+        record = interval_record(self.step, values, times, self.scaler_d, self.scaler_g, self._compile_stats)
         self.history.records.append(record)
         recovery.check_scales(record, self.step, self._warn, self.device)
         if self._compile_stats is not None:

@@ -227,7 +227,7 @@ def flops_per_image(trainer) -> float:
     batch = prepare_batch(images, trainer.device, channels_last=trainer.cfg.channels_last)
     if trainer.cfg.conditional:  # with its labels
         batch = (batch, torch.as_tensor([int(item[1]) for item in items], device=trainer.device))
-    with trainer.unchanged(), trainer.eager():
+    with trainer.unchanged(), trainer.stepper.eager():
         with FlopCounterMode(display=False) as counter:
             trainer.train_step(*[batch] * trainer.cfg.d_steps)  # a step: d_steps D steps, one G step
     return counter.get_total_flops() / (len(images) * trainer.cfg.d_steps)  # per real image, as images/s counts

@@ -48,7 +48,8 @@ from ..core.data import ImageTensorDataset, data_root, render_glyphs
 from ..errors import ConfigError
 from ..measuring.hardware import SYNC_WARNING, machine_info
 from ..core.recovery import is_out_of_memory
-from ..core.trainer import METRICS, Trainer
+from ..core.history import METRICS
+from ..core.trainer import Trainer
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
 # not how fast it is (its images/s only shows it ran at a plausible speed).

@@ -73,6 +73,8 @@ def tune(cfg: TrainConfig | None = None, minutes: float = 15.0, *, generator=Non
     between measurements; Ctrl-C does the same. `progress(line)` gets the path table row by row and what happens;
     `on_update(result)` the result after every change (a live view: `display.LiveTune`). Runs go under
     `out_dir` (default: <cfg.out_dir>/tune): the quality runs are kept, the measurement runs removed."""
-    options = TuneOptions(cfg if cfg is not None else TrainConfig(), minutes, generator, discriminator, dataset,
-                          quality, quality_images, space, plan, stop, progress, on_update, out_dir)
+    options = TuneOptions(cfg=cfg if cfg is not None else TrainConfig(), minutes=minutes, generator=generator,
+                          discriminator=discriminator, dataset=dataset, quality=quality,
+                          quality_images=quality_images, space=space, plan=plan, stop=stop, progress=progress,
+                          on_update=on_update, out_dir=out_dir)
     return Tuner(options).run()

@@ -37,7 +37,7 @@ class StopWhen:
             trainer.stop()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TuneOptions:
     """`tune`'s arguments (see `tuning.tune`), each checked when built, so bad input is refused before any work:
     `plan` is completed from the benchmark's (`bench.plan_for`), `quality_images` from the plan, `space` from the

@@ -1,0 +1,77 @@
+"""The pieces a `Trainer` is built from, each from the config alone: the networks on their device, the precision
+(GradScalers and autocast) and the compiler the step calls the networks through."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+from ..measuring import hardware
+from .config import TrainConfig, discriminator_norm
+from .models import build_dcgan
+
+
+def _import_cpp_extension_quietly() -> None:
+    """Inductor on a CPU imports torch.utils.cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..."
+    on a machine with a CUDA toolkit and no GPU: true, and nothing to do with CPU code, yet it shows in every
+    notebook that compiles. The import happens once per process, so doing it here with that logger quiet silences only
+    that line, and the logger's level is given back."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        logger.setLevel(level)
+
+
+def build_networks(cfg: TrainConfig, generator: nn.Module | None, discriminator: nn.Module | None, classes: int,
+                   device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """G and D on the device, in the config's memory format: the caller's, or the built-in DCGAN when both are None.
+
+    Args:
+        cfg: the run's config (sizes, loss, seed, sync_batchnorm, channels_last).
+        generator, discriminator: the caller's networks, or None for the built-in DCGAN.
+        classes: the dataset's class count for a conditional run, else 0.
+        device: where the networks train.
+
+    Returns:
+        (generator, discriminator)
+    """
+    if generator is None:  # the same weights on every rank; the caller's RNG is not touched
+        with hardware.seeded(cfg.seed):  # a penalty is per image: 'auto' gives D layer norm, not BatchNorm
+            generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
+                                                   sigmoid=(cfg.loss == "bce-sigmoid"),
+                                                   d_norm=discriminator_norm(cfg), classes=classes)
+    if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
+        generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
+        discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
+    fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
+    return generator.to(device, memory_format=fmt), discriminator.to(device, memory_format=fmt)
+
+
+def build_precision(cfg: TrainConfig, device: torch.device):
+    """The config's precision: one GradScaler per network (enabled for fp16 only; step.py says why two) and the
+    autocast context the step runs its forwards in.
+
+    Returns:
+        (scaler_g, scaler_d, autocast), autocast a callable that returns a context manager.
+    """
+    scaler_g = torch.amp.GradScaler(device.type, enabled=(cfg.precision == "fp16"))
+    scaler_d = torch.amp.GradScaler(device.type, enabled=(cfg.precision == "fp16"))
+    if cfg.precision == "fp32":
+        return scaler_g, scaler_d, contextlib.nullcontext
+    dtype = torch.float16 if cfg.precision == "fp16" else torch.bfloat16
+    return scaler_g, scaler_d, lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def build_compiler(cfg: TrainConfig, device: torch.device):
+    """module -> the module as the step calls it: torch.compile'd in the config's mode, or the module itself."""
+    if cfg.compile == "off":
+        return lambda m: m
+    if device.type == "cpu":
+        _import_cpp_extension_quietly()
+    mode = None if cfg.compile == "default" else cfg.compile
+    return lambda m: torch.compile(m, mode=mode)

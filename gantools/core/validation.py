@@ -1,0 +1,216 @@
+"""Every value check of a TrainConfig, one function per group of fields; `TrainConfig.validate` runs them (after the
+type checks) and lists every problem at once. Each check adds a message that names the field and what to change."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import fields
+
+import torch
+
+from . import distributed
+from ..measuring import hardware
+
+
+class _Problems:
+    """The problems found so far, and the checks many fields share: each adds its message when the value fails,
+    and says whether it passed (later checks that assume the value is sane then skip)."""
+
+    def __init__(self, cfg):
+        self.cfg, self.found = cfg, []
+        self.knobs = {f.name: f.metadata["knob"] for f in fields(cfg)}
+
+    def add(self, message: str) -> None:
+        self.found.append(message)
+
+    def default(self, name: str):
+        """A field's default value (what leaving it out gives)."""
+        return getattr(type(self.cfg)(), name)
+
+    def choice(self, name: str) -> bool:
+        allowed = self.knobs[name].choices
+        if getattr(self.cfg, name) not in allowed:
+            self.add(f"{name}={getattr(self.cfg, name)!r}: choose one of {', '.join(map(str, allowed))}")
+            return False
+        return True
+
+    def at_least(self, name: str, low) -> bool:
+        if getattr(self.cfg, name) < low:
+            self.add(f"{name}={getattr(self.cfg, name)}: must be >= {low}")
+            return False
+        return True
+
+    def finite_at_least(self, name: str, low) -> bool:
+        if not math.isfinite(getattr(self.cfg, name)):
+            self.add(f"{name}={getattr(self.cfg, name)}: must be a finite number")
+            return False
+        return self.at_least(name, low)
+
+
+def value_problems(c) -> list[str]:
+    """Every impossible value or combination of a TrainConfig whose types are right.
+
+    Args:
+        c: the TrainConfig.
+
+    Returns:
+        one message per problem, in the order of the fields' groups; empty when the config is sound.
+    """
+    p, world = _Problems(c), distributed.world()
+    device = _device_problems(p, c, world)
+    _data_problems(p, c, device)
+    _model_problems(p, c)
+    _schedule_problems(p, c, world)
+    _numerics_problems(p, c, device)
+    _optimisation_problems(p, c)
+    _family_problems(p, c)
+    _output_problems(p, c)
+    return p.found
+
+
+def _device_problems(p: _Problems, c, world) -> torch.device | None:
+    """The device the config names, checked against this machine and torchrun; None when it is unusable."""
+    device = None
+    try:
+        device = distributed.device(c.device, world)
+        if device.type not in ("cpu", "cuda"):
+            p.add(f"device={c.device!r}: gantools runs on cpu or cuda")
+            device = None
+        elif device.type == "cuda" and not torch.cuda.is_available():
+            p.add(f"device={c.device!r}: no CUDA GPU is visible to PyTorch; use device='cpu' (or 'auto')")
+            device = None
+        elif device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            p.add(f"device={c.device!r}: only {torch.cuda.device_count()} GPU(s) visible" +
+                     (f" on this machine, but torchrun started process LOCAL_RANK={world.local_rank} here: "
+                      f"--nproc_per_node must not exceed the GPUs per machine" if c.device in ("auto", "cuda") else ""))
+            device = None
+        elif world.distributed and device.type == "cuda" and c.device not in ("auto", "cuda"):
+            p.add(f"device={c.device!r} would put every torchrun process on one GPU: use device='cuda' (or "
+                     f"'auto'), and each process takes its own, cuda:LOCAL_RANK")
+            device = None
+    except RuntimeError:
+        p.add(f"device={c.device!r}: not a device name; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _data_problems(p: _Problems, c, device) -> None:
+    if p.choice("dataset") and c.dataset == "folder":
+        if not c.data_path:
+            p.add("dataset='folder' needs data_path (a folder of image files)")
+        elif not os.path.isdir(c.data_path):
+            p.add(f"data_path={c.data_path!r}: no such folder")
+    elif c.data_path:
+        p.add(f"data_path is only used with dataset='folder' (dataset={c.dataset!r}); remove it")
+    if c.dataset == "glyphs-color" and c.channels != 3:
+        p.add("dataset='glyphs-color' is 3-channel: set channels=3")
+    p.choice("image_size")
+    p.choice("channels")
+    if p.choice("loader") and c.loader == "device":
+        if c.transform == "per-sample":
+            p.add("loader='device' keeps uint8 images on the device: use transform='on-device'")
+        if c.num_workers or c.pin_memory or c.persistent_workers or c.prefetch_factor is not None:
+            p.add("num_workers, pin_memory, persistent_workers and prefetch_factor are DataLoader knobs; "
+                     "with loader='device' set them to 0/False/None")
+        if c.dataset == "folder":
+            p.add("loader='device' needs the whole dataset decoded in memory; dataset='folder' streams "
+                     "files: use loader='dataloader'")
+    p.choice("transform")
+    if p.at_least("num_workers", 0) and c.num_workers == 0:
+        if c.persistent_workers:
+            p.add("persistent_workers=True needs num_workers > 0")
+        if c.prefetch_factor is not None:
+            p.add("prefetch_factor needs num_workers > 0 (or leave it None)")
+    if c.prefetch_factor is not None:
+        p.at_least("prefetch_factor", 1)
+    if c.pin_memory and device is not None and device.type != "cuda":
+        p.add("pin_memory=True only helps copies to a GPU; set it False on the CPU")
+
+
+def _model_problems(p: _Problems, c) -> None:
+    p.at_least("nz", 1)
+    p.at_least("ngf", 1)
+    p.at_least("ndf", 1)
+    if p.choice("d_norm") and c.d_norm == "batch" and (c.loss == "wgan-gp" or c.r1_gamma > 0):
+        p.add("d_norm='batch' with a gradient penalty (loss='wgan-gp' or r1_gamma > 0): BatchNorm mixes the "
+                 "images of a batch, so no image's input gradient is its own; use d_norm='layer' (or 'none', or "
+                 "'auto')")
+
+
+def _schedule_problems(p: _Problems, c, world) -> None:
+    ok_b = p.at_least("batch_size", 1)
+    ok_k = p.at_least("grad_accum_steps", 1)
+    parts = world.size * c.grad_accum_steps if ok_k else 1
+    if ok_b and ok_k and c.batch_size % parts:
+        fix = f"try batch_size={parts * max(1, c.batch_size // parts)}"
+        if world.distributed:
+            micro = f", each in grad_accum_steps={c.grad_accum_steps} micro-batches" if c.grad_accum_steps > 1 else ""
+            p.add(f"batch_size={c.batch_size} is the global batch, shared by the {world.size} processes torchrun "
+                     f"started{micro}: it must be divisible by {parts} so every process gets an equal share ({fix}, "
+                     f"or a --nproc_per_node that divides it)")
+        else:
+            p.add(f"batch_size={c.batch_size} is not divisible by grad_accum_steps={c.grad_accum_steps}: "
+                     f"each micro-batch must have the same size ({fix})")
+    if ok_b and ok_k and parts > 1 and not c.drop_last:
+        p.add("grad_accum_steps > 1 and torchrun need drop_last=True so every batch splits into equal parts")
+    p.at_least("steps", 1)
+
+
+def _numerics_problems(p: _Problems, c, device) -> None:
+    if p.choice("precision") and device is not None:
+        if c.precision == "fp16" and device.type == "cpu":
+            p.add("precision='fp16' needs a CUDA GPU (GradScaler and fast fp16 kernels); on the CPU use 'bf16'")
+        if c.precision == "bf16" and not hardware.supports_bf16(device):
+            p.add("precision='bf16' is not supported on this GPU (needs Ampere or newer); use 'fp16'")
+    if c.sync_batchnorm and device is not None and device.type != "cuda":
+        p.add("sync_batchnorm=True needs CUDA GPUs (PyTorch's SyncBatchNorm runs on NCCL, not on the CPU): "
+                 "set it False (each process then normalises over its own share of the batch)")
+    if p.choice("compile") and c.compile == "reduce-overhead" and device is not None and device.type != "cuda":
+        p.add("compile='reduce-overhead' uses CUDA graphs: on the CPU use compile='default'")
+
+
+def _optimisation_problems(p: _Problems, c) -> None:
+    p.choice("optimizer")
+    p.choice("optimizer_impl")
+    for name in ("lr_g", "lr_d"):
+        v = getattr(c, name)
+        if not (math.isfinite(v) and v > 0):
+            p.add(f"{name}={v}: must be a positive number (DCGAN uses 2e-4)")
+    if not all(0 <= b < 1 for b in c.betas):
+        p.add(f"betas={tuple(c.betas)}: each beta must be in [0, 1)")
+    if not (math.isfinite(c.weight_decay) and c.weight_decay >= 0):
+        p.add(f"weight_decay={c.weight_decay}: must be >= 0")
+    if p.choice("loss") and c.loss == "bce-sigmoid" and c.precision != "fp32":
+        p.add("loss='bce-sigmoid' (Sigmoid + BCELoss) is unsafe under autocast: use loss='bce' "
+                 "(BCE with logits) with fp16/bf16")
+
+
+def _family_problems(p: _Problems, c) -> None:
+    if p.finite_at_least("gp_weight", 0):
+        if c.loss == "wgan-gp" and c.gp_weight == 0:
+            p.add("loss='wgan-gp' with gp_weight=0 has nothing keeping the critic 1-Lipschitz, so its loss is no "
+                     "distance and training diverges: use gp_weight > 0 (10 in the paper)")
+        elif c.loss != "wgan-gp" and c.gp_weight != p.default("gp_weight"):
+            p.add(f"gp_weight is only used with loss='wgan-gp' (loss={c.loss!r}); remove it")
+    if p.finite_at_least("r1_gamma", 0) and p.at_least("r1_interval", 1):
+        if c.r1_gamma == 0 and c.r1_interval != 1:
+            p.add("r1_interval sets how often R1 runs, but R1 is off (r1_gamma=0): set r1_gamma > 0, or remove "
+                     "r1_interval")
+        if c.r1_gamma > 0 and c.loss == "bce-sigmoid":
+            p.add("r1_gamma penalises the gradient of D's raw output, but loss='bce-sigmoid' squashes it through a "
+                     "Sigmoid: use loss='bce' (BCE with logits)")
+    p.at_least("d_steps", 1)
+    if not (math.isfinite(c.ema_decay) and 0 <= c.ema_decay < 1):
+        p.add(f"ema_decay={c.ema_decay}: must be in [0, 1) (0: off; 0.999 averages over about the last 1000 "
+                 "steps)")
+    if c.conditional and c.loss == "bce-sigmoid":
+        p.add("conditional=True adds a projection of the label to D's logit, but loss='bce-sigmoid' puts a "
+                 "Sigmoid after it: use loss='bce' (BCE with logits)")
+
+
+def _output_problems(p: _Problems, c) -> None:
+    p.at_least("log_interval", 1)
+    p.at_least("sample_interval", 0)
+    p.at_least("checkpoint_interval", 0)
+    p.at_least("max_skips", 1)
+    if not c.out_dir:
+        p.add("out_dir is empty: give a folder for samples and checkpoints")
