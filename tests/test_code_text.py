@@ -37,7 +37,7 @@ PATTERNS = {
         rf"(?<![\w.]){NUMBER} ?{UNIT}(?!\w)[^.;:]{{0,40}}?{MEASURING}|"
         rf"{MEASURING}:? (?:about |~)?{NUMBER}\b|"  # "measured: 1330 at 100 steps"
         rf"(?<![\w.]){NUMBER} ?{DURATION} (?:for|on) (?:the|a|an|one|this) |"  # "36 ms for the 32 px DCGAN"
-        r"\((?:as )?measured\b|"  # "(measured)", "(measured on glyphs: ...)": one run's finding as a fact
+        r"\((?:as )?measured\b(?!,)|"  # "(measured)", "(measured on glyphs: ...)": one run's finding as a fact
         r"\bmeasured on the\b[^.;:]{0,30}\b(?:CPU|GPU|machine|H100|H200|A100|T4)s?\b|"  # one machine's number
         r"(?<![\w.])\d+\.\d\dx\b|"  # a speed-up to the hundredth is a measurement: "1.62x", "2.78x the FID"
         r"\b\d+(?:\.\d+)?x (?:faster|slower|as fast)\b", re.IGNORECASE),
@@ -140,6 +140,7 @@ def test_the_patterns_catch_dates_issue_histories_and_measured_numbers(text, wha
     "shapes (B, 3, 64, 64); 2048 x 128 floats here, by design",
     "a constant chosen by measurement (evidence: docs/tune.md)",
     "the measured warm-up seconds of each config",
+    "returns (measured, None), or (None, why it was rejected)",
     "Speed, measured on this machine: the benchmark ladder",
     "a share measured as a difference of two speeds can fall below zero: noise",
     "stopped 5 s after the signal, as torch's own join timeout does",

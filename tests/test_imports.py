@@ -194,3 +194,30 @@ def test_importing_gantools_changes_nothing_global():
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "{}", f"changed by importing gantools: {done.stdout}"
+
+
+# Units a reader can hold (docs/design.md): limits every module, class and function of the package keeps.
+MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 500, 300, 60
+
+
+def _oversized(path: Path, source: str) -> list:
+    """'where: lines' for the module, each class and each function of `source` over its limit."""
+    found = [f"{path}: {n} lines"] if (n := len(source.splitlines())) > MODULE_LINES else []
+    for node in ast.walk(ast.parse(source)):
+        limit = (CLASS_LINES if isinstance(node, ast.ClassDef) else
+                 FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if limit and (n := node.end_lineno - node.lineno + 1) > limit:
+            found.append(f"{path}:{node.lineno} {node.name}: {n} lines")
+    return found
+
+
+def test_no_module_class_or_function_is_over_its_size_limit():
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in _oversized(path.relative_to(ROOT), path.read_text())]
+    assert found == []
+
+
+def test_the_size_limits_catch_a_long_function_and_a_long_module():
+    long_function = "def f():\n" + "    x = 1\n" * FUNCTION_LINES
+    assert _oversized(Path("m.py"), long_function) == [f"m.py:1 f: {FUNCTION_LINES + 1} lines"]
+    assert _oversized(Path("m.py"), "x = 1\n" * (MODULE_LINES + 1)) == [f"m.py: {MODULE_LINES + 1} lines"]
+    assert _oversized(Path("m.py"), "def f():\n    return 1\n") == []

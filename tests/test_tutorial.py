@@ -1,7 +1,6 @@
 """The plain loop the workbook teaches on (gantools/workbook/tutorial.py), the interleaved race that times its
 variants, and
 the conclusions computed from their numbers (gantools/workbook/conclusions.py)."""
-import statistics
 import time
 
 import pytest

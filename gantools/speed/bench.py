@@ -45,8 +45,8 @@ SIZES = {  # two presets: a few minutes on a 2-core CPU, and one GPU
     "cpu": dict(dataset="glyphs", image_size=32, channels=1, batch_size=128, ngf=64, ndf=64),
     "gpu": dict(dataset="glyphs-color", image_size=64, channels=3, batch_size=128, ngf=64, ndf=64),
 }
-# quality_images: on glyphs at 32 px, FID falls steeply until about 700 steps of batch 128 and then flattens
-# (measured: 1330 at 100 steps, 127 at 400, 26 at 800), so budgets shorter than that compare noise
+# quality_images: on glyphs at 32 px, FID falls steeply for several hundred steps of batch 128 and then flattens,
+# so shorter budgets compare noise (evidence: docs/benchmark.md)
 PLAN = {"cpu": dict(warmup_images=128 * 3, images_per_repeat=128 * 3, repeats=5, quality_images=128 * 800),
         "gpu": dict(warmup_images=128 * 20, images_per_repeat=128 * 50, repeats=5, quality_images=128 * 3000)}
 # Quick mode (GANTOOLS_QUICK=1: tests, nbval): one-step chunks, a tiny quality budget
@@ -123,8 +123,8 @@ def _config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> Train
 
 def measurement_trainer(cfg: TrainConfig, plan: dict, **trainer_args):
     """A trainer for interleaved chunks (`interleave`): no cap on steps, a log record per chunk, no samples or
-    checkpoints on the way (fit() still writes one checkpoint at its end, outside the timed steps; 36 ms for the
-    32 px DCGAN here). `trainer_args` go to Trainer (your own networks, dataset, callbacks)."""
+    checkpoints on the way (fit() still writes one checkpoint at its end, outside the timed steps).
+    `trainer_args` go to Trainer (your own networks, dataset, callbacks)."""
     from ..core.trainer import Trainer
 
     return Trainer(cfg.replace(log_interval=max(1, plan["images_per_repeat"] // cfg.images_per_step), steps=10**9,

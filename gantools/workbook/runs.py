@@ -24,7 +24,7 @@ QUICK_SIZE = dict(nz=16, ngf=8, ndf=8, batch_size=32, steps=12, log_interval=3, 
 
 def real_size() -> dict:
     """Meaningful runs: DCGAN at 32 px, batch 128. 800 steps is where FID on glyphs stops falling steeply and
-    nine or ten classes appear (measured), so quality compares fairly between runs; more on a GPU."""
+    most classes appear (evidence: docs/benchmark.md), so quality compares fairly between runs; more on a GPU."""
     gpu = resolve_device("auto").type == "cuda"
     return dict(nz=100, ngf=64, ndf=64, batch_size=128, steps=2000 if gpu else 800, log_interval=25,
                 sample_interval=200 if gpu else 100)
