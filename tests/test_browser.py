@@ -34,7 +34,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 
-from gantools.workbook.panel import TECHNIQUES
+from gantools.workbook.panel import CONTROL_FIELDS
 from gantools.workbook import workbook_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def check_panel(nb: Notebook) -> None:
     panel = page.locator(".widget-vbox:has(> .widget-hbox button:has-text('Run'))").first
     assert panel.is_visible(), "the ControlPanel did not render"
     labels = panel.locator(".widget-label, .widget-label-basic").all_inner_texts()
-    missing = [t for t in TECHNIQUES if t.replace("_", " ") not in labels]
+    missing = [t for t in CONTROL_FIELDS if t.replace("_", " ") not in labels]
     assert not missing, f"panel renders without controls for {missing} (labels seen: {labels})"
     for button in ("Run", "Stop"):
         assert panel.locator(f"button:has-text('{button}')").is_visible(), f"no {button} button"

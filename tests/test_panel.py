@@ -3,7 +3,7 @@ import time
 import pytest
 
 import gantools.workbook.panel as gp
-from gantools.workbook.panel import RUNS, ControlPanel, TECHNIQUES
+from gantools.workbook.panel import CONTROL_FIELDS, RUNS, ControlPanel
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def panel(tiny):
 
 
 def test_panel_has_a_control_for_every_technique(panel):
-    assert set(panel.controls) == set(TECHNIQUES)
+    assert set(panel.controls) == set(CONTROL_FIELDS)
     assert panel.controls["precision"].options == ("fp32", "fp16", "bf16")
     assert panel.config() == panel.base
 

@@ -86,9 +86,11 @@ def test_tunes_priors_and_search_order_follow_the_list():
 
 
 def test_the_panels_controls_are_the_lists_fields_in_order():
-    from gantools.workbook.panel import TECHNIQUES as CONTROLS
+    from gantools.workbook.panel import CONTROL_FIELDS, PROFILE_FIELDS
 
-    assert CONTROLS == (*[name for t in TECHNIQUES for name in t.panel], "steps")
+    assert CONTROL_FIELDS == (*[name for t in TECHNIQUES for name in t.panel], "steps")
+    assert PROFILE_FIELDS == ("precision", "loss", "transform", "num_workers", "sync_every_step", "channels_last")
+    assert PROFILE_FIELDS == tuple(name for t in TECHNIQUES for name in t.profiled)
 
 
 @pytest.mark.parametrize("wait, busy, ops, cfg, knob", [
@@ -147,3 +149,102 @@ def test_tune_tries_the_16_bit_precision_the_gpu_has(gpu):
                          if "optimizer_impl" in c.change]
     assert impls(TrainConfig(precision="fp16")) == ["foreach", "for-loop"]
     assert impls(TrainConfig(precision=gpu, optimizer_impl="foreach")) == ["fused", "for-loop"]
+
+
+def test_the_search_space_offers_and_skips_each_techniques_values_in_order(monkeypatch):
+    """Pinned: every candidate and every skipped value with its reason, likeliest first, on a CPU."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr(bench, "can_compile", lambda device: True)
+    cfg = TrainConfig(loss="bce-sigmoid", transform="per-sample", loader="dataloader", num_workers=3,
+                      sync_every_step=True, freeze_d=False, compile="off", grad_accum_steps=4)
+    candidates, skipped = space.search_space(cfg, CPU, space=(*speed_knobs(), "batch_size"), own_dataset=True,
+                                             cpu_tensors=False)
+    assert [c.label for c in candidates] == [
+        "precision=bf16, loss=bce", "channels_last=True", "compile=default", "freeze_d=True",
+        "batch_size=256, lr_g=0.000282842712474619, lr_d=0.000282842712474619",
+        "loader=device, transform=on-device, num_workers=0", "sync_every_step=False", "persistent_workers=True",
+        "prefetch_factor=4", "grad_accum_steps=2", "optimizer_impl=fused", "optimizer_impl=foreach",
+        "optimizer_impl=for-loop"]
+    not_cpu = "your dataset's tensors are not on the CPU: a forked worker cannot use CUDA"
+    assert skipped == [("precision=fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)"),
+                       ("transform=on-device", "your own dataset brings its own transforms"),
+                       ("num_workers=1", not_cpu), ("num_workers=2", not_cpu),
+                       ("pin_memory=True", "pinned memory only helps copies to a GPU"),
+                       ("tf32=True", "TF32 needs an Ampere or newer GPU"), ("cudnn_benchmark=True", "cuDNN is CUDA's")]
+    monkeypatch.setattr(bench, "can_compile", lambda device: False)
+    assert space.search_space(cfg, CPU, space=("compile",))[1] == [
+        ("compile", "torch.compile needs a C++ compiler on the CPU")]
+
+
+@pytest.mark.parametrize("passed, main_thread, why", [
+    (False, True, "not validated by `python -m gantools check` on this GPU"),
+    (False, False, "not validated by `python -m gantools check` on this GPU"),
+    (True, False, "CUDA graphs are refused in a background thread")])
+def test_the_search_space_on_a_gpu_without_fast_bf16(monkeypatch, passed, main_thread, why):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(check, "validated", lambda technique, device, root=None: passed)
+    candidates, skipped = space.search_space(TrainConfig(loader="dataloader", num_workers=0), CUDA,
+                                             main_thread=main_thread)
+    assert [c.label for c in candidates] == [
+        "precision=fp16", "loader=device", "channels_last=True", "compile=default",
+        "num_workers=2, persistent_workers=True", "cudnn_benchmark=True", "pin_memory=True", "optimizer_impl=fused",
+        "optimizer_impl=foreach", "optimizer_impl=for-loop"]
+    assert skipped == [("compile=max-autotune", why), ("compile=reduce-overhead", why),
+                       ("tf32=True", "TF32 needs an Ampere or newer GPU")]
+
+
+def test_checks_rows_are_pinned():
+    assert list(check.techniques(CPU, True)) == [
+        "fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
+        "accumulation, 2 micro-batches", "channels_last", "compile default", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
+        "conditional"]
+    assert list(check.techniques(CUDA, False, fast_bf16=False)) == [
+        "fp32", "fp16 autocast + GradScaler", "device loader", "DataLoader, 2 workers, pinned", "Adam fused",
+        "Adam foreach", "fp16 + Adam fused", "fp16 + Adam foreach", "fp16 + Adam for-loop",
+        "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
+        "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "WGAN-GP, fp16 + GradScaler",
+        "WGAN-GP + compile reduce-overhead", check.CUDA_TENSORS]
+
+
+@pytest.mark.parametrize("device, wait, busy, syncs, ops, cfg, fix, text", [
+    ("cpu", 50.0, 50.0, 0, [], TrainConfig(transform="per-sample"),
+     {"transform": "on-device", "num_workers": 0, "persistent_workers": False, "prefetch_factor": None},
+     "drop per-image PIL transforms: copy uint8 batches and normalise them on the device"),
+    ("cpu", 50.0, 50.0, 0, [], TrainConfig(transform="per-sample", dataset="folder"),
+     {"num_workers": 3, "persistent_workers": True},
+     "decode in 3 DataLoader worker processes, kept alive between epochs"),
+    ("cpu", 50.0, 50.0, 0, [], TrainConfig(loader="dataloader", num_workers=2),
+     {"num_workers": 4, "persistent_workers": True},
+     "more DataLoader workers, or a dataset decoded once and held on the device"),
+    ("cuda", 0.0, 30.0, 4, [], TrainConfig(sync_every_step=True), {"sync_every_step": False},
+     "remove per-step host syncs (.item()), then torch.compile (mode='reduce-overhead', CUDA graphs, once "
+     "`python -m gantools check` has validated it on this machine), or a larger batch"),
+    ("cuda", 0.0, 30.0, 0, [], TrainConfig(sync_every_step=True), {"compile": "default"},
+     "torch.compile (mode='reduce-overhead', CUDA graphs, once `python -m gantools check` has validated it on this "
+     "machine), or a larger batch"),
+    ("cpu", 0.0, 100.0, 0, [("aten::convolution", 80.0)], TrainConfig(loss="bce-sigmoid"),
+     {"precision": "bf16", "loss": "bce"}, "bf16 autocast"),
+    ("cpu", 0.0, 100.0, 0, [("aten::convolution", 80.0)], TrainConfig(precision="bf16"), {"channels_last": True},
+     "channels_last, then torch.compile"),
+    ("cuda", 0.0, 100.0, 0, [("aten::add", 80.0)], TrainConfig(), {"compile": "default"},
+     "torch.compile to fuse elementwise ops, channels_last"),
+])
+def test_each_verdicts_fix_and_its_words_are_pinned(monkeypatch, device, wait, busy, syncs, ops, cfg, fix, text):
+    monkeypatch.setattr("os.cpu_count", lambda: 3)
+    monkeypatch.setattr(check, "validated", lambda technique, device, root=None: False)
+    report = ProfileReport(device, 5, 128, 100.0, 100.0, {"data wait": wait}, busy, top_ops=ops,
+                           host_syncs_per_step=syncs)
+    verdict = diagnose(report, cfg)
+    assert (verdict.fix, verdict.technique) == (fix, text)
+    assert (verdict.estimated_speedup is None) == (fix == {"channels_last": True}), "channels_last: measure it"
+
+
+@pytest.mark.parametrize("device", [CPU, CUDA])
+def test_each_technique_offers_only_its_own_field(device, monkeypatch):
+    """search_space gives an offer its technique's prior: an offer of another field would be ordered wrongly."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    where = techniques.Where(device=device, cores=4)
+    for cfg in (TrainConfig(), TrainConfig(loader="dataloader", num_workers=2, grad_accum_steps=2, compile="default")):
+        for t in TECHNIQUES:
+            assert {o.field for o in t.candidates(cfg, where)} <= {t.knob}, t.knob

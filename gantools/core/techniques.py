@@ -1,19 +1,25 @@
 """Every performance technique gantools knows, once, in the workbook's teaching order.
 
-Each `Technique` is one speed field of `TrainConfig` (batch_size included): the config change that turns it on, the
-notebook that teaches it, the devices it applies to and the tuner's prior. The benchmark ladder (`bench.ladder`),
-`gantools check`'s rows (`check.techniques`), tune's priors and search order (`tuning.PRIOR`, `search_space`), the
-widget panel's controls (`panel.TECHNIQUES`) and the profiler verdict's notebook (`profiling.diagnose`) are all
-read from `TECHNIQUES`, in its order: a technique added here shows up in each of them.
+Each `Technique` is one speed field of `TrainConfig` (batch_size included): the config changes that turn it on, the
+notebook that teaches it, the devices it applies to, the values the tuner may try (`candidates`), its rows in the
+benchmark ladder and in `gantools check`, the profiler's fix it proposes, and the tuner's prior. The benchmark ladder
+(`bench.ladder`), `gantools check`'s rows (`check.techniques`), tune's priors and search space (`tuning.PRIOR`,
+`search_space`), the widget panels' controls (`panel.CONTROL_FIELDS`, `panel.PROFILE_FIELDS`) and the profiler's
+verdict (`profiling.diagnose`) are all read from `TECHNIQUES`, in its order: a technique added here shows up in each.
+
+core may not import speed/: what only speed/ knows (whether torch.compile has a compiler here, what `gantools check`
+validated) reaches a technique as values of `Where`.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..measuring import hardware
+from .config import TrainConfig, optimizer_kernels, scale_batch
 
 BOTH = ("cpu", "cuda")
 
@@ -34,11 +40,80 @@ class Row:
     together: bool = True
 
 
+def _never(technique: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Where:
+    """Where a technique is tried or proposed, besides the config: the device and what the caller measured about it.
+    `compile_ok`: torch.compile can build here (`bench.can_compile`); `validated`: a `gantools check` row name ->
+    whether it passed on this device (`check.validated`); `main_thread`: not a background thread (where CUDA graphs
+    are refused); `own_dataset`, `cpu_tensors`: a dataset of your own, and whether it returns CPU tensors
+    (`data.returns_cpu_tensors`); `cores`: CPU cores for workers; `workers`: the DataLoader workers a fix suggests;
+    `host_syncs`: host syncs per step the profile counted."""
+
+    device: torch.device
+    compile_ok: bool = True
+    validated: Callable[[str], bool] = _never
+    main_thread: bool = True
+    own_dataset: bool = False
+    cpu_tensors: bool = True
+    cores: int = 1
+    workers: int = 1
+    host_syncs: float = 0.0
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A value of a field the tuner may try, or (with `why`) one it leaves out here and the reason. `exact` is the
+    whole change, taken as it is rather than completed to a valid config (a larger batch brings its scaled learning
+    rates)."""
+
+    field: str
+    value: object
+    why: str | None = None
+    exact: dict | None = None
+
+    @property
+    def change(self) -> dict:
+        return {self.field: self.value}
+
+    @property
+    def label(self) -> str:
+        """`compile=default` as the skipped list names it; the field alone where no value applies."""
+        return self.field if self.value is None else f"{self.field}={self.value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fix:
+    """The profiler verdict's proposal: the config change, the words for it, and whether removing the bottleneck
+    bounds its gain (`bounded` False: no model of its gain, measure it)."""
+
+    change: dict
+    text: str
+    bounded: bool = True
+
+
+def _none(cfg: TrainConfig, where: Where) -> list:
+    return []
+
+
+def _no_fix(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Technique:
     """One speed field: what it is called, the notebook that teaches it, the devices it applies to, tune's prior
     (expected speed-up on its own as (cpu, cuda), only to order the search space: likeliest gains first), its rows
-    in the benchmark ladder and in `gantools check`, and the fields the widget panel shows for it."""
+    in the benchmark ladder and in `gantools check`, the fields the widget panel and the profile panel show for it,
+    the values tune may try from a config (`candidates(cfg, where)`: `Offer`s) and the fix it is for a profiler
+    verdict (`fix(bottleneck, cfg, where)`: a `Fix`, or None where it is not this config's fix)."""
 
     knob: str
     name: str
@@ -48,41 +123,191 @@ class Technique:
     ladder: tuple = ()
     checks: tuple = ()
     panel: tuple = ()
+    profiled: tuple = ()
+    candidates: Callable[[TrainConfig, Where], list] = _none
+    fix: Callable[[str, TrainConfig, Where], Fix | None] = _no_fix
 
 
 MIXED_PRECISION, DATA_LOADING = "02_mixed_precision.ipynb", "03_data_loading.ipynb"
 OPTIMIZERS, ALL_TOGETHER = "04_optimizers_and_accumulation.ipynb", "05_all_together.ipynb"
 YOUR_OWN_GAN = "06_your_own_gan.ipynb"  # the doctor's findings about a hand-written loop (host syncs, D's grads)
 
-# The priors. CPU: the benchmark's single-technique rows on the 2-core CPU (docs); CUDA: where a GPU step usually
-# loses time, largest first (an order, not a measurement). The order of this list is the order everywhere; among
-# equal priors it decides what tune tries first.
+OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches
+GRAPH_MODES = ("max-autotune", "reduce-overhead")  # torch.compile's modes that use CUDA graphs on CUDA
+NOT_CPU_TENSORS = "your dataset's tensors are not on the CPU: "
+
+
+def _precision(cfg: TrainConfig, where: Where) -> list:
+    """16-bit autocast from fp32: the device's own 16-bit precision (`hardware.autocast_precision`); fp16 never on
+    a CPU."""
+    if cfg.precision != "fp32":
+        return []
+    cpu = [] if where.cuda else [Offer("precision", "fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)")]
+    return [*cpu, Offer("precision", hardware.autocast_precision(where.device))]
+
+
+def _transform(cfg: TrainConfig, where: Where) -> list:
+    """On-device normalisation, except for your own dataset, which brings its own transforms."""
+    why = "your own dataset brings its own transforms" if where.own_dataset else None
+    return [Offer("transform", "on-device", why)]
+
+
+def _num_workers(cfg: TrainConfig, where: Where) -> list:
+    """Workers doubled (from 0: 2) up to the cores, and halved; only for a dataset of CPU tensors."""
+    if cfg.loader != "dataloader":
+        return []
+    n = cfg.num_workers
+    return [Offer("num_workers", value, None if where.cpu_tensors or not value else
+                  NOT_CPU_TENSORS + "a forked worker cannot use CUDA")
+            for value in sorted({min(where.cores, 2 * n if n else 2), n // 2})]
+
+
+def _pin_memory(cfg: TrainConfig, where: Where) -> list:
+    """Pinned memory: only for copies to a GPU, of CPU tensors."""
+    if cfg.loader != "dataloader":
+        return []
+    why = ("pinned memory only helps copies to a GPU" if not where.cuda else None if where.cpu_tensors else
+           NOT_CPU_TENSORS + "only CPU tensors can be pinned")
+    return [Offer("pin_memory", True, why)]
+
+
+def _compile(cfg: TrainConfig, where: Where) -> list:
+    """compile default (or off, from a compiled config); on CUDA also the CUDA-graph modes, only where `gantools
+    check` validated them and not in a background thread, where CUDA graphs are refused."""
+    if not where.compile_ok:
+        return [Offer("compile", None, "torch.compile needs a C++ compiler on the CPU")]
+    offers = [Offer("compile", "default" if cfg.compile == "off" else "off")]
+    for mode in GRAPH_MODES if where.cuda else ():
+        if cfg.compile == mode:
+            continue
+        # CUDA graphs (both modes use them: config.uses_cuda_graphs), measured interleaved with another trainer in
+        # this process: CUDA graph trees support "arbitrary trees of CUDA graph operations, not just sequences", and
+        # non-graph code between graphs (module docstring of torch/_inductor/cudagraph_trees.py); each step starts
+        # its own generation (step.TrainStep).
+        why = ("not validated by `python -m gantools check` on this GPU" if not where.validated(f"compile {mode}")
+               else None if where.main_thread else "CUDA graphs are refused in a background thread")
+        offers.append(Offer("compile", mode, why))
+    return offers
+
+
+def _optimizer_impl(cfg: TrainConfig, where: Where) -> list:
+    """Each optimizer implementation other than the one built ('auto' may already be fused:
+    `config.optimizer_kernels`)."""
+    built = optimizer_kernels(cfg.optimizer_impl, cfg.precision, where.device)
+    return [Offer("optimizer_impl", impl) for impl in OPTIMIZER_ORDER if impl != built]
+
+
+def _tf32(cfg: TrainConfig, where: Where) -> list:
+    """TF32 on an Ampere or newer GPU."""
+    ampere = where.cuda and torch.cuda.get_device_capability(where.device)[0] >= 8
+    return [Offer("tf32", True, None if ampere else "TF32 needs an Ampere or newer GPU")]
+
+
+def _batch_size(cfg: TrainConfig, where: Where) -> list:
+    """batch_size x2 with the learning rates scaled by sqrt 2 (`config.scale_batch`)."""
+    bigger = scale_batch(cfg, cfg.batch_size * 2)
+    return [Offer("batch_size", cfg.batch_size * 2,
+                  exact={"batch_size": bigger.batch_size, "lr_g": bigger.lr_g, "lr_d": bigger.lr_d})]
+
+
+def _graphs_text(where: Where) -> tuple[str, str]:
+    """The compile mode for a GPU left idle, and its words: reduce-overhead (CUDA graphs) only where `gantools check`
+    ran it on this GPU with this torch and it passed (gantools' own tests run on a CPU, so not recommended blind)."""
+    if where.validated("compile reduce-overhead"):
+        return "reduce-overhead", ("CUDA graphs via torch.compile mode='reduce-overhead' "
+                                   "(validated here by gantools check)")
+    return "default", ("torch.compile (mode='reduce-overhead', CUDA graphs, once `python -m gantools check` has "
+                       "validated it on this machine)")
+
+
+def _fix_transform(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    if bottleneck != "data-bound" or cfg.transform != "per-sample" or cfg.dataset == "folder":
+        return None
+    return Fix(change={"transform": "on-device", "num_workers": 0, "persistent_workers": False,
+                       "prefetch_factor": None},
+               text="drop per-image PIL transforms: copy uint8 batches and normalise them on the device")
+
+
+def _fix_workers(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    if bottleneck != "data-bound":
+        return None
+    if cfg.num_workers == 0:
+        return Fix(change={"num_workers": where.workers, "persistent_workers": True},
+                   text=f"decode in {where.workers} DataLoader worker processes, kept alive between epochs")
+    return Fix(change={"num_workers": cfg.num_workers * 2, "persistent_workers": True},
+               text="more DataLoader workers, or a dataset decoded once and held on the device")
+
+
+def _fix_precision(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    """16-bit for a compute-bound fp32 step: the device's own (validation refuses bf16 on a GPU before Ampere);
+    Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too."""
+    if bottleneck != "compute-bound" or cfg.precision != "fp32":
+        return None
+    half = hardware.autocast_precision(where.device)
+    return Fix(change={"precision": half, **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})},
+               text="bf16 autocast" if half == "bf16" else "fp16 autocast + GradScaler (no fast bf16 on this GPU)")
+
+
+def _fix_sync(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    """The per-step reads are the fix only where the config makes them: syncs it does not make (a GradScaler's, your
+    own networks') are no reason to propose sync_every_step=False when it is already off."""
+    if bottleneck != "host-overhead-bound" or not cfg.sync_every_step or where.host_syncs < 1:
+        return None
+    return Fix(change={"sync_every_step": False},
+               text=f"remove per-step host syncs (.item()), then {_graphs_text(where)[1]}, or a larger batch")
+
+
+def _fix_channels_last(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    if bottleneck != "compute-bound":
+        return None
+    return Fix(change={"channels_last": True}, text="channels_last, then torch.compile", bounded=False)
+
+
+def _fix_compile(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    if bottleneck == "host-overhead-bound":
+        mode, text = _graphs_text(where)
+        return Fix(change={"compile": mode}, text=f"{text}, or a larger batch")
+    if bottleneck == "memory-bound":
+        return Fix(change={"compile": "default"}, text="torch.compile to fuse elementwise ops, channels_last")
+    return None
+
+
+# The priors. CPU: the benchmark's single-technique rows on a CPU (evidence: docs/benchmark.md); CUDA: where a GPU
+# step usually loses time, largest first (an order, not a measurement). The order of this list is the order
+# everywhere; among equal priors it decides what tune tries first.
 TECHNIQUES = (
-    Technique("precision", "16-bit autocast", MIXED_PRECISION, (1.53, 2.0),
+    Technique("precision", "16-bit autocast", MIXED_PRECISION, (1.53, 2.0), candidates=_precision, fix=_fix_precision,
               ladder=(Row("bf16 autocast", {"precision": "bf16", "loss": "bce"}, needs="bf16"),
                       Row("fp16 + GradScaler", {"precision": "fp16", "loss": "bce"}, ("cuda",))),
               checks=(Row("bf16 autocast", {"precision": "bf16"}, needs="bf16"),
                       Row("fp16 autocast + GradScaler", {"precision": "fp16"}, ("cuda",))),
-              panel=("precision",)),
-    Technique("transform", "on-device normalisation", DATA_LOADING, (1.02, 1.3),
+              panel=("precision",), profiled=("precision", "loss")),  # bce-sigmoid is fp32 only
+    Technique("transform", "on-device normalisation", DATA_LOADING, (1.02, 1.3), candidates=_transform,
+              fix=_fix_transform, profiled=("transform",),
               ladder=(Row("on-device normalisation", {"transform": "on-device", "num_workers": 0}),)),
     Technique("loader", "device-resident data", DATA_LOADING, (1.04, 1.3),
+              candidates=lambda cfg, where: [Offer("loader", "device")],
               ladder=(Row("device-resident data", {"loader": "device", "transform": "on-device", "num_workers": 0}),),
               checks=(Row("device loader", {"loader": "device"}),),
               panel=("loader",)),
     # pinning only helps copies to a GPU (refused on a CPU); workers are worth checking everywhere
-    Technique("num_workers", "DataLoader worker processes", DATA_LOADING, (1.0, 1.1),
+    Technique("num_workers", "DataLoader worker processes", DATA_LOADING, (1.0, 1.1), candidates=_num_workers,
+              fix=_fix_workers, profiled=("num_workers",),
               checks=(Row("DataLoader, 2 workers", {"num_workers": 2, "persistent_workers": True}, ("cpu",)),
                       Row("DataLoader, 2 workers, pinned",
                           {"num_workers": 2, "persistent_workers": True, "pin_memory": True}, ("cuda",))),
               panel=("num_workers",)),
-    Technique("pin_memory", "pinned memory", DATA_LOADING, (1.0, 1.05), ("cuda",),
+    Technique("pin_memory", "pinned memory", DATA_LOADING, (1.0, 1.05), ("cuda",), candidates=_pin_memory,
               ladder=(Row("pinned memory", {"pin_memory": True}, together=False),),
               panel=("pin_memory",)),
     Technique("persistent_workers", "workers kept between epochs", DATA_LOADING, (1.0, 1.02),
+              candidates=lambda cfg, where: [Offer("persistent_workers", True)] if cfg.num_workers > 0 else [],
               panel=("persistent_workers",)),
-    Technique("prefetch_factor", "batches prefetched per worker", DATA_LOADING, (1.0, 1.01)),
+    Technique("prefetch_factor", "batches prefetched per worker", DATA_LOADING, (1.0, 1.01),
+              candidates=lambda cfg, where: [Offer("prefetch_factor", 4)]
+              if cfg.num_workers > 0 and cfg.prefetch_factor is None else []),
     Technique("optimizer_impl", "fused or foreach optimizer kernels", OPTIMIZERS, (0.97, 1.05),
+              candidates=_optimizer_impl,
               ladder=(Row("fused Adam", {"optimizer_impl": "fused"}),),
               # with fp16 `check` counts the host syncs in the optimizer steps: GradScaler.step reads found_inf back
               # (.item()) for every optimizer but a fused one, so the fused row must have none
@@ -92,28 +317,38 @@ TECHNIQUES = (
                         for impl in ("fused", "foreach", "for-loop"))),
               panel=("optimizer", "optimizer_impl")),
     Technique("grad_accum_steps", "gradient accumulation", OPTIMIZERS, (1.0, 1.1),
+              # fewer micro-batches: more never speeds a step up
+              candidates=lambda cfg, where: [Offer("grad_accum_steps", cfg.grad_accum_steps // 2)]
+              if cfg.grad_accum_steps > 1 else [],
               checks=(Row("accumulation, 2 micro-batches", {"grad_accum_steps": 2}),),
               panel=("grad_accum_steps",)),
-    Technique("sync_every_step", "no per-step .item()", ALL_TOGETHER, (1.02, 1.5),
+    Technique("sync_every_step", "no per-step .item()", ALL_TOGETHER, (1.02, 1.5), fix=_fix_sync,
+              candidates=lambda cfg, where: [Offer("sync_every_step", False)], profiled=("sync_every_step",),
               ladder=(Row("no per-step .item()", {"sync_every_step": False}),)),
-    Technique("channels_last", "channels_last", ALL_TOGETHER, (1.17, 1.2),
+    Technique("channels_last", "channels_last", ALL_TOGETHER, (1.17, 1.2), fix=_fix_channels_last,
+              candidates=lambda cfg, where: [Offer("channels_last", not cfg.channels_last)],
+              profiled=("channels_last",),
               ladder=(Row("channels_last", {"channels_last": True}),),
               checks=(Row("channels_last", {"channels_last": True}),),
               panel=("channels_last",)),
-    Technique("compile", "torch.compile", ALL_TOGETHER, (1.10, 1.2),
+    Technique("compile", "torch.compile", ALL_TOGETHER, (1.10, 1.2), candidates=_compile, fix=_fix_compile,
               ladder=(Row("torch.compile", {"compile": "default"}, needs="compile"),),
               checks=(Row("compile default", {"compile": "default"}, needs="compile"),
                       Row("compile reduce-overhead", {"compile": "reduce-overhead"}, ("cuda",)),
                       Row("compile max-autotune", {"compile": "max-autotune"}, ("cuda",))),
               panel=("compile",)),
     Technique("freeze_d", "D frozen in G's step", ALL_TOGETHER, (1.10, 1.1),
+              candidates=lambda cfg, where: [Offer("freeze_d", True)],
               ladder=(Row("D frozen in G step", {"freeze_d": True}),)),
-    Technique("tf32", "TF32", ALL_TOGETHER, (1.0, 1.5), ("cuda",),
+    Technique("tf32", "TF32", ALL_TOGETHER, (1.0, 1.5), ("cuda",), candidates=_tf32,
               ladder=(Row("TF32", {"tf32": True}),),
               checks=(Row("TF32 + cudnn.benchmark", {"tf32": True, "cudnn_benchmark": True}),)),
-    Technique("cudnn_benchmark", "cudnn.benchmark", ALL_TOGETHER, (1.0, 1.1), ("cuda",)),
+    Technique("cudnn_benchmark", "cudnn.benchmark", ALL_TOGETHER, (1.0, 1.1), ("cuda",),
+              candidates=lambda cfg, where: [Offer("cudnn_benchmark", True,
+                                                   None if where.cuda else "cuDNN is CUDA's")]),
     # the ladder's batch row is its max-throughput preset ('all together' with batch x2), built in bench.ladder
-    Technique("batch_size", "a larger batch", ALL_TOGETHER, (1.08, 1.2), panel=("batch_size",)),
+    Technique("batch_size", "a larger batch", ALL_TOGETHER, (1.08, 1.2), panel=("batch_size",),
+              candidates=_batch_size),
 )
 
 
@@ -147,6 +382,29 @@ def rows(kind: str, device: torch.device, compile_ok: bool, fast_bf16: bool | No
             if device.type in (row.devices or t.devices) and have[row.needs]]
 
 
-def panel_fields() -> tuple[str, ...]:
-    """The config fields the widget panel shows a control for, in order."""
-    return tuple(name for t in TECHNIQUES for name in t.panel)
+def panel_fields(panel: str = "panel") -> tuple[str, ...]:
+    """The config fields a widget panel shows a control for, in order.
+
+    Args:
+        panel: "panel" (the training panel's) or "profiled" (the profile panel's: the fields whose change a profile
+            shows).
+    Returns:
+        The fields, in the list's order.
+    """
+    return tuple(name for t in TECHNIQUES for name in getattr(t, panel))
+
+
+def fix(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix:
+    """The profiler's fix for `bottleneck` in `cfg`: the first technique, in the list's order, that is one.
+
+    Args:
+        bottleneck: a `profiling.bottleneck` name.
+        cfg: the profiled config.
+        where: the profiled device, and what the profile counted (`host_syncs`) and the caller knows.
+    Returns:
+        The `Fix`.
+    """
+    found = next((f for t in TECHNIQUES if (f := t.fix(bottleneck, cfg, where)) is not None), None)
+    if found is None:
+        raise KeyError(f"no technique fixes a {bottleneck} step")
+    return found

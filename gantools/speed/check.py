@@ -2,10 +2,8 @@
 The first thing to run on a new GPU: gantools' own tests run on a CPU, so this is where a GPU user finds out, in a
 minute or two, which techniques work with their driver, GPU and torch.
 
-For each technique (`techniques.TECHNIQUES`' check rows, in its order: each precision the device supports, the
-device loader, a DataLoader with worker processes (pinned on CUDA), fused and foreach Adam (on CUDA also fp16 with
-each optimizer implementation), gradient accumulation,
-channels_last, torch.compile (default; reduce-overhead on CUDA), TF32 and cudnn.benchmark on CUDA), the GAN variants
+For each technique's check rows that apply on the device (`Technique.checks`, in `techniques.TECHNIQUES`' order:
+`techniques.rows`), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
 penalty also with fp16 + GradScaler and with CUDA graphs), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
 no host sync, so `gantools profile` must count none, its own synchronisations left out), a dataset of your own

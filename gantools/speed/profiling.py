@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 
-from ..measuring import hardware
 from ..core import techniques
 from ..core.config import TrainConfig
 from ..measuring.clock import logged_seconds
@@ -201,74 +200,50 @@ def bottleneck(step_ms: float, data_wait_ms: float, device_busy_ms: float, compu
 
 
 def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
-    """Apply the thresholds in this module's docstring to a report, and say what to change in the config."""
-    step = report.step_time_ms
-    wait = report.phases_ms.get("data wait", 0.0)
-    cuda = report.device.startswith("cuda")
+    """Apply the thresholds in this module's docstring to a report, and say what to change in the config: the fix
+    for the bottleneck of the technique that owns it (`techniques.fix`), with the most removing the bottleneck gains.
+
+    Args:
+        report: what `profile` measured.
+        cfg: the profiled config.
+    Returns:
+        The `Verdict`.
+    """
+    from .check import validated
+
+    step, wait = report.step_time_ms, report.phases_ms.get("data wait", 0.0)
     compute = compute_ms(report.top_ops)
     busy = max(report.device_busy_ms, 1e-9)
-    verdict = bottleneck(step, wait, report.device_busy_ms, compute / busy, cuda)
+    verdict = bottleneck(step, wait, report.device_busy_ms, compute / busy, report.device.startswith("cuda"))
+    device = torch.device(report.device)
+    where = techniques.Where(device=device, validated=lambda name: validated(name, device),
+                             workers=suggested_workers(), host_syncs=report.host_syncs_per_step)
+    fix = techniques.fix(verdict, cfg, where)
+    evidence, removable = _evidence(verdict, report, compute)
+    return Verdict(verdict, evidence, fix.text, _taught(fix.change), fix.change,
+                   amdahl(step, removable) if fix.bounded else None)  # unbounded: no model of its gain, measure it
+
+
+def _evidence(verdict: str, report: ProfileReport, compute: float) -> tuple[dict, float]:
+    """The numbers that decided `verdict`, and the milliseconds per step removing its bottleneck would save: all the
+    data wait, all the GPU's idle time, half the convolutions and matmuls (16-bit at best halves them), or half the
+    other ops (fused)."""
+    step, wait = report.step_time_ms, report.phases_ms.get("data wait", 0.0)
     if verdict == "data-bound":
-        if cfg.transform == "per-sample" and cfg.dataset != "folder":
-            fix = {"transform": "on-device", "num_workers": 0, "persistent_workers": False,
-                   "prefetch_factor": None}
-            technique = "drop per-image PIL transforms: copy uint8 batches and normalise them on the device"
-        elif cfg.num_workers == 0:
-            workers = suggested_workers()
-            fix = {"num_workers": workers, "persistent_workers": True}
-            technique = f"decode in {workers} DataLoader worker processes, kept alive between epochs"
-        else:
-            fix = {"num_workers": cfg.num_workers * 2, "persistent_workers": True}
-            technique = "more DataLoader workers, or a dataset decoded once and held on the device"
-        return Verdict("data-bound", {"data wait ms": wait, "step ms": step, "data wait share": wait / step},
-                       technique, _taught(fix), fix, amdahl(step, wait))
+        return {"data wait ms": wait, "step ms": step, "data wait share": wait / step}, wait
     if verdict == "host-overhead-bound":
-        graphs = _compile_mode_for_overhead(report.device)
-        how = ("CUDA graphs via torch.compile mode='reduce-overhead' (validated here by gantools check)"
-               if graphs == "reduce-overhead" else "torch.compile (mode='reduce-overhead', CUDA graphs, once "
-               "`python -m gantools check` has validated it on this machine)")
-        # the per-step reads are the fix only where the config makes them: syncs it does not make (a GradScaler's,
-        # your own networks') are no reason to propose sync_every_step=False when it is already off
-        if cfg.sync_every_step and report.host_syncs_per_step >= 1:
-            fix, technique = {"sync_every_step": False}, f"remove per-step host syncs (.item()), then {how}"
-        else:
-            fix, technique = {"compile": graphs}, how
-        return Verdict("host-overhead-bound",
-                       {"GPU busy ms": report.device_busy_ms, "step ms": step,
-                        "GPU idle share": 1 - report.device_busy_ms / step,
-                        "host syncs per step": report.host_syncs_per_step},
-                       f"{technique}, or a larger batch", _taught(fix), fix, amdahl(step, step - report.device_busy_ms))
+        return ({"GPU busy ms": report.device_busy_ms, "step ms": step,
+                 "GPU idle share": 1 - report.device_busy_ms / step,
+                 "host syncs per step": report.host_syncs_per_step}, step - report.device_busy_ms)
+    busy = max(report.device_busy_ms, 1e-9)
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
-    if verdict == "compute-bound":
-        if cfg.precision == "fp32":
-            # 16-bit halves the convolution time at best (measured 1.95x for the whole step on the 2-core CPU);
-            # Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too. bf16 where the device has
-            # it fast, else fp16 (validation refuses bf16 on a GPU before Ampere)
-            half = hardware.autocast_precision(torch.device(report.device))
-            fix = {"precision": half, **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})}
-            how = "bf16 autocast" if half == "bf16" else "fp16 autocast + GradScaler (no fast bf16 on this GPU)"
-            return Verdict("compute-bound", evidence, how, _taught(fix), fix, amdahl(step, compute / 2))
-        fix = {"channels_last": True}
-        return Verdict("compute-bound", evidence, "channels_last, then torch.compile", _taught(fix), fix,
-                       None)  # no model of its gain: measure it
-    other = busy - compute
-    fix = {"compile": "default"}
-    return Verdict("memory-bound", evidence, "torch.compile to fuse elementwise ops, channels_last",
-                   _taught(fix), fix, amdahl(step, other / 2))
+    return evidence, (compute if verdict == "compute-bound" else busy - compute) / 2
 
 
 def _taught(fix: dict) -> str:
     """The notebook that teaches a fix: its first field's technique's (`techniques.notebook`)."""
     return techniques.notebook(next(iter(fix)))
-
-
-def _compile_mode_for_overhead(device: str) -> str:
-    """reduce-overhead only where `gantools check` ran it on this GPU with this torch and it passed: gantools' own
-    tests run on a CPU, so CUDA graphs are not recommended blind."""
-    from .check import validated
-
-    return "reduce-overhead" if validated("compile reduce-overhead", torch.device(device)) else "default"
 
 
 @dataclass

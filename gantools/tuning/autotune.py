@@ -50,11 +50,11 @@ import threading
 from ..speed.keep import decide
 from ..core.config import TrainConfig
 from .result import ROW_HEAD, Step, TuneResult
-from .space import OPTIMIZER_ORDER, PRIOR, Candidate, describe, search_space
+from .space import PRIOR, Candidate, describe, search_space
 from .trials import SCORE_S, StopWhen, TuneOptions
 from .tuner import COMPILE_S, PROFILE_STEPS, PROFILE_WARMUP, Tuner
 
-__all__ = ["COMPILE_S", "OPTIMIZER_ORDER", "PRIOR", "PROFILE_STEPS", "PROFILE_WARMUP", "ROW_HEAD", "SCORE_S",
+__all__ = ["COMPILE_S", "PRIOR", "PROFILE_STEPS", "PROFILE_WARMUP", "ROW_HEAD", "SCORE_S",
            "Candidate", "Step", "StopWhen", "TuneOptions", "TuneResult", "decide", "describe", "search_space", "tune"]
 
 

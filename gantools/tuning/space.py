@@ -8,12 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from ..speed import bench
-from ..measuring import hardware
 from ..core import techniques
-from ..core.config import TrainConfig, optimizer_kernels, scale_batch, speed_knobs
+from ..core.config import TrainConfig, speed_knobs
 
 PRIOR = techniques.priors()  # knob: (cpu, cuda), the expected speed-up of each change on its own
-OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches
 
 
 @dataclass
@@ -66,105 +64,39 @@ def allowed(change: dict, cfg: TrainConfig, space: tuple, cpu_tensors: bool = Tr
 
 def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset: bool = False,
                  main_thread: bool = True, cpu_tensors: bool = True) -> tuple[list, list]:
-    """(candidates, skipped): every change of the speed knobs in `space` worth trying from `cfg` on `device`,
-    likeliest gain first (`PRIOR`; among equals, `techniques.TECHNIQUES`' order), each completed to a valid config
-    (`complete`); and the values left out because
-    they do not apply here, each with its reason.
+    """Every change of the speed knobs in `space` worth trying from `cfg` on `device`: each technique's candidates
+    (`techniques.TECHNIQUES`, which say what each offers and why a value is left out here), likeliest gain first
+    (`PRIOR`; among equals, the list's order), each completed to a valid config (`complete`). batch_size is out of
+    the default space: a bigger batch means fewer optimizer steps per image, so it changes what is learned, and the
+    quality check would then most likely spend the budget undoing it (evidence: docs/benchmark.md).
 
-    Values per knob: 16-bit precision (`hardware.autocast_precision`: bf16 where the device has it fast, else fp16
-    on CUDA; fp16 never on a CPU);
-    sync_every_step off; freeze_d on; the device loader; on-device normalisation (not with your own dataset,
-    which brings its own transforms); workers doubled (from 0: 2) up to the cores, and halved; workers kept alive;
-    prefetch_factor 4; pinned memory (CUDA) (workers and pinning only for a dataset of CPU tensors, `cpu_tensors`:
-    `data.make_loader` says why); channels_last either way; compile default, or off (and on CUDA
-    max-autotune and reduce-overhead, which both use CUDA graphs, only where `gantools check` validated them and not
-    in a background thread, where CUDA graphs are refused); each other optimizer implementation (than the one built:
-    'auto' is fused with fp16 on CUDA, `config.optimizer_kernels`); cuDNN benchmark and TF32 (CUDA, TF32 on Ampere+);
-    fewer accumulation micro-batches (more never speeds a step up); and, only when `space` names it, batch_size x2
-    with the learning rates scaled by sqrt 2 (`config.scale_batch`). batch_size is out of the default space: a
-    bigger batch means fewer optimizer steps per image, so it changes what is learned (on glyphs, x2 cost 2.78x the
-    reference's FID at an equal image budget for 8% more images/s on the 2-core CPU); the quality check would then
-    most likely spend the budget undoing it."""
-    from ..speed.check import validated
+    Args:
+        cfg: the config to start from.
+        device: where it trains.
+        space: the fields tune may change (default: `config.speed_knobs`).
+        own_dataset: a dataset of your own (it brings its own transforms).
+        main_thread: False in a background thread, where CUDA graphs are refused.
+        cpu_tensors: whether the dataset returns CPU tensors (workers and pinning need them: `data.make_loader`).
+    Returns:
+        (candidates, skipped): the `Candidate`s, and (field=value, reason) for each value left out here.
+    """
+    from ..speed import check
 
     space = tuple(space if space is not None else speed_knobs())
-    order = [t.knob for t in techniques.TECHNIQUES if t.knob in space]  # the list's order everywhere
-    cuda, cores = device.type == "cuda", os.cpu_count() or 1
-    c, values, skipped = cfg, [], []
-
-    def offer(name, value, why=None):
-        if why:
-            skipped.append((f"{name}={value}", why))
-        elif getattr(c, name) != value:
-            values.append({name: value})
-
-    for name in order:
-        if name == "precision" and c.precision == "fp32":
-            if not cuda:
-                offer("precision", "fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)")
-            offer("precision", hardware.autocast_precision(device))
-        elif name == "sync_every_step":
-            offer(name, False)
-        elif name == "freeze_d":
-            offer(name, True)
-        elif name == "loader":
-            offer(name, "device")
-        elif name == "transform":
-            offer(name, "on-device", "your own dataset brings its own transforms" if own_dataset else None)
-        elif name == "num_workers" and c.loader == "dataloader":
-            n = c.num_workers
-            for value in sorted({min(cores, 2 * n if n else 2), n // 2}):
-                offer(name, value, None if cpu_tensors or not value else
-                      "your dataset's tensors are not on the CPU: a forked worker cannot use CUDA")
-        elif name == "persistent_workers" and c.num_workers > 0:
-            offer(name, True)
-        elif name == "prefetch_factor" and c.num_workers > 0 and c.prefetch_factor is None:
-            offer(name, 4)
-        elif name == "pin_memory" and c.loader == "dataloader":
-            offer(name, True, "pinned memory only helps copies to a GPU" if not cuda else None if cpu_tensors else
-                  "your dataset's tensors are not on the CPU: only CPU tensors can be pinned")
-        elif name == "channels_last":
-            offer(name, not c.channels_last)
-        elif name == "compile":
-            if not bench.can_compile(device):
-                skipped.append(("compile", "torch.compile needs a C++ compiler on the CPU"))
-                continue
-            for mode in ["default"] if c.compile == "off" else ["off"]:
-                offer(name, mode)
-            for mode in ("max-autotune", "reduce-overhead") if cuda else ():
-                if c.compile == mode:
-                    continue
-                # CUDA graphs (both modes use them: config.uses_cuda_graphs), measured interleaved with another
-                # trainer in this process: CUDA graph trees support "arbitrary trees of CUDA graph operations, not
-                # just sequences", and non-graph code between graphs (module docstring of
-                # torch/_inductor/cudagraph_trees.py); each step starts its own generation (step.TrainStep).
-                why = ("not validated by `python -m gantools check` on this GPU" if not validated(
-                    f"compile {mode}", device) else None if main_thread else
-                    "CUDA graphs are refused in a background thread")
-                offer(name, mode, why)
-        elif name == "optimizer_impl":
-            built = optimizer_kernels(c.optimizer_impl, c.precision, device)  # 'auto' may already be fused
-            for impl in OPTIMIZER_ORDER:
-                if impl != built:
-                    offer(name, impl)
-        elif name == "cudnn_benchmark":
-            offer(name, True, None if cuda else "cuDNN is CUDA's")
-        elif name == "tf32":
-            ampere = cuda and torch.cuda.get_device_capability(device)[0] >= 8
-            offer(name, True, None if ampere else "TF32 needs an Ampere or newer GPU")
-        elif name == "grad_accum_steps" and c.grad_accum_steps > 1:
-            offer(name, c.grad_accum_steps // 2)
-        elif name == "batch_size":
-            values.append({"batch_size": c.batch_size * 2})
-    prior = {name: p[1 if cuda else 0] for name, p in PRIOR.items()}
-    candidates = []
-    for change in values:
-        name = next(iter(change))
-        full = complete(c, change)
-        if name == "batch_size":
-            bigger = scale_batch(c, change["batch_size"])
-            full = {"batch_size": bigger.batch_size, "lr_g": bigger.lr_g, "lr_d": bigger.lr_d}
-        if full and allowed({k: v for k, v in full.items() if k not in ("lr_g", "lr_d")}, c, space):
-            candidates.append(Candidate(full, "search space", prior.get(name, 1.0)))
+    where = techniques.Where(device=device, compile_ok="compile" not in space or bench.can_compile(device),
+                             validated=lambda name: check.validated(name, device), main_thread=main_thread,
+                             own_dataset=own_dataset, cpu_tensors=cpu_tensors, cores=os.cpu_count() or 1)
+    side = 1 if where.cuda else 0
+    candidates, skipped = [], []
+    for t in techniques.TECHNIQUES:
+        if t.knob not in space:
+            continue
+        for offer in t.candidates(cfg, where):
+            if offer.why:
+                skipped.append((offer.label, offer.why))
+            elif getattr(cfg, offer.field) != offer.value:
+                full = offer.exact or complete(cfg, {offer.field: offer.value})
+                if full and allowed(offer.change if offer.exact else full, cfg, space):
+                    candidates.append(Candidate(full, "search space", t.prior[side]))
     candidates.sort(key=lambda cand: -cand.prior)  # stable: the list's order among equals
     return candidates, skipped

@@ -13,8 +13,9 @@ from ..core.trainer import Trainer
 from ..tuning.autotune import StopWhen
 from ..quick import QUICK
 
-# a control for each technique's fields (`techniques.TECHNIQUES`, in its order), and how long to train
-TECHNIQUES = (*techniques.panel_fields(), "steps")
+# the fields ControlPanel shows a control for: each technique's (`techniques.TECHNIQUES`, in its order), and how
+# long to train
+CONTROL_FIELDS = (*techniques.panel_fields(), "steps")
 RUNS: dict = {}  # every run since the kernel started: name -> History.summary()
 _ACTIVE: dict = {"thread": None, "stop": None, "trainer": None}  # at most one training loop per kernel
 
@@ -65,7 +66,7 @@ class ControlPanel(_Panel):
     all blocking: notebooks and tests call them. With a few `techniques` and `tune=False` it is a notebook's "try
     it" widget: that notebook's technique alone, against the baseline it measured."""
 
-    def __init__(self, base: TrainConfig, baseline: dict, techniques=TECHNIQUES, quality: bool = True,
+    def __init__(self, base: TrainConfig, baseline: dict, techniques=CONTROL_FIELDS, quality: bool = True,
                  tune_minutes: float | None = None, tune: bool = True):
         import ipywidgets as W
 
@@ -276,9 +277,9 @@ def describe_changes(result) -> str:
     return ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in result.changes().items())
 
 
-# 01's try-it controls: the fields whose change a profile shows (the step's precision and loss, the data path, the
-# per-step host sync, the memory layout). bce-sigmoid is fp32 only, so precision comes with loss.
-PROFILE_TECHNIQUES = ("precision", "loss", "transform", "num_workers", "sync_every_step", "channels_last")
+# 01's try-it controls: the fields whose change a profile shows, each technique's (`Technique.profiled`, in the
+# list's order)
+PROFILE_FIELDS = techniques.panel_fields("profiled")
 
 
 class _Stopped(Exception):
@@ -308,7 +309,7 @@ class ProfilePanel(_Panel):
 
     UNCHANGED = "the baseline's config"
 
-    def __init__(self, base: TrainConfig, baseline, techniques=PROFILE_TECHNIQUES, steps: int | None = None,
+    def __init__(self, base: TrainConfig, baseline, techniques=PROFILE_FIELDS, steps: int | None = None,
                  warmup: int = 2):
         import ipywidgets as W
 
