@@ -17,10 +17,18 @@ class StepClock:
     where the interval began; `interval_wait` and `waits` the data waits timed in it."""
 
     def __init__(self, device: torch.device):
-        self.device = device
         self.timer = hardware.Timer(device)
         self.train_time = 0.0  # seconds of training in the whole run, up to the last interval
         self._restart(0, 0)
+
+    @property
+    def device(self) -> torch.device:
+        """The device its timer synchronises (one, so the clock and its timer never disagree)."""
+        return self.timer.device
+
+    @device.setter
+    def device(self, device: torch.device) -> None:
+        self.timer.device = device
 
     def _restart(self, step: int, batches_seen: int) -> None:
         self.interval_start, self.interval_step, self.interval_batches = self.timer.now(sync=False), step, batches_seen
