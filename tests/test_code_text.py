@@ -156,9 +156,6 @@ def test_every_comment_block_and_docstring_is_read_and_no_string_is(tmp_path):
     assert sorted(_texts(module)) == [(1, "Module."), (2, "one\ntwo"), (5, "three"), (9, "Function.")]
 
 
-@pytest.mark.xfail(strict=False, reason="measured numbers left in modules being moved by the layout refactor: "
-                                       "core/config.py, core/data.py, speed/bench.py, speed/profiling.py, "
-                                       "tuning/space.py, tuning/trials.py, tuning/tuner.py, workbook/runs.py")
 def test_comments_and_docstrings_hold_no_dates_issue_histories_or_measured_numbers():
     found = _found()
     assert not found, "\n".join(["say why, not when, which issue or what one run measured (evidence in docs/):",
