@@ -290,3 +290,19 @@ def test_relative_links_point_at_files(page):
         if not (page.parent / path).exists():
             broken.append(target)
     assert not broken, f"{page.name}: links to files that do not exist: {broken}"
+
+
+def _layout_block() -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("```", text.index("## Layout"))
+    return text[start:text.index("```", start + 3)]
+
+
+def test_the_readme_layout_names_every_subpackage_and_module_and_no_other():
+    block, package = _layout_block(), ROOT / "gantools"
+    modules = [p for p in package.rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    missing = [str(p.relative_to(ROOT)) for p in modules if not re.search(rf"\b{p.stem}\b", block)]
+    missing += [f"{d.name}/" for d in package.iterdir() if (d / "__init__.py").exists() and f"{d.name}/" not in block]
+    assert missing == [], "the README's layout leaves these out"
+    stems = {p.stem for p in modules}
+    assert sorted(set(re.findall(r"\b(\w+)\.py\b", block)) - stems - {"evidence", "report", "wheels", "conf"}) == []
