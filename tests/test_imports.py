@@ -221,3 +221,24 @@ def test_the_size_limits_catch_a_long_function_and_a_long_module():
     assert _oversized(Path("m.py"), long_function) == [f"m.py:1 f: {FUNCTION_LINES + 1} lines"]
     assert _oversized(Path("m.py"), "x = 1\n" * (MODULE_LINES + 1)) == [f"m.py: {MODULE_LINES + 1} lines"]
     assert _oversized(Path("m.py"), "def f():\n    return 1\n") == []
+
+
+def _phase_labels() -> dict:
+    """'file:line' -> the label, for every string literal the package passes to `phase(...)` or `label_phase(...)`."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                    and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("phase", "label_phase")):
+                found[f"{path.relative_to(ROOT)}:{node.lineno}"] = node.args[0].value
+    return found
+
+
+def test_every_phase_the_step_labels_is_one_the_profiler_and_doctor_know():
+    """One vocabulary of phases: the trainer labels, the profiler's table and the doctor's attribution read the same
+    names (`measuring.protocol.PHASES`)."""
+    from gantools.measuring.protocol import PHASES
+
+    labels = _phase_labels()
+    assert len(set(labels.values())) >= 8, labels
+    assert {where: label for where, label in labels.items() if label not in PHASES} == {}

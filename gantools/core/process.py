@@ -10,31 +10,14 @@ import os
 import signal
 import sys
 import threading
-import warnings
 
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..measuring.hardware import _legacy_conv_tf32, _matmul_precision
+from ..measuring.torch_versions import legacy_conv_tf32, matmul_precision, precision_settings, set_conv_tf32
 
 
 # -- TF32 and cuDNN ------------------------------------------------------------------------------------------------
-def _precision_settings() -> list:
-    """The per-backend TF32 settings objects of torch >= 2.9 (`fp32_precision`); none on older versions."""
-    cudnn = torch.backends.cudnn
-    objects = [torch.backends.cuda.matmul, getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None)]
-    return [o for o in objects if o is not None and hasattr(o, "fp32_precision")]
-
-
-def _set_conv_tf32(enabled: bool, legacy: bool) -> None:
-    if legacy:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.backends.cudnn.allow_tf32 = enabled
-    else:
-        torch.backends.cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
-
-
 @contextlib.contextmanager
 def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None):
     """TF32 (matmuls and cuDNN convolutions) and cudnn.benchmark set for the block only, then restored exactly:
@@ -49,16 +32,16 @@ def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None)
     disagree ("you have used mix of the legacy and new APIs", aten/src/ATen/Context.cpp), and inductor still read
     the legacy getters while compiling, so one such write made every later torch.compile fail
     (pytorch/pytorch#189955, #179445, #166387). And a legacy `matmul.allow_tf32` write after the common
-    `torch.set_float32_matmul_precision("high")` makes `get_float32_matmul_precision()` itself raise, which
+    `torch.set_float32_matmul_precision("high")` makes `get_float32matmul_precision()` itself raise, which
     max-autotune reads. Restoring writes the per-backend strings back exactly ("none" = inherit), so the process
     ends as it began."""
-    saved_strings = [(obj, obj.fp32_precision) for obj in _precision_settings()]
+    saved_strings = [(obj, obj.fp32_precision) for obj in precision_settings()]
     saved_benchmark = torch.backends.cudnn.benchmark
-    saved_matmul = _matmul_precision() if tf32 is not None else None
-    conv_legacy = _legacy_conv_tf32() if tf32 is not None else None
+    saved_matmul = matmul_precision() if tf32 is not None else None
+    conv_legacy = legacy_conv_tf32() if tf32 is not None else None
     if tf32 is not None:
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
-        _set_conv_tf32(tf32, legacy=conv_legacy is not None)
+        set_conv_tf32(tf32, legacy=conv_legacy is not None)
     if cudnn_benchmark is not None:
         torch.backends.cudnn.benchmark = cudnn_benchmark
     try:
@@ -68,7 +51,7 @@ def backend_flags(tf32: bool | None = None, cudnn_benchmark: bool | None = None)
             if saved_matmul is not None:
                 torch.set_float32_matmul_precision(saved_matmul)
             if conv_legacy is not None:
-                _set_conv_tf32(conv_legacy, legacy=True)
+                set_conv_tf32(conv_legacy, legacy=True)
             for obj, value in saved_strings:
                 obj.fp32_precision = value
         torch.backends.cudnn.benchmark = saved_benchmark
@@ -214,8 +197,8 @@ class ProcessSnapshot:
         self.threads = torch.get_num_threads()
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.cudnn_benchmark = torch.backends.cudnn.benchmark
-        self.matmul_precision = _matmul_precision()
-        self.precision_strings = [(obj, obj.fp32_precision) for obj in _precision_settings()]
+        self.matmul_precision = matmul_precision()
+        self.precision_strings = [(obj, obj.fp32_precision) for obj in precision_settings()]
 
     def restore(self) -> None:
         sys.argv[:], sys.path[:] = self.argv, self.path

@@ -8,10 +8,11 @@ import platform
 import resource
 import sys
 import time
-import warnings
 
 import torch
 from torch.profiler import record_function
+
+from . import torch_versions
 
 # The profiler range around gantools' own device synchronisations: a profile counts the host syncs of the code it
 # profiles, not the ones its measuring makes (measuring.code_syncs).
@@ -101,36 +102,18 @@ def backend_flags_now() -> dict:
     flags = {"cudnn_benchmark": torch.backends.cudnn.benchmark}
     for name, obj in (("tf32_matmul", torch.backends.cuda.matmul), ("tf32_conv", getattr(torch.backends.cudnn,
                                                                                           "conv", None))):
-        flags[name] = getattr(obj, "fp32_precision", None)
+        flags[name] = torch_versions.precision_string(obj)
     return flags
-
-
-def _legacy_conv_tf32():
-    """cuDNN's TF32 flag through the legacy API, or None when reading it raises (the process used the new one)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy getters' deprecation notice (torch >= 2.9)
-        try:
-            return torch.backends.cudnn.allow_tf32
-        except RuntimeError:
-            return None
-
-
-def _matmul_precision():
-    """torch.get_float32_matmul_precision(), or None when it raises (legacy and new APIs already mixed)."""
-    try:
-        return torch.get_float32_matmul_precision()
-    except RuntimeError:
-        return None
 
 
 def tf32_matmuls() -> bool:
     """Whether fp32 matmuls may run in TF32 now (cuDNN's convolutions do by PyTorch's default; matmuls do not).
     Read through the documented switch that `state.backend_flags` sets, `torch.get_float32_matmul_precision()`; when
     that raises (legacy and new APIs mixed), through the per-backend string."""
-    precision = _matmul_precision()
+    precision = torch_versions.matmul_precision()
     if precision is not None:
         return precision != "highest"
-    return getattr(torch.backends.cuda.matmul, "fp32_precision", "") == "tf32"
+    return torch_versions.precision_string(torch.backends.cuda.matmul) == "tf32"
 
 
 @contextlib.contextmanager

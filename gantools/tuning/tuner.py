@@ -3,12 +3,10 @@ or not; then hold quality and measure start against final), with its state: one 
 between measurements), the candidates tried, the time spent."""
 from __future__ import annotations
 
-import contextlib
 import shutil
 import threading
 import time
 
-import torch
 
 from ..speed import bench, keep
 from ..core.config import TrainConfig, differences
@@ -16,6 +14,7 @@ from ..core.data import returns_cpu_tensors
 from ..errors import ConfigError, GantoolsError
 from ..core.recovery import is_out_of_memory
 from ..core.process import on_interrupt
+from ..measuring.torch_versions import room_to_recompile
 from .result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
 from .space import Candidate, allowed, complete, describe, search_space
 from .trials import Trials, TuneOptions, key, reason
@@ -25,19 +24,6 @@ COMPILE_S = 20.0
 # Profiled steps per profile: enough for a verdict (the profiler's own warm-up step comes on top), few enough to
 # cost seconds.
 PROFILE_STEPS, PROFILE_WARMUP = 3, 1
-
-
-@contextlib.contextmanager
-def _room_to_recompile():
-    """Dynamo keeps at most `recompile_limit` (8) compiled versions per code object, then runs that code eagerly
-    for good; every G (and every D) built during a tune shares one forward code object, and each precision,
-    memory format, frozen D or batch size is a version. So a tune raises the limit for its duration, or a compile
-    candidate late in the path would be measured eager. `recompile_limit` since torch 2.6 (pytorch/pytorch#143709,
-    the old name `cache_size_limit` kept as an alias)."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    with config.patch(**{name: max(64, getattr(config, name))}):
-        yield
 
 
 class Tuner:
@@ -99,8 +85,10 @@ class Tuner:
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
         r = self.result
-        # Ctrl-C stops tune between measurements (trainers stop after their step); a second one interrupts at once
-        with on_interrupt(lambda signum, frame: self.options.stop.set()), _room_to_recompile():
+        # Ctrl-C stops tune between measurements (trainers stop after their step); a second one interrupts at once.
+        # A tune compiles many versions of one G and D (precision, memory format, batch size): room for them all,
+        # or a compile candidate late in the path would be measured eager.
+        with on_interrupt(lambda signum, frame: self.options.stop.set()), room_to_recompile():
             try:
                 self._search()
                 if not self.options.stop.is_set():
