@@ -160,7 +160,7 @@ def _tuner(tiny, quality):
     from gantools.tuning.trials import TuneOptions
     from gantools.tuning.tuner import Tuner
 
-    return Tuner(TuneOptions(tiny, minutes=5, quality=quality, plan=PLAN))
+    return Tuner(TuneOptions(cfg=tiny, minutes=5, quality=quality, plan=PLAN))
 
 
 def test_tune_backs_off_past_the_limit_and_trains_the_second_seed_only_when_fid_rose(tiny):
@@ -205,7 +205,7 @@ def test_tune_trains_no_second_seed_when_the_final_fid_holds(tiny):
 def test_tune_measures_a_close_call_again_only_while_time_is_left(tiny, monkeypatch):
     """`Tuner._try` with the measuring replaced: a close call (faster on the median, lost a repeat) is measured
     again and decided on all six repeats; with no time left for that it is not kept."""
-    from gantools.speed.bench import Measured
+    from gantools.measuring.turns import Measured
     from gantools.tuning.space import Candidate
 
     start = tiny.replace(sync_every_step=True)
@@ -213,7 +213,7 @@ def test_tune_measures_a_close_call_again_only_while_time_is_left(tiny, monkeypa
     measures = []
 
     def runs(name, values):
-        return Measured(trainer=None, steps_per_repeat=1, warmup_s=0.0, images_per_sec_runs=list(values))
+        return Measured(subject=None, warmup_s=0.0, images_per_sec_runs=list(values))
 
     def measure(contenders, configs):
         measures.append(configs)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -240,10 +241,42 @@ def peak_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
 
 
+class BenchRow(TypedDict, total=False):
+    """One variant of the ladder, as `run` returns it and bench.json stores it (`fid`, `kid`, ... with quality)."""
+
+    variant: str
+    changes: dict
+    batch_size: int
+    warmup_s: float
+    images_per_sec_runs: list
+    flops_per_image: float
+    images_per_sec: float
+    spread: Spread
+    speedup: float
+    peak_mem_mb: float
+    tflops: float
+    mfu: float | None
+    matmul_share: float
+    fid: float
+
+
+class BenchResult(TypedDict):
+    """What `run` returns and `python -m gantools bench` writes as JSON: the machine, the protocol, the rows."""
+
+    machine: dict
+    size: str
+    config: dict
+    plan: dict
+    peak_bf16_flops: float | None
+    measured_matmul_flops: dict
+    date: str
+    rows: list[BenchRow]
+
+
 def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = False, compile: bool | None = None,
         repeats: int | None = None, out_dir="runs/bench", quality_samples: int = 2048, overrides=None,
-        plan=None, progress=print) -> dict:
-    """Run the ladder (or the named `variants` of it). Returns a dict with machine, protocol and rows."""
+        plan=None, progress=print) -> BenchResult:
+    """Run the ladder (or the named `variants` of it): machine, protocol and one `BenchRow` per variant."""
     dev = resolve_device(device)
     plan = {**PLAN[size], **(plan or {})}
     if repeats:

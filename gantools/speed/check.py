@@ -35,6 +35,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -301,7 +302,30 @@ def row_names(plan: dict, device: torch.device, gpus: int) -> list:
     return [*plan, *([PROFILE_ROW, OOM_ROW] if device.type == "cuda" else []), ddp]
 
 
-def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None) -> dict:
+class CheckRow(TypedDict):
+    """One technique checked: whether it passed, why not, its speed, each check by name, the seconds it took."""
+
+    technique: str
+    ok: bool
+    reason: str | None
+    images_per_sec: float | None
+    checks: dict
+    seconds: float
+
+
+class CheckResult(TypedDict):
+    """What `run` returns and `python -m gantools check` writes as JSON."""
+
+    machine: dict
+    device: str
+    torch: str
+    date: str
+    ok: bool
+    rows: list[CheckRow]
+    cuda_only_not_run: list
+
+
+def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None) -> CheckResult:
     """Check every technique (or those named in `only`, less those in `skip`) on `device`. Never raises for a
     technique that fails: its row says FAILED and why. A bad `device` is a ConfigError before anything runs. With
     `save_to`, the rows so far are written there after each one (`"partial": true`), so a check stopped midway keeps
@@ -350,7 +374,7 @@ def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None
     return result
 
 
-def _result(dev: torch.device, rows: list) -> dict:
+def _result(dev: torch.device, rows: list) -> CheckResult:
     from .bench import can_compile
 
     return {"machine": machine_info(dev), "device": str(dev), "torch": torch.__version__,
