@@ -1,9 +1,10 @@
 """gantools: make GAN training fast, and show why. See README.md for the tour."""
 from .core.checkpoint import load_checkpoint, save_checkpoint
 from .core.config import TrainConfig, preset
-from .core.data import (DeviceLoader, HostLoader, ImageFolderDataset, ImageTensorDataset, data_root,
-                        dataset_from_config, load_glyphs, make_dataset, make_loader, render_glyphs)
+from .core.data import (ImageFolderDataset, ImageTensorDataset, data_root, dataset_from_config, load_glyphs,
+                        make_dataset, render_glyphs)
 from .core.history import History
+from .core.loaders import DeviceLoader, HostLoader, make_loader
 from .core.models import Discriminator, Generator, build_dcgan, dcgan_init
 from .core.trainer import Trainer
 from .errors import (CheckpointError, ConfigError, DataError, DoctorError, GantoolsError, NonFiniteLossError,

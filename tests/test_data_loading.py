@@ -4,7 +4,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from gantools.workbook.conclusions import SPEED_BAND, worth_removing
-from gantools.core.data import DeviceLoader, loader_images_per_sec
+from gantools.core.loaders import DeviceLoader, loader_images_per_sec
 
 
 def test_a_plain_generator_over_a_dataloader_is_timed_when_told_its_device(glyphs64):

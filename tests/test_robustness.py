@@ -254,12 +254,12 @@ def test_an_allocation_failure_torch_raises_as_a_plain_error_is_out_of_memory_in
 @pytest.mark.parametrize("loader", ["dataloader", "device"])
 def test_out_of_memory_copying_a_batch_leaves_the_next_fit_a_fresh_batch_stream(tiny, glyphs64, monkeypatch, loader,
                                                                                tmp_path):
-    import gantools.core.data as data
+    import gantools.core.loaders as loaders
 
     cfg = tiny.replace(loader=loader, steps=4, log_interval=1)
     full = Trainer(cfg.replace(out_dir=str(tmp_path / "full")), dataset=glyphs64)
     full.fit()
-    real, calls = data.prepare_batch, []
+    real, calls = loaders.prepare_batch, []
 
     def copy_runs_out_once(*args, **kwargs):
         calls.append(1)
@@ -267,7 +267,7 @@ def test_out_of_memory_copying_a_batch_leaves_the_next_fit_a_fresh_batch_stream(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(data, "prepare_batch", copy_runs_out_once)
+    monkeypatch.setattr(loaders, "prepare_batch", copy_runs_out_once)
     run = Trainer(cfg.replace(out_dir=str(tmp_path / "cut")), dataset=glyphs64)
     with pytest.raises(OutOfMemory, match="at step 3"):
         run.fit()

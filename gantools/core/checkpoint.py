@@ -64,12 +64,26 @@ def atomic_save(obj, path: str | os.PathLike) -> None:
 
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> None:
-    """Write a trainer's `state_dict()` atomically; the previous checkpoint stays until the new one is whole."""
+    """Write a trainer's `state_dict()` atomically, so a crash mid-write leaves the previous checkpoint whole.
+
+    Args:
+        state: what `Trainer.state_dict()` returns.
+        path: the file; its folder is created if missing.
+    """
     atomic_save(state, path)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Read a checkpoint with `weights_only=True`, turning every way it can be wrong into one clear error."""
+    """Read a checkpoint with `weights_only=True` (no code runs from the file), turning every way it can be wrong
+    into one clear error.
+
+    Args:
+        path: the checkpoint file (a run writes <out_dir>/checkpoint.pt).
+    Returns:
+        The state, on the CPU, for `Trainer.load_state` (`Trainer.resume` does both).
+    Raises:
+        CheckpointError: no such file, a damaged one, or one that is not a gantools checkpoint.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: train first (it is written to <out_dir>/checkpoint.pt), "

@@ -137,7 +137,13 @@ def _f(default, help, choices=None, *, kind=None, optional=False, speed=False, m
 
 @dataclass
 class TrainConfig:
-    """Every knob of a run. `validate()` checks them all before any work starts."""
+    """Every knob of a run, in one place, so a run is its config. `validate()` checks them all before any work
+    starts. Build it with keywords (`TrainConfig(batch_size=256, precision="bf16")`), change it with `replace()`.
+
+    Each field is described once, by its Knob (its help, type and choices): read them with
+    `gantools.core.config.knobs()` (`knobs()["precision"].help`), or as the flags of `python -m gantools train --help`,
+    which are made from them.
+    """
 
     # where and how reproducibly
     device: str = _f("auto", "cpu, cuda, cuda:N, or auto (CUDA when present, else CPU)")
@@ -269,7 +275,16 @@ class TrainConfig:
 def preset(name: str, **overrides) -> TrainConfig:
     """Named starting points: `reference` is the PyTorch DCGAN tutorial's loop, the baseline for every speed-up;
     `dcgan`, `lsgan` and `wgan-gp` are each GAN's paper settings (see `PRESETS`), so a user gets them without
-    reading the papers. Overrides win (e.g. a size for quick runs)."""
+    reading the papers; `default` is TrainConfig().
+
+    Args:
+        name: one of `PRESETS`.
+        **overrides: TrainConfig fields that win over the preset's (e.g. a size for quick runs).
+    Returns:
+        The TrainConfig (not yet validated).
+    Raises:
+        ConfigError: an unknown name, or an override that is not a TrainConfig field.
+    """
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return PRESETS[name]().replace(**overrides)

@@ -1,22 +1,19 @@
-"""Datasets and the two loader paths. Datasets live here, not in notebooks, so DataLoader workers can import them
-under spawn/forkserver. Every dataset yields `(image, label)`. With `transform="on-device"` the image is a uint8
-(C, H, W) tensor and the whole batch is normalised on the device; with `transform="per-sample"` it is a normalised
-float tensor made by PIL and torchvision transforms, image by image, as the PyTorch DCGAN tutorial does."""
+"""Datasets: the images a run learns, whatever loader then batches them (`loaders`). Datasets live here, not in
+notebooks, so DataLoader workers can import them under spawn/forkserver. Every dataset yields `(image, label)`. With
+`transform="on-device"` the image is a uint8 (C, H, W) tensor and the whole batch is normalised on the device; with
+`transform="per-sample"` it is a normalised float tensor made by PIL and torchvision transforms, image by image, as
+the PyTorch DCGAN tutorial does."""
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
 from .checkpoint import atomic_save
-from .distributed import World
-from ..errors import ConfigError, DataError, OutOfMemory
-from .recovery import is_out_of_memory
-from .batches import worker_safe
+from ..errors import DataError
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -32,7 +29,13 @@ TORCHVISION_DATASETS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "cifa
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """Where datasets and caches live: `root`, else $GANTOOLS_DATA, else the checkout's data/ (or ./data)."""
+    """Where datasets and caches live, so one setting moves them all.
+
+    Args:
+        root: the folder to use; None: $GANTOOLS_DATA, else the checkout's data/ (or ./data).
+    Returns:
+        That folder (not created here).
+    """
     if root:
         return Path(root)
     if os.environ.get("GANTOOLS_DATA"):
@@ -46,8 +49,19 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 # -- glyphs: the embedded default dataset -------------------------------------------------------------------
 
 def render_glyphs(n: int, image_size: int = 32, channels: int = 1, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """n handwriting-like digits drawn from matplotlib's fonts with random affine jitter, stroke width, blur and
-    noise. Deterministic for a seed. Returns uint8 images (n, channels, size, size) and int64 labels."""
+    """Handwriting-like digits drawn from matplotlib's fonts with random affine jitter, stroke width, blur and
+    noise: a dataset that needs no download, deterministic for a seed.
+
+    Args:
+        n: how many images.
+        image_size: their side in pixels.
+        channels: 1 (grey) or 3 (a random ink colour on a random dark background per image).
+        seed: the same seed draws the same images and labels.
+    Returns:
+        uint8 images (n, channels, image_size, image_size) and their int64 digit labels (n,).
+    Raises:
+        DataError: matplotlib's fonts are missing.
+    """
     import matplotlib
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
@@ -102,7 +116,20 @@ def write_glyph_pngs(root, n: int = 2000, image_size: int = 64, channels: int = 
 
 
 def load_glyphs(image_size: int = 32, channels: int = 1, split: str = "train", root=None, seed: int = 0):
-    """Glyphs from the cache under data/glyphs, rendering (seconds) and caching them atomically on first use."""
+    """Glyphs from the cache under data/glyphs, rendering (seconds) and caching them atomically on first use, so
+    every later run reads the same images at once.
+
+    Args:
+        image_size: the images' side in pixels.
+        channels: 1 (grey) or 3 (colour), as for `render_glyphs`.
+        split: 'train' or 'test', each its own images.
+        root: as for `data_root`.
+        seed: the images' seed; each split draws its own from it.
+    Returns:
+        uint8 images (N, channels, image_size, image_size) and int64 labels (N,).
+    Raises:
+        DataError: an unknown split.
+    """
     if split not in GLYPH_SPLITS:
         raise DataError(f"split={split!r}: glyphs has splits {', '.join(GLYPH_SPLITS)}")
     n, offset = GLYPH_SPLITS[split]
@@ -129,7 +156,14 @@ def _per_sample_transform(image_size: int, channels: int):
 
 
 class ImageTensorDataset(Dataset):
-    """In-memory uint8 images (N, C, H, W) with labels; the only kind the device-resident loader can hold."""
+    """In-memory uint8 images (N, C, H, W) with labels; the only kind the device-resident loader can hold.
+
+    Args:
+        images: uint8 (N, C, H, W).
+        labels: one class index per image.
+        transform: 'on-device' (uint8 items, normalised by the loader on the device) or 'per-sample' (the
+            tutorial's PIL and torchvision pipeline, image by image).
+    """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: str = "on-device"):
         self.images, self.labels, self.transform = images, labels, transform
@@ -149,7 +183,16 @@ class ImageTensorDataset(Dataset):
 
 class ImageFolderDataset(Dataset):
     """Image files decoded with PIL on every access: the realistic, CPU-bound case. Class sub-folders give
-    labels (sorted by name); a flat folder is one class."""
+    labels (sorted by name); a flat folder is one class.
+
+    Args:
+        path: the folder, searched recursively.
+        image_size: every image resized and centre-cropped to this side.
+        channels: 1 (grey) or 3 (RGB).
+        transform: as for `ImageTensorDataset`.
+    Raises:
+        DataError: no such folder, no image files, or files that are not readable images (all named at once).
+    """
 
     def __init__(self, path, image_size: int = 32, channels: int = 1, transform: str = "on-device"):
         from torchvision import transforms as T
@@ -259,7 +302,22 @@ def load_torchvision(name: str, image_size: int = 32, channels: int = 1, split: 
 
 def make_dataset(name: str = "glyphs", image_size: int = 32, channels: int = 1, split: str = "train", root=None,
                  path=None, download: bool = False, transform: str = "on-device") -> Dataset:
-    """The dataset a config names, in the transform mode it asks for."""
+    """The dataset a config names, in the transform mode it asks for.
+
+    Args:
+        name: glyphs, glyphs-color, mnist, fashion-mnist, cifar10, or folder (the image files under `path`).
+        image_size: every image fitted to this side.
+        channels: 1 (grey) or 3 (colour).
+        split: 'train' or 'test' (a folder has only its images).
+        root: as for `data_root`.
+        path: the folder, for name='folder'.
+        download: fetch a torchvision dataset when it is missing.
+        transform: as for `ImageTensorDataset`.
+    Returns:
+        An ImageFolderDataset for a folder, else an ImageTensorDataset.
+    Raises:
+        DataError: an unknown name, or the images are not there.
+    """
     if name == "folder":
         return ImageFolderDataset(path, image_size, channels, transform)
     if name in ("glyphs", "glyphs-color"):
@@ -273,6 +331,14 @@ def make_dataset(name: str = "glyphs", image_size: int = 32, channels: int = 1, 
 
 
 def dataset_from_config(cfg, split: str = "train") -> Dataset:
+    """`make_dataset` for a TrainConfig's data fields: the images a Trainer trains on when given no dataset.
+
+    Args:
+        cfg: the TrainConfig.
+        split: as for `make_dataset`.
+    Returns:
+        The dataset.
+    """
     return make_dataset(cfg.dataset, cfg.image_size, cfg.channels, split, cfg.data_root, cfg.data_path,
                         cfg.download, cfg.transform)
 
@@ -292,7 +358,7 @@ def num_classes(dataset: Dataset) -> int:
 def returns_cpu_tensors(dataset: Dataset) -> bool:
     """Whether the dataset's items hold only CPU tensors (or none: numbers, arrays), judged from its first item, as
     `network_checks` judges its shape. A dataset of your own may return tensors already on the GPU; those cannot be
-    pinned, nor made in a forked DataLoader worker (see `make_loader`)."""
+    pinned, nor made in a forked DataLoader worker (see `loaders.make_loader`)."""
     if len(dataset) == 0:
         return True
     pending = [dataset[0]]
@@ -306,193 +372,3 @@ def returns_cpu_tensors(dataset: Dataset) -> bool:
         elif isinstance(value, (tuple, list)):
             pending.extend(value)
     return True
-
-
-# -- loaders --------------------------------------------------------------------------------------------------
-
-class EpochBatchSampler(Sampler):
-    """Shuffled batches whose order depends only on (seed, epoch), and which can start mid-epoch: that is what
-    lets a resumed run see exactly the batches an uninterrupted run would.
-
-    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch: DistributedSampler's
-    disjoint share of every epoch per rank, but batch-aligned and in the single-process order (DistributedSampler
-    strides its own permutation across ranks and cannot start mid-epoch), so N processes train on the batches one
-    process trains on, and a checkpoint resumes at its batch under any process count."""
-
-    def __init__(self, n: int, batch_size: int, seed: int = 0, drop_last: bool = True, rank: int = 0,
-                 world_size: int = 1):
-        self.n, self.batch_size, self.seed, self.drop_last = n, batch_size, seed, drop_last
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-
-    def __len__(self):
-        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
-
-    def set_position(self, epoch: int, batch: int) -> None:
-        self.epoch, self.start = epoch, batch
-
-    def epoch_order(self) -> torch.Tensor:
-        key = int.from_bytes(hashlib.sha256(f"{self.seed}/{self.epoch}".encode()).digest()[:8], "little")
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
-
-    def batch_indices(self, order: torch.Tensor, b: int) -> torch.Tensor:
-        """This rank's indices of global batch b (all of them for one process)."""
-        local = self.batch_size // self.world_size
-        start = b * self.batch_size + self.rank * local
-        return order[start:start + local]
-
-    def __iter__(self):
-        order = self.epoch_order()
-        for b in range(self.start, len(self)):
-            yield self.batch_indices(order, b).tolist()
-
-
-def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
-                  channels_last: bool = False, world: World = World(),
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """Batch to the device, uint8 -> [-1, 1] there (a quarter of the bytes of floats to copy), flipped and laid out
-    there. Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None); under torchrun
-    for the whole global batch, each rank keeping its slice: the same flips, and RNG use, as one process.
-    `non_blocking=True` makes the copy asynchronous only from pinned host memory; from pageable memory it first
-    waits for the work queued on the GPU (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()"),
-    which is why a DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
-    x = images.to(device, non_blocking=True)
-    if x.dtype == torch.uint8:
-        x = x.float().div_(127.5).sub_(1.0)
-    if hflip:
-        draws = torch.rand(x.shape[0] * world.size, 1, 1, 1, device=x.device, generator=generator)
-        flip = world.shard(draws) < 0.5
-        x = torch.where(flip, x.flip(-1), x)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    return x
-
-
-class HostLoader:
-    """A torch DataLoader with every knob exposed, yielding device-ready batches of real images (with `labels`:
-    (images, labels) pairs, the labels on the device too)."""
-
-    def __init__(self, dataset: Dataset, batch_size: int, device, *, seed: int = 0, num_workers: int = 0,
-                 pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
-                 generator: torch.Generator | None = None, labels: bool = False):
-        if len(dataset) < batch_size:
-            raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
-                            "lower batch_size or add images")
-        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
-        self.generator, self.labels = generator, labels  # flips are drawn from it
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=num_workers,
-                                 pin_memory=pin_memory, persistent_workers=persistent_workers,
-                                 prefetch_factor=prefetch_factor,
-                                 # its own generator: starting an epoch must not draw from the global RNG
-                                 generator=torch.Generator().manual_seed(seed))
-
-    def __len__(self):
-        return len(self.sampler)
-
-    def set_position(self, epoch: int, batch: int) -> None:
-        self.sampler.set_position(epoch, batch)
-
-    def __iter__(self):
-        for batch in worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
-            images = batch[0] if isinstance(batch, (tuple, list)) else batch
-            x = prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
-            yield (x, torch.as_tensor(batch[1]).to(self.device, non_blocking=True)) if self.labels else x
-
-
-class DeviceLoader:
-    """The whole uint8 dataset resident on the device; shuffling, normalising and flipping happen there, so no
-    worker, no host decode and no host-to-device copy is left in the step. Under torchrun every GPU holds the whole
-    dataset (it fits one GPU, or one process could not hold it either) and gathers only its slice of each batch.
-    With `labels` the labels live there too and each batch is an (images, labels) pair, gathered alike."""
-
-    def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
-                 generator: torch.Generator | None = None, labels: bool = False):
-        if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
-            raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
-                            "transform='on-device'); use loader='dataloader' for other datasets")
-        if len(dataset) < batch_size:
-            raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
-                            "lower batch_size or add images")
-        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
-        self.generator = generator  # flips are drawn from it
-        try:
-            self.images = dataset.images.to(self.device)
-            self.labels = torch.as_tensor(dataset.labels).to(self.device) if labels else None
-        except RuntimeError as e:
-            if not is_out_of_memory(e):
-                raise
-            raise OutOfMemory(f"the dataset ({dataset.images.numel() / 2**20:.0f} MB as uint8) does not fit in "
-                              f"{self.device.type} memory next to the model: use loader='dataloader', which holds "
-                              "one batch at a time there") from None
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
-
-    def __len__(self):
-        return len(self.sampler)
-
-    def set_position(self, epoch: int, batch: int) -> None:
-        self.sampler.set_position(epoch, batch)
-
-    def __iter__(self):
-        order = self.sampler.epoch_order().to(self.device)
-        for b in range(self.sampler.start, len(self.sampler)):
-            indices = self.sampler.batch_indices(order, b)
-            x = prepare_batch(self.images[indices], self.device, self.hflip, self.channels_last, self.world,
-                              self.generator)
-            yield (x, self.labels[indices]) if self.labels is not None else x
-
-
-def make_loader(dataset: Dataset, cfg, device, world: World = World(),
-                generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
-    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share;
-    with `cfg.conditional` every batch is an (images, labels) pair, else the images alone.
-    `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA from the CPU: only then is the
-    non-blocking copy asynchronous (see `prepare_batch`). A dataset whose tensors are already on the GPU
-    (`returns_cpu_tensors`) can be neither pinned (the DataLoader pins every tensor of a batch, and a CUDA tensor
-    cannot be) nor read in workers (forked from a process that already used CUDA, which the CUDA runtime does not
-    support: PyTorch docs, notes/multiprocessing); asking for either is one ConfigError here, before training."""
-    common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
-                  world=world, generator=generator, labels=cfg.conditional)
-    if cfg.loader == "device":
-        return DeviceLoader(dataset, cfg.batch_size, device, **common)
-    cuda = torch.device(device).type == "cuda"
-    on_cpu = returns_cpu_tensors(dataset) if cfg.num_workers or cfg.pin_memory or (cuda and cfg.pin_memory is None) \
-        else True  # the probe reads an item: only where workers or pinning hang on it
-    problems = []
-    if not on_cpu and cfg.num_workers:
-        problems.append(f"num_workers={cfg.num_workers}: a forked DataLoader worker cannot use CUDA; set num_workers=0")
-    if not on_cpu and cfg.pin_memory:
-        problems.append("pin_memory=True: only CPU tensors can be pinned; set pin_memory=None (auto) or False")
-    if problems:
-        raise ConfigError("your dataset returns tensors that are not on the CPU (already on the GPU?): "
-                          + "; ".join(problems))
-    pin = cfg.pin_memory if cfg.pin_memory is not None else on_cpu
-    return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers, pin_memory=pin and cuda,
-                      persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor, **common)
-
-
-def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2, device=None) -> float:
-    """Throughput of a loader alone (no training), timed with device synchronisation; the first `warmup`
-    batches (worker start-up) are not counted. `device`: where its batches land, for any iterable of batches (a
-    generator over your own DataLoader); gantools' loaders know theirs."""
-    from ..measuring.hardware import Timer
-
-    def size(batch) -> int:  # (images, labels) pairs from a conditional loader or a plain DataLoader
-        return (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0]
-
-    device = torch.device(device) if device is not None else getattr(loader, "device", None)
-    if device is None:
-        raise TypeError(f"{type(loader).__name__} does not say where its batches land: pass device=")
-    it = iter(loader)
-    for _ in range(warmup):
-        next(it)
-    timer, images = Timer(device).start(), 0
-    for _ in range(batches):
-        try:
-            images += size(next(it))
-        except StopIteration:  # an epoch ran out: carry on from the next one
-            it = iter(loader)
-            images += size(next(it))
-    return images / timer.stop()

@@ -6,7 +6,7 @@ helper here returns at once: no process group, no wrapper, no collective.
 
 How N processes stay exactly one training run (tested on the CPU with gloo):
 - `batch_size` is the *global* batch. Every rank builds the same seed+epoch batch order and keeps its contiguous
-  slice of each global batch (`data.EpochBatchSampler`), and draws the whole batch's noise and flips from the same
+  slice of each global batch (`loaders.EpochBatchSampler`), and draws the whole batch's noise and flips from the same
   seeded RNG, keeping its slice. So the ranks together see exactly the images and noise one process would.
 - Losses are means over the local batch and DDP averages gradients over ranks: with equal local batches that is
   the global mean, the gradient one process computes. Only batch statistics differ: BatchNorm normalises over the

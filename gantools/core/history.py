@@ -12,7 +12,12 @@ METRICS = ("loss_d", "d_real", "d_fake", "penalty", "loss_g")
 
 
 class History:
-    """One record per log interval: losses, synced step time, images/sec, time waiting for data, peak memory."""
+    """One record per log interval: losses, synced step time, images/sec, time waiting for data, peak memory; what
+    `Trainer.fit()` returns, and `summary()` the figures a run is judged by.
+
+    Args:
+        records: the records to start from (a checkpoint's, or a saved history.json's); None: none yet.
+    """
 
     def __init__(self, records=None):
         self.records = list(records or [])

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from .checkpoint import atomic_save
-from .data import data_root, make_dataset, prepare_batch
+from .data import data_root, make_dataset
+from .loaders import prepare_batch
 from ..errors import QualityError
 from ..measuring.hardware import resolve_device, seeded
 from ..quick import QUICK

@@ -24,8 +24,18 @@ def _layout(image_size: int) -> tuple[int, int]:
 
 
 class Generator(nn.Module):
-    """z (B, nz) or (B, nz, 1, 1), and with `classes` labels y (B,) -> images in [-1, 1] of shape
-    (B, channels, image_size, image_size)."""
+    """DCGAN's generator: z (B, nz) or (B, nz, 1, 1), and with `classes` labels y (B,) -> images in [-1, 1] of
+    shape (B, channels, image_size, image_size).
+
+    Args:
+        image_size: the images' side: 28, 32 or 64 px.
+        channels: 1 (grey) or 3 (colour).
+        nz: the noise's length.
+        ngf: the width of the last feature map; each earlier layer doubles it.
+        classes: labels to condition on; 0: unconditional.
+    Raises:
+        ValueError: another image_size.
+    """
 
     def __init__(self, image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64, classes: int = 0):
         super().__init__()
@@ -61,8 +71,18 @@ def _norm(kind: str, width: int) -> list[nn.Module]:
 
 
 class Discriminator(nn.Module):
-    """Images (and with `classes` labels y (B,)) -> one logit per image, shape (B,). `sigmoid=True` is the
-    tutorial's probability output (BCELoss). `norm`: batch (DCGAN), layer (for gradient penalties) or none."""
+    """DCGAN's discriminator: images (and with `classes` labels y (B,)) -> one logit per image, shape (B,).
+
+    Args:
+        image_size: the images' side: 28, 32 or 64 px.
+        channels: 1 (grey) or 3 (colour).
+        ndf: the width of the first feature map; each later layer doubles it.
+        sigmoid: end in a Sigmoid, the tutorial's probability output (for BCELoss); False: a logit.
+        norm: 'batch' (DCGAN's), 'layer' (per image, as gradient penalties need) or 'none'.
+        classes: labels to condition on (a projection head); 0: unconditional.
+    Raises:
+        ValueError: another image_size or norm.
+    """
 
     def __init__(self, image_size: int = 32, channels: int = 1, ndf: int = 64, sigmoid: bool = False,
                  norm: str = "batch", classes: int = 0):
@@ -93,7 +113,13 @@ class Discriminator(nn.Module):
 
 
 def dcgan_init(module: nn.Module) -> None:
-    """DCGAN's init: conv weights ~ N(0, 0.02), BatchNorm scale ~ N(1, 0.02) and shift 0. Use with .apply()."""
+    """DCGAN's init, the one its paper trains from: conv weights ~ N(0, 0.02), BatchNorm scale ~ N(1, 0.02) and
+    shift 0.
+
+    Args:
+        module: one layer (`network.apply(dcgan_init)` visits each); layers other than convolutions and
+            BatchNorm are left as they are.
+    """
     name = type(module).__name__
     if "Conv" in name:
         nn.init.normal_(module.weight, 0.0, 0.02)
@@ -104,8 +130,22 @@ def dcgan_init(module: nn.Module) -> None:
 
 def build_dcgan(image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64, ndf: int = 64,
                 sigmoid: bool = False, d_norm: str = "batch", classes: int = 0) -> tuple[Generator, Discriminator]:
-    """Both networks, DCGAN-initialised (call torch.manual_seed first for reproducible weights); conditional on
-    `classes` labels when > 0."""
+    """Both networks, DCGAN-initialised (call torch.manual_seed first for reproducible weights).
+
+    Args:
+        image_size: the images' side: 28, 32 or 64 px.
+        channels: 1 (grey) or 3 (colour).
+        nz: the noise's length.
+        ngf: the generator's width (as for `Generator`).
+        ndf: the discriminator's width (as for `Discriminator`).
+        sigmoid: end D in a Sigmoid (for BCELoss); False: a logit.
+        d_norm: the discriminator's `norm`: 'batch', 'layer' or 'none'.
+        classes: labels both networks condition on; 0: unconditional.
+    Returns:
+        (generator, discriminator).
+    Raises:
+        ValueError: an unsupported image_size or d_norm.
+    """
     g = Generator(image_size, channels, nz, ngf, classes)
     d = Discriminator(image_size, channels, ndf, sigmoid, d_norm, classes)
     g.apply(dcgan_init)

@@ -27,7 +27,8 @@ from .checkpoint import ensure_writable, load_checkpoint, load_parts, save_check
 from .batches import BatchStream
 from .builders import build_compiler, build_networks, build_precision
 from .config import TrainConfig, optimizer_kernels, uses_cuda_graphs
-from .data import dataset_from_config, make_loader
+from .data import dataset_from_config
+from .loaders import make_loader
 from .ema import EMAGenerator
 from ..errors import ConfigError, OutOfMemory
 from .history import METRICS, History
@@ -114,15 +115,18 @@ def interval_record(step: int, values: list, times: dict, scaler_d, scaler_g, co
 
 
 class Trainer:
-    """Trains a GAN for any TrainConfig: the built-in DCGAN or your own `generator` and `discriminator`
-    (D must return one logit per image; G must take (B, nz) noise; with `conditional`, G's forward is (z, y) and
-    D's (x, y), y the labels), on the config's dataset or your `dataset`.
+    """Trains a GAN for any TrainConfig: the DCGAN or your own networks and data. `stop()` (or Ctrl-C) ends a run
+    cleanly between steps, with a checkpoint. Under torchrun callbacks run in every process (`world.is_main`: rank 0).
 
-    `callbacks` are objects with any of `on_fit_start(trainer)`, `on_step_end(trainer)` (every step: keep it
-    host-only, reading a tensor there would sync), `on_log(trainer, record)`, `on_sample(trainer, step, grid)` and
-    `on_fit_end(trainer)`. `stop()` (or Ctrl-C / kernel interrupt) ends the run
-    cleanly between steps and writes a checkpoint. Under torchrun callbacks run in every process; `trainer.world`
-    says which one this is (`trainer.world.is_main` for rank 0)."""
+    Args:
+        cfg: the run's knobs; None: TrainConfig().
+        generator, discriminator: yours, or neither for the DCGAN: G takes (B, nz) noise, D returns one logit per
+            image; with `conditional` G's forward is (z, y) and D's (x, y), y the labels.
+        dataset: your Dataset (items: (image, label) pairs, or images); None: the config's.
+        callbacks: objects with any of `on_fit_start(trainer)`, `on_step_end(trainer)` (each step; keep it host-only:
+            a tensor read syncs), `on_log(trainer, record)`, `on_sample(trainer, step, grid)`, `on_fit_end(trainer)`.
+    Raises:
+        ConfigError, DataError: a config, dataset or pair of networks refused before any training."""
 
     def __init__(self, cfg: TrainConfig | None = None, *, generator: nn.Module | None = None,
                  discriminator: nn.Module | None = None, dataset=None, callbacks=()):
@@ -212,13 +216,11 @@ class Trainer:
         self.stepper(*batches, first_d_index=self.batches_seen)
 
     def unchanged(self):
-        """A block that runs training code (one step, to count its FLOPs) and leaves no trace (`TrainStep.unchanged`),
-        the global RNG included: the run goes on exactly as if the block had never run."""
+        """A block that leaves no trace (`TrainStep.unchanged`), the global RNG included: e.g. a step to count FLOPs."""
         return self.stepper.unchanged(self._process_state(keep_rng=False))
 
     def close(self) -> None:
-        """Done with this trainer's data for now: its DataLoader workers end (with their batch iterator); a later
-        fit() starts them again at the current position."""
+        """Ends the DataLoader workers (and their batch iterator); a later fit() starts them again where the run is."""
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -272,8 +274,7 @@ class Trainer:
                     self.save_checkpoint()
 
     def _guarded_step(self) -> list:
-        """The step's batches fetched and trained on; running out of device memory (fetching a batch can too: its copy
-        to the GPU) ends the run with one error that says what to change. Returns the batches."""
+        """The step's batches, fetched and trained on (returned); out of device memory there is one clear error."""
         oom, reals = None, ()
         try:
             reals = self._next_batches(self._stream)  # one real batch per D step

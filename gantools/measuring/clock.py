@@ -58,7 +58,7 @@ class StepClock:
     def data_wait(self, step: int, sync: bool, label_phase):
         """Times fetching a step's batches as data wait. On CUDA the host runs ahead of the GPU, and fetching a batch
         can block on work already queued there (a copy from pageable memory waits for the stream: see
-        data.prepare_batch), which would be counted as data wait and make a compute-bound run look data-bound. So the
+        loaders.prepare_batch), which would be counted as data wait and make a compute-bound run look data-bound. So the
         wait is timed between device synchronisations: on every step while profiling (`sync`), else on the first step
         of each log interval, which follows the log's synchronisation anyway (one sample per interval, no extra host
         sync in the other steps). On the CPU nothing is queued: every step is timed, without syncs."""

@@ -23,7 +23,14 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """`auto` means the first CUDA GPU when there is one, else the CPU."""
+    """The device a name means, so `auto` runs on a GPU where there is one and on any machine otherwise.
+
+    Args:
+        name: 'auto' (the first CUDA GPU when there is one, else the CPU), or any torch device name ('cpu',
+            'cuda:1').
+    Returns:
+        The torch.device.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -57,7 +64,11 @@ class Timer:
     """The one clock every gantools timing reads: wall-clock seconds between device synchronisations, so GPU work
     queued before a mark counts before it and work queued after it counts after it. `start()`, then `lap()` (seconds
     since the last mark, and a new mark) or `stop()` (seconds since the last mark). The trainer's `clock.StepClock`, the
-    doctor's `protocol.IterationClock` and every chunk `turns.take_turns` times read time through one."""
+    doctor's `protocol.IterationClock` and every chunk `turns.take_turns` times read time through one.
+
+    Args:
+        device: the device whose queued work each mark waits for (on the CPU nothing is queued).
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -128,7 +139,14 @@ def seeded(seed: int):
 
 
 def machine_info(device: torch.device | str = "auto") -> dict:
-    """What every measurement was taken on, so numbers are never quoted without their machine."""
+    """What every measurement was taken on, so numbers are never quoted without their machine.
+
+    Args:
+        device: the device measured, or its name ('auto' as for `resolve_device`).
+    Returns:
+        A JSON-ready dict: the device and its name, CPU cores and torch threads, torch, CUDA and Python versions,
+        the platform, whether bf16 is supported there; on a GPU also its memory, compute capability and cuDNN.
+    """
     device = resolve_device(device) if isinstance(device, str) else device
     info = {
         "device": str(device),

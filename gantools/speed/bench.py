@@ -220,7 +220,7 @@ def flops_per_image(trainer) -> float:
     convolution, which is all FlopCounterMode counts."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..core.data import prepare_batch
+    from ..core.loaders import prepare_batch
 
     # one batch straight from the dataset: iterating the trainer's loader could restart its persistent workers
     items = [trainer.dataset[i] for i in range(trainer.cfg.batch_size // trainer.world.size)]

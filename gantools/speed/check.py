@@ -64,7 +64,7 @@ CUDA_TENSORS = "a dataset returning CUDA tensors"
 class DeviceTensors(torch.utils.data.Dataset):
     """The check's images as a dataset of your own that returns them already on `device`, as one that moves each
     image to the GPU in __getitem__ does: the DataLoader must neither pin its batches (a CUDA tensor cannot be pinned)
-    nor fork workers for it (`data.make_loader`)."""
+    nor fork workers for it (`loaders.make_loader`)."""
 
     def __init__(self, dataset: ImageTensorDataset, device: torch.device):
         self.images, self.labels = dataset.images.to(device), dataset.labels.to(device)

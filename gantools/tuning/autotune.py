@@ -61,18 +61,30 @@ __all__ = ["COMPILE_S", "PRIOR", "PROFILE_STEPS", "PROFILE_WARMUP", "ROW_HEAD", 
 def tune(cfg: TrainConfig | None = None, minutes: float = 15.0, *, generator=None, discriminator=None, dataset=None,
          quality=True, quality_images: int | None = None, space=None, plan=None,
          stop: threading.Event | None = None, progress=print, on_update=None, out_dir=None) -> TuneResult:
-    """Find a faster config on this machine, keeping quality: the loop of this module's docstring.
+    """Find a faster config on this machine, keeping quality: the loop of this module's docstring, run for you, with
+    every step it took shown. Ctrl-C ends it between measurements, as `stop` does.
 
-    `cfg` (default: TrainConfig()) is the start; `generator`, `discriminator` and `dataset` as for `Trainer` (your
-    own networks are deep-copied for every run, so yours are left as they are). `minutes`: the wall-clock budget.
-    `quality`: True trains start and final on `quality_images` each (default: the benchmark's quality budget, 800
-    steps of batch 128 on a CPU, 3000 on a GPU; tiny in quick mode) and scores them; False skips the check (say so
-    where you report it); or a function `TrainConfig -> {'fid': ...}` of your own. `space`: the knobs to search
-    (default: every speed knob; add 'batch_size' to let the batch grow, with the learning rates scaled by sqrt 2).
-    `plan`: the measurement protocol (default: the benchmark's, `bench.PLAN`). `stop`: an Event that ends tune
-    between measurements; Ctrl-C does the same. `progress(line)` gets the path table row by row and what happens;
-    `on_update(result)` the result after every change (a live view: `display.LiveTune`). Runs go under
-    `out_dir` (default: <cfg.out_dir>/tune): the quality runs are kept, the measurement runs removed."""
+    Args:
+        cfg: the start; None: TrainConfig().
+        minutes: the wall-clock budget (backing off for quality may run past it; the result says by how much).
+        generator: your generator, as for `Trainer`; deep-copied for every run, so yours is left as it is.
+        discriminator: your discriminator, likewise; give both or neither (the DCGAN).
+        dataset: your Dataset, as for `Trainer`; None: the config's.
+        quality: True trains start and final on `quality_images` each and scores them against the config's dataset;
+            False skips the check (say so where you report it); or a function `TrainConfig -> {'fid': ...}` of yours.
+        quality_images: images each quality run trains on; None: the plan's (the benchmark's, `bench.PLAN`).
+        space: the knobs to search; None: every speed knob (add 'batch_size' to let the batch grow, the learning
+            rates scaled by the square root of the batch ratio).
+        plan: the measurement protocol, as changes to the benchmark's (`bench.PLAN`); None: the benchmark's.
+        stop: an Event that ends tune between measurements (a panel's Stop button).
+        progress: called with each line tune reports (the path table row by row, and what it is doing); default: print.
+        on_update: called with the result after every change (a live view: `display.LiveTune`).
+        out_dir: where runs go; None: <cfg.out_dir>/tune. Quality runs are kept, measurement runs removed.
+    Returns:
+        The TuneResult: start, final, every step of the path, and the quality check.
+    Raises:
+        ConfigError: a config, networks, space, plan, budget or quality option refused before any work.
+    """
     options = TuneOptions(cfg=cfg if cfg is not None else TrainConfig(), minutes=minutes, generator=generator,
                           discriminator=discriminator, dataset=dataset, quality=quality,
                           quality_images=quality_images, space=space, plan=plan, stop=stop, progress=progress,

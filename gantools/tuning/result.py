@@ -38,10 +38,25 @@ class Step:
 
 @dataclass
 class TuneResult:
-    """What tune found and how: `start` and `final` (each a dict with its `config`, `images_per_sec` and `fid`),
-    `path` (every step), `final_config`; `python()` and `flags()` give the final config as code and as CLI flags,
-    `markdown()` the path as a table (`workbook.display.tune_chart` draws it), `save_json(path)` all of it. Built as
-    tune goes, so what it holds after a stop is everything up to the stop."""
+    """What tune found and how, built as tune goes, so what it holds after a stop is everything up to the stop.
+    `final_config` is the answer; `python()` and `flags()` give it as code and as CLI flags, `markdown()` the path as
+    a table (`workbook.display.tune_chart` draws it), `save_json(path)` all of it. `tune` builds it; the fields:
+
+    Args:
+        start: the config tune started from, as a dict with its `config`, `images_per_sec` and `fid`.
+        final: the config tune ends with, alike.
+        path: every step taken (`Step`), in order.
+        skipped: (change, why it does not apply here) for each change left out.
+        quality: the quality check: held, limit, tries (the back-off), note.
+        device: the device tuned on.
+        minutes: the time budget.
+        elapsed_s: the wall time tune took.
+        stopped: whether tune was stopped before it ended.
+        ended: why the search ended.
+        now: what tune is doing now (for a live view).
+        speedup: final over start, measured interleaved at the end; None until then.
+        date: the day tune ran (YYYY-MM-DD).
+    """
 
     start: dict
     final: dict

@@ -54,7 +54,7 @@ def complete(cfg: TrainConfig, change: dict) -> dict:
 def allowed(change: dict, cfg: TrainConfig, space: tuple, cpu_tensors: bool = True) -> bool:
     """Only speed knobs (and batch_size when in the space) may change, plus bce-sigmoid -> bce; at least one
     field of the change must be in the space. With a dataset whose tensors are not on the CPU (`cpu_tensors`
-    False: `data.returns_cpu_tensors`), never workers or pinned memory (`data.make_loader` says why)."""
+    False: `data.returns_cpu_tensors`), never workers or pinned memory (`loaders.make_loader` says why)."""
     fine = set(speed_knobs()) | set(space)
     ok = all(k in fine or (k == "loss" and cfg.loss == "bce-sigmoid" and v == "bce") for k, v in change.items())
     if not cpu_tensors and (change.get("num_workers") or change.get("pin_memory")):
@@ -76,7 +76,7 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
         space: the fields tune may change (default: `config.speed_knobs`).
         own_dataset: a dataset of your own (it brings its own transforms).
         main_thread: False in a background thread, where CUDA graphs are refused.
-        cpu_tensors: whether the dataset returns CPU tensors (workers and pinning need them: `data.make_loader`).
+        cpu_tensors: whether the dataset returns CPU tensors (workers and pinning need them: `loaders.make_loader`).
     Returns:
         (candidates, skipped): the `Candidate`s, and (field=value, reason) for each value left out here.
     """

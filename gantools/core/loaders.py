@@ -1,0 +1,244 @@
+"""The two loader paths, from a dataset (`data`) to device-ready batches: a torch DataLoader (`HostLoader`), or the
+whole uint8 dataset on the device (`DeviceLoader`); `make_loader` picks the one a config asks for. Both shuffle
+with `EpochBatchSampler`, so a resumed run, or N processes under torchrun, see the batches one uninterrupted process
+would, and both normalise and flip on the device (`prepare_batch`)."""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .batches import worker_safe
+from .data import ImageTensorDataset, returns_cpu_tensors
+from .distributed import World
+from ..errors import ConfigError, DataError, OutOfMemory
+from .recovery import is_out_of_memory
+
+
+class EpochBatchSampler(Sampler):
+    """Shuffled batches whose order depends only on (seed, epoch), and which can start mid-epoch: that is what
+    lets a resumed run see exactly the batches an uninterrupted run would.
+
+    Under torchrun, `rank` of `world_size` yields its contiguous slice of every global batch: DistributedSampler's
+    disjoint share of every epoch per rank, but batch-aligned and in the single-process order (DistributedSampler
+    strides its own permutation across ranks and cannot start mid-epoch), so N processes train on the batches one
+    process trains on, and a checkpoint resumes at its batch under any process count."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0, drop_last: bool = True, rank: int = 0,
+                 world_size: int = 1):
+        self.n, self.batch_size, self.seed, self.drop_last = n, batch_size, seed, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+
+    def __len__(self):
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    def set_position(self, epoch: int, batch: int) -> None:
+        self.epoch, self.start = epoch, batch
+
+    def epoch_order(self) -> torch.Tensor:
+        key = int.from_bytes(hashlib.sha256(f"{self.seed}/{self.epoch}".encode()).digest()[:8], "little")
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
+
+    def batch_indices(self, order: torch.Tensor, b: int) -> torch.Tensor:
+        """This rank's indices of global batch b (all of them for one process)."""
+        local = self.batch_size // self.world_size
+        start = b * self.batch_size + self.rank * local
+        return order[start:start + local]
+
+    def __iter__(self):
+        order = self.epoch_order()
+        for b in range(self.start, len(self)):
+            yield self.batch_indices(order, b).tolist()
+
+
+def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
+                  channels_last: bool = False, world: World = World(),
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Batch to the device, uint8 -> [-1, 1] there (a quarter of the bytes of floats to copy), flipped and laid out
+    there. Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None); under torchrun
+    for the whole global batch, each rank keeping its slice: the same flips, and RNG use, as one process.
+    `non_blocking=True` makes the copy asynchronous only from pinned host memory; from pageable memory it first
+    waits for the work queued on the GPU (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()"),
+    which is why a DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
+    x = images.to(device, non_blocking=True)
+    if x.dtype == torch.uint8:
+        x = x.float().div_(127.5).sub_(1.0)
+    if hflip:
+        draws = torch.rand(x.shape[0] * world.size, 1, 1, 1, device=x.device, generator=generator)
+        flip = world.shard(draws) < 0.5
+        x = torch.where(flip, x.flip(-1), x)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+class HostLoader:
+    """A torch DataLoader with every knob exposed, yielding device-ready batches of real images (with `labels`:
+    (images, labels) pairs, the labels on the device too).
+
+    Args:
+        dataset: any Dataset of (image, label) pairs or of bare images.
+        batch_size: the global batch; under torchrun each process loads its share.
+        device: where the batches land.
+        seed: the shuffle's seed: the same seed gives the same batches, resumed or not.
+        num_workers: worker processes that load batches (0: this process does).
+        pin_memory: page-locked host batches, so the copy to a GPU runs asynchronously.
+        persistent_workers: keep the workers from one epoch to the next.
+        prefetch_factor: batches each worker loads ahead; None: the DataLoader's default.
+        drop_last: drop each epoch's last, short batch.
+        hflip: flip half the images at random (on the device).
+        channels_last: lay each batch out channels-last.
+        world: this process under torchrun (the default: one process).
+        generator: the RNG flips are drawn from; None: the global one.
+        labels: yield (images, labels) pairs instead of bare images.
+    Raises:
+        DataError: the dataset holds fewer images than one batch.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, device, *, seed: int = 0, num_workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
+                 generator: torch.Generator | None = None, labels: bool = False):
+        if len(dataset) < batch_size:
+            raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
+                            "lower batch_size or add images")
+        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
+        self.generator, self.labels = generator, labels  # flips are drawn from it
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=num_workers,
+                                 pin_memory=pin_memory, persistent_workers=persistent_workers,
+                                 prefetch_factor=prefetch_factor,
+                                 # its own generator: starting an epoch must not draw from the global RNG
+                                 generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def set_position(self, epoch: int, batch: int) -> None:
+        self.sampler.set_position(epoch, batch)
+
+    def __iter__(self):
+        for batch in worker_safe(self.loader):  # (images, labels) pairs, or bare images from your own dataset
+            images = batch[0] if isinstance(batch, (tuple, list)) else batch
+            x = prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
+            yield (x, torch.as_tensor(batch[1]).to(self.device, non_blocking=True)) if self.labels else x
+
+
+class DeviceLoader:
+    """The whole uint8 dataset resident on the device; shuffling, normalising and flipping happen there, so no
+    worker, no host decode and no host-to-device copy is left in the step. Under torchrun every GPU holds the whole
+    dataset (it fits one GPU, or one process could not hold it either) and gathers only its slice of each batch.
+    With `labels` the labels live there too and each batch is an (images, labels) pair, gathered alike.
+
+    Args:
+        dataset: an ImageTensorDataset with transform='on-device'.
+        batch_size, device, seed, drop_last, hflip, channels_last, world, generator, labels: as for `HostLoader`.
+    Raises:
+        DataError: another kind of dataset, or fewer images than one batch.
+        OutOfMemory: the dataset does not fit in the device's memory.
+    """
+
+    def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
+                 generator: torch.Generator | None = None, labels: bool = False):
+        if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
+            raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
+                            "transform='on-device'); use loader='dataloader' for other datasets")
+        if len(dataset) < batch_size:
+            raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
+                            "lower batch_size or add images")
+        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
+        self.generator = generator  # flips are drawn from it
+        try:
+            self.images = dataset.images.to(self.device)
+            self.labels = torch.as_tensor(dataset.labels).to(self.device) if labels else None
+        except RuntimeError as e:
+            if not is_out_of_memory(e):
+                raise
+            raise OutOfMemory(f"the dataset ({dataset.images.numel() / 2**20:.0f} MB as uint8) does not fit in "
+                              f"{self.device.type} memory next to the model: use loader='dataloader', which holds "
+                              "one batch at a time there") from None
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def set_position(self, epoch: int, batch: int) -> None:
+        self.sampler.set_position(epoch, batch)
+
+    def __iter__(self):
+        order = self.sampler.epoch_order().to(self.device)
+        for b in range(self.sampler.start, len(self.sampler)):
+            indices = self.sampler.batch_indices(order, b)
+            x = prepare_batch(self.images[indices], self.device, self.hflip, self.channels_last, self.world,
+                              self.generator)
+            yield (x, self.labels[indices]) if self.labels is not None else x
+
+
+def make_loader(dataset: Dataset, cfg, device, world: World = World(),
+                generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
+    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share;
+    with `cfg.conditional` every batch is an (images, labels) pair, else the images alone.
+    `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA from the CPU: only then is the
+    non-blocking copy asynchronous (see `prepare_batch`). A dataset whose tensors are already on the GPU
+    (`returns_cpu_tensors`) can be neither pinned (the DataLoader pins every tensor of a batch, and a CUDA tensor
+    cannot be) nor read in workers (forked from a process that already used CUDA, which the CUDA runtime does not
+    support: PyTorch docs, notes/multiprocessing); asking for either is one ConfigError here, before training.
+
+    Args:
+        dataset: the images (`data.make_dataset`, or your own Dataset).
+        cfg: the TrainConfig whose loader knobs apply.
+        device: where the batches land.
+        world: this process under torchrun (the default: one process).
+        generator: the RNG flips are drawn from; None: the global one.
+    Returns:
+        A HostLoader, or a DeviceLoader for `loader='device'`.
+    Raises:
+        ConfigError: workers or pinned memory asked for a dataset whose tensors are not on the CPU.
+        DataError, OutOfMemory: as for `HostLoader` and `DeviceLoader`.
+    """
+    common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
+                  world=world, generator=generator, labels=cfg.conditional)
+    if cfg.loader == "device":
+        return DeviceLoader(dataset, cfg.batch_size, device, **common)
+    cuda = torch.device(device).type == "cuda"
+    on_cpu = returns_cpu_tensors(dataset) if cfg.num_workers or cfg.pin_memory or (cuda and cfg.pin_memory is None) \
+        else True  # the probe reads an item: only where workers or pinning hang on it
+    problems = []
+    if not on_cpu and cfg.num_workers:
+        problems.append(f"num_workers={cfg.num_workers}: a forked DataLoader worker cannot use CUDA; set num_workers=0")
+    if not on_cpu and cfg.pin_memory:
+        problems.append("pin_memory=True: only CPU tensors can be pinned; set pin_memory=None (auto) or False")
+    if problems:
+        raise ConfigError("your dataset returns tensors that are not on the CPU (already on the GPU?): "
+                          + "; ".join(problems))
+    pin = cfg.pin_memory if cfg.pin_memory is not None else on_cpu
+    return HostLoader(dataset, cfg.batch_size, device, num_workers=cfg.num_workers, pin_memory=pin and cuda,
+                      persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor, **common)
+
+
+def loader_images_per_sec(loader, batches: int = 20, warmup: int = 2, device=None) -> float:
+    """Throughput of a loader alone (no training), timed with device synchronisation; the first `warmup`
+    batches (worker start-up) are not counted. `device`: where its batches land, for any iterable of batches (a
+    generator over your own DataLoader); gantools' loaders know theirs."""
+    from ..measuring.hardware import Timer
+
+    def size(batch) -> int:  # (images, labels) pairs from a conditional loader or a plain DataLoader
+        return (batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0]
+
+    device = torch.device(device) if device is not None else getattr(loader, "device", None)
+    if device is None:
+        raise TypeError(f"{type(loader).__name__} does not say where its batches land: pass device=")
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it)
+    timer, images = Timer(device).start(), 0
+    for _ in range(batches):
+        try:
+            images += size(next(it))
+        except StopIteration:  # an epoch ran out: carry on from the next one
+            it = iter(loader)
+            images += size(next(it))
+    return images / timer.stop()
