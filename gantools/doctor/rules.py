@@ -347,7 +347,7 @@ def tf32(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     if not (ampere and _fp32_outputs(r) and not r.settings["autocast"] and not facts.tf32):
         return None
     # the documented switch on every torch version; not `matmul.fp32_precision = "tf32"`, which breaks
-    # torch.compile on torch 2.9-2.11 (see state.backend_flags)
+    # torch.compile on torch 2.9-2.11 (see process.backend_flags)
     snippet = ('torch.set_float32_matmul_precision("high")  # TF32 matmuls\n'
                "torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions (PyTorch's default)")
     return Finding(

@@ -128,7 +128,7 @@ def _training_steps(doc: Watch) -> int:
 
 def _interrupt(doc: Watch):
     """Ctrl-C raises the doctor's own interrupt, which a script's `except KeyboardInterrupt` cannot hide
-    (`state.on_interrupt` calls this once, in the main process; a second Ctrl-C acts as usual)."""
+    (`process.on_interrupt` calls this once, in the main process; a second Ctrl-C acts as usual)."""
     def callback(signum, frame):
         doc.interrupted = True  # remembered: the raise below can land where Python ignores it
         if ignored_here(frame):

@@ -1,5 +1,5 @@
 """The device: picking it, describing it, timing and measuring memory on it honestly; reading its TF32 and cuDNN
-settings (state.backend_flags sets them for a block) and a seeded RNG for a block."""
+settings (core.process.backend_flags sets them for a block) and a seeded RNG for a block."""
 from __future__ import annotations
 
 import contextlib
@@ -119,8 +119,9 @@ def backend_flags_now() -> dict:
 
 def tf32_matmuls() -> bool:
     """Whether fp32 matmuls may run in TF32 now (cuDNN's convolutions do by PyTorch's default; matmuls do not).
-    Read through the documented switch that `state.backend_flags` sets, `torch.get_float32_matmul_precision()`; when
-    that raises (legacy and new APIs mixed), through the per-backend string."""
+    Read through the documented switch that `core.process.backend_flags` sets,
+    `torch.get_float32_matmul_precision()`; when that raises (legacy and new APIs mixed), through the per-backend
+    string."""
     precision = torch_versions.matmul_precision()
     if precision is not None:
         return precision != "highest"

@@ -44,7 +44,7 @@ class Tuner:
         self.kept = []          # the Step that made each chain entry after the first
         self.incumbent = None   # the incumbent's trainer, kept warm between measurements
         self.compiled = o.cfg.compile != "off"  # whether a config with torch.compile has been built yet
-        # your dataset's items already on the GPU: no workers, no pinning tried (tune_space.search_space)
+        # your dataset's items already on the GPU: no workers, no pinning tried (space.search_space)
         self.cpu_tensors = o.dataset is None or returns_cpu_tensors(o.dataset)
 
     def _say(self, line: str, now: str | None = None) -> None:
