@@ -9,15 +9,14 @@ from .core.models import Discriminator, Generator, build_dcgan, dcgan_init
 from .core.trainer import Trainer
 from .errors import (CheckpointError, ConfigError, DataError, DoctorError, GantoolsError, NonFiniteLossError,
                      OutOfMemory, QualityError)
-from .measuring.hardware import Timer, machine_info, resolve_device
+from .measuring.hardware import Timer, autocast_precision, machine_info, resolve_device
 from .tuning import TuneResult, tune
 
 __version__ = "0.1.0"
 __all__ = [
-    "CheckpointError", "ConfigError", "DataError", "DeviceLoader", "Discriminator", "DoctorError", "GantoolsError",
-    "Generator",
-    "History", "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "NonFiniteLossError", "OutOfMemory",
-    "QualityError", "Timer", "TrainConfig", "Trainer", "build_dcgan", "data_root", "dataset_from_config",
-    "dcgan_init", "load_checkpoint", "load_glyphs", "machine_info", "make_dataset", "make_loader", "preset",
-    "render_glyphs", "resolve_device", "save_checkpoint", "tune", "TuneResult",
+    "autocast_precision", "build_dcgan", "CheckpointError", "ConfigError", "data_root", "DataError",
+    "dataset_from_config", "dcgan_init", "DeviceLoader", "Discriminator", "DoctorError", "GantoolsError", "Generator",
+    "History", "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "load_checkpoint", "load_glyphs",
+    "machine_info", "make_dataset", "make_loader", "NonFiniteLossError", "OutOfMemory", "preset", "QualityError",
+    "render_glyphs", "resolve_device", "save_checkpoint", "Timer", "TrainConfig", "Trainer", "tune", "TuneResult",
 ]

@@ -48,7 +48,13 @@ def supports_bf16(device: torch.device) -> bool:
 def autocast_precision(device: torch.device) -> str:
     """The 16-bit precision to train in on `device`: 'bf16' where it is fast (`supports_bf16`: every CPU, Ampere and
     newer GPUs), else 'fp16' (a T4, V100 or P100), which the trainer pairs with a GradScaler per network. What the
-    benchmark ladder, the profiler's verdict and tune propose, so none of them offers what validation refuses here."""
+    benchmark ladder, the profiler's verdict and tune propose, so none of them offers what validation refuses here.
+
+    Args:
+        device: the device to train on (`resolve_device`).
+
+    Returns:
+        "bf16" or "fp16", a value of `TrainConfig.precision`."""
     return "bf16" if supports_bf16(device) else "fp16"
 
 
