@@ -73,7 +73,9 @@ def test_data_root_prefers_argument_then_environment(tmp_path, monkeypatch):
     assert data_root() == tmp_path / "env"
     assert data_root(tmp_path / "arg") == tmp_path / "arg"
     monkeypatch.delenv("GANTOOLS_DATA")
-    assert data_root().name == "data"
+    monkeypatch.chdir(tmp_path)  # from any folder (a notebook runs in notebooks/): the checkout's data/, one cache
+    checkout = Path(gdata.__file__).resolve().parents[2]
+    assert (checkout / "pyproject.toml").is_file() and data_root() == checkout / "data"
 
 
 @needs_shared

@@ -268,10 +268,13 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
     for name, fix_parts in parts.items():
         patch = make_patch(fix_parts, report, ctx, root=SCRIPTS)
         assert patch and not patch.by_hand and patch.files == [script.name], (name, patch.by_hand)
-        if name == FREEZE_D:  # around the call in G's step alone (indented under `if i % opt.n_critic == 0:`)
+        if name == FREEZE_D:  # around the call in G's step alone (the WGAN-GP's indented under its n_critic test;
+            # the cGAN's is proposed only where its profile finds D's backward in G's step worth freezing)
             diff = patch.diff.splitlines()
             frozen = [i for i, line in enumerate(diff) if line.startswith("+") and "requires_grad_(False)" in line]
-            assert len(frozen) == 1 and diff[frozen[0] + 1] == " " * 13 + "fake_validity = discriminator(fake_imgs)"
+            g_step_call = {WGAN_GP: " " * 13 + "fake_validity = discriminator(fake_imgs)",
+                           CGAN: " " * 9 + "validity = discriminator(gen_imgs, gen_labels)"}[script]
+            assert len(frozen) == 1 and diff[frozen[0] + 1] == g_step_call
         folder = tmp_path / name
         folder.mkdir()
         shutil.copy(script, folder)

@@ -40,7 +40,7 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
         return Path(root)
     if os.environ.get("GANTOOLS_DATA"):
         return Path(os.environ["GANTOOLS_DATA"])
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]  # gantools/core/data.py -> the checkout
     if (checkout / "pyproject.toml").is_file():
         return checkout / "data"
     return Path("data")
