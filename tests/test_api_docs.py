@@ -93,10 +93,8 @@ def public_callables() -> list:
             and not (inspect.isclass(obj) and issubclass(obj, Exception))]
 
 
-@pytest.mark.parametrize("name", public_callables())
+@pytest.mark.parametrize("name", [name for name in public_callables() if name not in EXEMPT])
 def test_every_public_function_and_class_documents_its_parameters_and_what_it_returns(name):
-    if name in EXEMPT:
-        pytest.skip(EXEMPT[name])
     assert problems(getattr(gantools, name)) == []
 
 
