@@ -15,7 +15,7 @@ from ..measuring.hardware import machine_info, resolve_device
 from ..measuring.turns import SAME, Contender, take_turns
 from ..core.history import History
 from ..core.metrics import QualityCurve
-from ..quick import QUICK  # noqa: F401  (the notebooks import it from here)
+from ..quick import QUICK
 from ..core.trainer import Trainer
 
 # Quick mode: a tiny DCGAN and a handful of steps, so every notebook runs in seconds on a 2-core CPU.
