@@ -77,10 +77,12 @@ PARTS = (
 class Run:
     """Where one run keeps its state: the options, the folders, the environment of its children, the parts so far."""
 
-    def __init__(self, dry: bool, out_root: Path, wheels: Path, python: str, commit: str | None):
+    def __init__(self, dry: bool, out_root: Path, wheels: Path, python: str, commit: str | None,
+                 seconds: int | None = None):
         self.dry, self.wheels, self.python = dry, wheels, python
         self.t0 = time.monotonic()
-        self.deadline = self.t0 + (DRY_TOTAL_S if dry else TOTAL_S)
+        total = seconds or (DRY_TOTAL_S if dry else TOTAL_S)
+        self.deadline = self.t0 + total
         self.scratch = Path(tempfile.mkdtemp(prefix="gantools-evidence-"))
         self.site = self.scratch / "site"
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -90,7 +92,7 @@ class Run:
         self.out_root = out_root
         self.out: Path | None = None  # named for the device once the machine part has run
         self.evidence = {"dry": dry, "date": time.strftime("%Y-%m-%d"), "started": time.strftime("%H:%M:%S %Z"),
-                         "commit": commit or _commit(), "total_budget_s": DRY_TOTAL_S if dry else TOTAL_S,
+                         "commit": commit or _commit(), "total_budget_s": total,
                          "python": python, "install": None, "machine": None, "parts": []}
         self.logs: list[str] = []
         self.slack = 0.0
@@ -454,6 +456,9 @@ def main(argv=None) -> int:
     p.add_argument("--parts", default=os.environ.get("GANTOOLS_EVIDENCE_PARTS"),
                    help=f"comma-separated, to run only these (of {', '.join(x.name for x in PARTS)}; the machine "
                         "always runs)")
+    p.add_argument("--seconds", type=int, default=None,
+                   help=f"the whole run's budget (default {TOTAL_S}, dry {DRY_TOTAL_S}): less for a second try in the "
+                        "device time a session has left")
     p.add_argument("--python", default=sys.executable, help="the Python that has torch (default: this one)")
     p.add_argument("--headline", metavar="RUN", default=None,
                    help="print the headline of a stored run (docs/gpu/RUN) for the README and docs/results.md")
@@ -471,7 +476,7 @@ def main(argv=None) -> int:
     if any(x in chosen for x in ("doctor-dcgan", "doctor-wgan-gp")):
         chosen.add("data")
     chosen.add("machine")
-    run = Run(a.dry, Path(a.out), Path(a.wheels), a.python, os.environ.get("GANTOOLS_COMMIT"))
+    run = Run(a.dry, Path(a.out), Path(a.wheels), a.python, os.environ.get("GANTOOLS_COMMIT"), a.seconds)
     run.slack = sum(x.dry_budget_s if a.dry else x.budget_s for x in PARTS if x.name not in chosen)  # theirs to use
     print(f"gpu-evidence{' (dry run)' if a.dry else ''}: {run.evidence['total_budget_s']} s in all; scratch "
           f"{run.scratch}", flush=True)

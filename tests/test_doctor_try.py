@@ -270,6 +270,20 @@ def test_the_guard_rejects_non_finite_and_out_of_range_losses():
     assert why.startswith("loss 1 of each iteration averaged 27.6, outside the 0.6 to 0.7"), why
 
 
+def test_the_guard_compares_iterations_of_the_same_width():
+    """A G step every 5 critic steps, restarted each epoch: an iteration of 2 critic losses and G's at the epoch's
+    end beside iterations of 5 and G's. Every run shows both widths, so none changed the loop; a candidate whose
+    short iterations' G loss left the best's range is still caught, and one that computes a loss more is rejected."""
+    full, short = [0.5, 0.4, 0.5, 0.6, 0.5, 2.0], [0.5, 0.5, 3.0]
+    best = [Trial((), "measured", [10] * 3, [full, short, full], 16) for _ in range(2)]
+    same = Trial((), "measured", [9] * 3, [full, short, full], 16)
+    assert trying.guard(best, [same]) is None
+    worse = Trial((), "measured", [9] * 3, [full, [0.5, 0.5, 30.0], full], 16)
+    assert trying.guard(best, [worse]).startswith("loss 3 of each iteration averaged 30"), trying.guard(best, [worse])
+    more = Trial((), "measured", [9] * 3, [full + [1.0], short, full + [1.0]], 16)
+    assert "changed how many losses" in trying.guard(best, [more])
+
+
 class _Pairs:
     """A runner whose `pair` returns prepared rounds: (ms per iteration of the best so far, of the candidate, or
     "raised" where the candidate's run broke)."""
@@ -304,6 +318,18 @@ def test_a_script_that_breaks_on_the_second_round_is_reported_with_the_first_rou
     tried, start = trying._compare(runner, (), _Fix.parts, _Fix, 3)
     assert runner.calls == 2 and tried.outcome == "broke the script" and tried.traceback == "Traceback: boom"
     assert len(start) == 3, "the start's runs of the first round: the broken round is not a measurement"
+
+
+def test_a_penalty_under_compile_is_torch_refusing_not_a_gantools_bug():
+    """aot_autograd's refusal of a double backward ends the compile fix as torch's refusal, even though the call
+    passed through gantools' own backward wrapper on its way (the run's traceback names fixing.py)."""
+    refused = Trial((), "raised", traceback="  File gantools/doctor/fixing.py ...\nRuntimeError: torch.compile with "
+                                            "aot_autograd does not currently support double backward")
+    refused.ours = True
+    assert trying._failed(refused).startswith("torch refused: a compiled module cannot be differentiated twice")
+    boom = Trial((), "raised", traceback="Traceback: boom")
+    boom.ours = True
+    assert "a gantools bug" in trying._failed(boom)
 
 
 class _Meter:

@@ -173,6 +173,17 @@ def test_host_syncs_leave_out_gantools_own_synchronisations():
     assert code_syncs(events, skip=()) == [e for e in events if e.name.endswith("Synchronize")]
 
 
+def test_a_host_sync_is_told_with_the_ranges_around_it():
+    """A failed sync count names where each sync was made, outermost range first, the profiler's step left out, so
+    a GPU run's report says which read to look for. Events built by hand."""
+    from gantools.measuring.protocol import Span, sync_site
+
+    events = [Span("ProfilerStep#1", 0, 100), Span("D optimizer step", 30, 60), Span("aten::item", 40, 50),
+              Span("aten::_local_scalar_dense", 41, 49), Span("cudaStreamSynchronize", 42, 48)]
+    assert sync_site(events[-1], events) == "D optimizer step > aten::item > aten::_local_scalar_dense"
+    assert sync_site(Span("cudaDeviceSynchronize", 101, 102), events) == "outside every range"
+
+
 def test_a_profiled_step_counts_none_of_gantools_own_synchronisations(monkeypatch):
     """On a real profile: hardware.synchronize marks its range, so the profiler's count is the code's alone. No GPU
     here: torch.cuda.synchronize is replaced by a CPU op standing in for cudaDeviceSynchronize, which the code

@@ -180,6 +180,21 @@ def test_optimizer_and_layout_knobs_take_effect(tiny, glyphs64, changes):
         assert conv.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_a_compiled_generator_on_cuda_keeps_its_layout():
+    """channels_last for G everywhere but compiled on CUDA, where inductor's stride prediction for a ConvTranspose2d's
+    weight gradient disagrees with cuDNN's (builders.generator_format says why); D keeps channels_last there."""
+    from gantools.core.builders import generator_format
+    from gantools.core.config import TrainConfig
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    last = TrainConfig(channels_last=True)
+    assert generator_format(last, cpu) is torch.channels_last
+    assert generator_format(last, cuda) is torch.channels_last
+    assert generator_format(last.replace(compile="default"), cpu) is torch.channels_last
+    assert generator_format(last.replace(compile="default"), cuda) is torch.preserve_format
+    assert generator_format(TrainConfig(), cpu) is torch.preserve_format
+
+
 def test_own_modules_with_wrong_shapes_fail_before_training(tiny, glyphs64):
     with pytest.raises(ConfigError, match="generator makes images of shape"):
         Trainer(tiny, generator=BatchFreeG(size=28), discriminator=BatchFreeD(), dataset=glyphs64)

@@ -49,7 +49,19 @@ def build_networks(cfg: TrainConfig, generator: nn.Module | None, discriminator:
         generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
         discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)
     fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
-    return generator.to(device, memory_format=fmt), discriminator.to(device, memory_format=fmt)
+    return generator.to(device, memory_format=generator_format(cfg, device)), \
+        discriminator.to(device, memory_format=fmt)
+
+
+def generator_format(cfg: TrainConfig, device: torch.device) -> torch.memory_format:
+    """G's memory format: channels_last when asked, except compiled on CUDA. There inductor's fake kernel for
+    convolution_backward predicts channels_last strides for a ConvTranspose2d's weight gradient that cuDNN returns
+    contiguous, and the compiled backward fails its own stride assertion (pytorch/pytorch#171622, open; the GPU run
+    in docs/gpu/ that met it). Compiled graphs need no hint: inductor lays
+    out convolutions itself (`torch._inductor.config.layout_optimization`, on by default)."""
+    if not cfg.channels_last or (cfg.compile != "off" and device.type == "cuda"):
+        return torch.preserve_format
+    return torch.channels_last
 
 
 def build_precision(cfg: TrainConfig, device: torch.device):

@@ -314,7 +314,13 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
     return Tried(fix.name, fix.title, fix.parts, "kept" if kept else "not faster", why, ratio, spread), a
 
 
+DOUBLE_BACKWARD = "does not currently support double backward"  # aot_autograd's refusal (torch/_functorch)
+
+
 def _failed(trial: Trial) -> str:
+    if trial.outcome == "raised" and DOUBLE_BACKWARD in (trial.traceback or ""):
+        return ("torch refused: a compiled module cannot be differentiated twice (torch.compile's aot_autograd "
+                "does not support double backward), and your loop's gradient penalty does that through D")
     if trial.outcome == "raised" and trial.ours:
         return "failed inside gantools' own fix code: a gantools bug, not yours (please report it)"
     if trial.outcome == "raised":
@@ -325,19 +331,23 @@ def _failed(trial: Trial) -> str:
 
 
 def guard(best: list, candidate: list) -> str | None:
-    """Why the candidate's losses are not the current best's, or None (see the module docstring)."""
+    """Why the candidate's losses are not the current best's, or None (see the module docstring). Iterations of one
+    loop may compute different numbers of losses (a G step every n critic steps that restarts with each epoch gives
+    a short iteration at the epoch's end): each run measures the same iterations, so each must show the same counts,
+    and the k-th loss is compared among iterations of the same count."""
     if not all(t.finite for t in candidate):
         return "its losses went non-finite (nan or inf) in the measured steps"
-    widths = {len(row) for t in best + candidate for row in t.losses}
-    if len(widths) > 1:
-        return f"it changed how many losses your loop computes per iteration ({sorted(widths)})"
-    for k in range(min(widths, default=0)):
-        values = [row[k] for t in best for row in t.losses]
-        lo, hi = min(values), max(values)
-        margin = (hi - lo) / 2
-        for t in candidate:
-            mean = statistics.fmean(row[k] for row in t.losses)
-            if not lo - margin <= mean <= hi + margin:
-                return (f"loss {k + 1} of each iteration averaged {mean:.4g}, outside the {lo:.4g} to {hi:.4g} "
-                        "the loop without it took over the same steps (widened by half that range)")
+    if len({frozenset(len(row) for row in t.losses) for t in best + candidate}) > 1:
+        widths = sorted({len(row) for t in best + candidate for row in t.losses})
+        return f"it changed how many losses your loop computes per iteration ({widths})"
+    for width in sorted({len(row) for t in best for row in t.losses}):
+        for k in range(width):
+            values = [row[k] for t in best for row in t.losses if len(row) == width]
+            lo, hi = min(values), max(values)
+            margin = (hi - lo) / 2
+            for t in candidate:
+                mean = statistics.fmean(row[k] for row in t.losses if len(row) == width)
+                if not lo - margin <= mean <= hi + margin:
+                    return (f"loss {k + 1} of each iteration averaged {mean:.4g}, outside the {lo:.4g} to {hi:.4g} "
+                            "the loop without it took over the same steps (widened by half that range)")
     return None

@@ -76,6 +76,15 @@ def code_syncs(events, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> list:
     return found
 
 
+def sync_site(sync: Span, events) -> str:
+    """Where a host sync was made, as a reader looks for it: the ranges around it (a phase, the ops), outermost
+    first, the profiler's own step ranges left out, e.g. "D optimizer step > aten::item > aten::_local_scalar_dense"."""
+    middle = (sync.start + sync.end) / 2
+    around = sorted((e for e in events if e is not sync and e.start <= middle <= e.end
+                     and not e.name.startswith("ProfilerStep")), key=lambda e: (e.start, -e.end))
+    return " > ".join(e.name for e in around) or "outside every range"
+
+
 class IterationClock(hardware.Timer):
     """Milliseconds per iteration without the profiler: `start()` before the first, `lap()` at each one's end (the
     device synchronised there, so an iteration's GPU work is inside it)."""
@@ -165,6 +174,11 @@ class ProfilerSession:
     def code_syncs_per_step(self, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> float:
         """Host syncs the profiled code made (`code_syncs`), per iteration."""
         return len(code_syncs(spans(self.prof.events()), names, skip)) / self.steps
+
+    def code_sync_sites(self, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> list:
+        """Each host sync the profiled code made, with where it was made (`sync_site`): what a failed count shows."""
+        events = spans(self.prof.events())
+        return [f"{e.name} in {sync_site(e, events)}" for e in code_syncs(events, names, skip)]
 
 
 def profile_trainer(trainer, steps: int, on_trace_ready=None) -> ProfilerSession:

@@ -231,11 +231,12 @@ def check_profile_syncs(cfg: TrainConfig, dataset) -> dict:
     quiet = cfg.replace(precision="fp32", sync_every_step=False, log_interval=1000)  # logs only at each fit's end
     trainer = Trainer(quiet, dataset=dataset)
     trainer.fit(1)
-    syncs = profile_trainer(trainer, steps=2).code_syncs_per_step()
+    session = profile_trainer(trainer, steps=2)
+    syncs, sites = session.code_syncs_per_step(), session.code_sync_sites()
     return {"ok": syncs == 0, "images_per_sec": trainer.history[-1]["images_per_sec"],
             "checks": {"host syncs per step": syncs == 0},
             "reason": None if syncs == 0 else f"the profile counted {syncs:g} host syncs per step in a step that "
-                                              "makes none"}
+                                              f"makes none: {'; '.join(sites)}"}
 
 
 def check_out_of_memory(cfg: TrainConfig, dataset) -> dict:
