@@ -74,7 +74,7 @@ workbook: setup
 	    echo "$$nb: $$(( $$(date +%s) - t )) s"; \
 	done; echo "the whole workbook: $$(( ($$(date +%s) - start) / 60 )) min"
 
-# The evidence a GPU machine owes the project, in one command under 8 minutes (docs/testing.md, "On a GPU"): run with
+# The evidence a GPU machine owes the project, in one command in 9 minutes (docs/testing.md, "On a GPU"): run with
 # the machine's own Python, the one that has torch (PYTHON=...), never .venv's; what it lacks comes from gpu-wheels/.
 # DRY=1 runs the same parts on a CPU at tiny sizes (make test does). The report goes to $GANTOOLS_EVIDENCE_DIR.
 gpu-evidence:

@@ -270,16 +270,17 @@ def test_the_guard_rejects_non_finite_and_out_of_range_losses():
     assert why.startswith("loss 1 of each iteration averaged 27.6, outside the 0.6 to 0.7"), why
 
 
-def test_the_guard_compares_iterations_of_the_same_width():
+def test_the_guard_compares_iterations_of_the_common_width():
     """A G step every 5 critic steps, restarted each epoch: an iteration of 2 critic losses and G's at the epoch's
-    end beside iterations of 5 and G's. Every run shows both widths, so none changed the loop; a candidate whose
-    short iterations' G loss left the best's range is still caught, and one that computes a loss more is rejected."""
+    end beside iterations of 5 and G's. Every run shows both widths, so none changed the loop; the losses are held to
+    the common width's range (the one short iteration per run spans no noise: met on an H200, where TF32's rounding
+    of a bit-identical short iteration failed the guard), and a loss more per iteration is still rejected."""
     full, short = [0.5, 0.4, 0.5, 0.6, 0.5, 2.0], [0.5, 0.5, 3.0]
-    best = [Trial((), "measured", [10] * 3, [full, short, full], 16) for _ in range(2)]
-    same = Trial((), "measured", [9] * 3, [full, short, full], 16)
-    assert trying.guard(best, [same]) is None
-    worse = Trial((), "measured", [9] * 3, [full, [0.5, 0.5, 30.0], full], 16)
-    assert trying.guard(best, [worse]).startswith("loss 3 of each iteration averaged 30"), trying.guard(best, [worse])
+    best = [Trial((), "measured", [10] * 3, [full, short, [0.6, 0.5, 0.4, 0.5, 0.6, 2.2]], 16) for _ in range(2)]
+    rounded = Trial((), "measured", [9] * 3, [full, [0.5, 0.5, 3.01], [0.6, 0.5, 0.4, 0.5, 0.6, 2.2]], 16)
+    assert trying.guard(best, [rounded]) is None
+    worse = Trial((), "measured", [9] * 3, [[0.5, 0.4, 0.5, 0.6, 0.5, 9.0], short, full], 16)
+    assert trying.guard(best, [worse]).startswith("loss 6 of each iteration averaged 5.5"), trying.guard(best, [worse])
     more = Trial((), "measured", [9] * 3, [full + [1.0], short, full + [1.0]], 16)
     assert "changed how many losses" in trying.guard(best, [more])
 

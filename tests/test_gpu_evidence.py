@@ -198,11 +198,13 @@ def test_unknown_parts_are_refused_before_anything_runs(capsys):
     assert "unknown part(s) warp; the parts: machine, data, check" in capsys.readouterr().err
 
 
-def test_the_documented_budgets_are_the_runs_own_and_fit_eight_minutes():
+def test_the_documented_budgets_are_the_runs_own_and_leave_time_for_a_second_try():
+    """The run fits a lent GPU's 15 minutes with room for the machine's start and a second try of a part that
+    needs one (at least 4 minutes must be left to start a machine)."""
     text = (ROOT / "docs" / "testing.md").read_text()
     documented = dict(re.findall(r"^\| ([a-z-]+) \| (\d+) s \|", text, flags=re.M))
     assert documented == {p.name: str(p.budget_s) for p in evidence.PARTS}
-    assert sum(p.budget_s for p in evidence.PARTS) <= evidence.TOTAL_S < 8 * 60
+    assert sum(p.budget_s for p in evidence.PARTS) <= evidence.TOTAL_S <= 9 * 60
     assert f"stops at {evidence.TOTAL_S} s" in text
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,22 +333,23 @@ def _failed(trial: Trial) -> str:
 
 def guard(best: list, candidate: list) -> str | None:
     """Why the candidate's losses are not the current best's, or None (see the module docstring). Iterations of one
-    loop may compute different numbers of losses (a G step every n critic steps that restarts with each epoch gives
-    a short iteration at the epoch's end): each run measures the same iterations, so each must show the same counts,
-    and the k-th loss is compared among iterations of the same count."""
+    loop may compute different numbers of losses (a G step every n critic steps, restarted each epoch, leaves a short
+    iteration at an epoch's end): every run measures the same iterations, so each must show the same widths, and the
+    k-th loss is compared over the iterations of the most common width (a rare width's few values span no noise)."""
     if not all(t.finite for t in candidate):
         return "its losses went non-finite (nan or inf) in the measured steps"
     if len({frozenset(len(row) for row in t.losses) for t in best + candidate}) > 1:
         widths = sorted({len(row) for t in best + candidate for row in t.losses})
         return f"it changed how many losses your loop computes per iteration ({widths})"
-    for width in sorted({len(row) for t in best for row in t.losses}):
-        for k in range(width):
-            values = [row[k] for t in best for row in t.losses if len(row) == width]
-            lo, hi = min(values), max(values)
-            margin = (hi - lo) / 2
-            for t in candidate:
-                mean = statistics.fmean(row[k] for row in t.losses if len(row) == width)
-                if not lo - margin <= mean <= hi + margin:
-                    return (f"loss {k + 1} of each iteration averaged {mean:.4g}, outside the {lo:.4g} to {hi:.4g} "
-                            "the loop without it took over the same steps (widened by half that range)")
+    common = Counter(len(row) for t in best for row in t.losses).most_common(1)
+    width = common[0][0] if common else 0
+    for k in range(width):
+        values = [row[k] for t in best for row in t.losses if len(row) == width]
+        lo, hi = min(values), max(values)
+        margin = (hi - lo) / 2
+        for t in candidate:
+            mean = statistics.fmean(row[k] for row in t.losses if len(row) == width)
+            if not lo - margin <= mean <= hi + margin:
+                return (f"loss {k + 1} of each iteration averaged {mean:.4g}, outside the {lo:.4g} to {hi:.4g} "
+                        "the loop without it took over the same steps (widened by half that range)")
     return None

@@ -59,19 +59,28 @@ def spans(events) -> list:
     return [Span(e.name, e.time_range.start, e.time_range.end) for e in events]
 
 
+# torch.profiler's range around each iteration, from start() or one step() to the next ("ProfilerStep#N" in a trace,
+# "ProfilerStep*" in prof.events())
+STEP_RANGE = "ProfilerStep"
+
+
 def code_syncs(events, names=SYNC_EVENTS, skip=(OWN_SYNC,)) -> list:
-    """The events named in `names` whose middle lies outside every range named in `skip`: by default the host syncs
-    the profiled code made, gantools' own left out. Told apart by time, not by the profiler's parent links: a
+    """The events named in `names` whose middle lies inside an iteration (a `STEP_RANGE`) and outside every range
+    named in `skip`: by default the host syncs the profiled code made, gantools' own left out. Outside the iterations
+    lies the profiler's own: stopping the trace synchronises the device (torch/autograd/profiler.py, profile.__exit__),
+    after the last step range has closed. Told apart by time, not by the profiler's parent links: a
     cudaDeviceSynchronize called outside any ATen op (torch.cuda.synchronize) is linked to no CPU op, so it has no
     parent there, and its thread id is the OS thread's, not the one torch gives its ops (torch/autograd/profiler.py,
     _parse_kineto_results, re-threads only linked runtime events). The middle, not the ends: CUPTI's timestamps and
     the profiler's own clock may disagree by a little at the edges."""
+    steps = [(e.start, e.end) for e in events if e.name.startswith(STEP_RANGE)]
     ranges = [(e.start, e.end) for e in events if e.name in skip]
     found = []
     for e in events:
         if e.name in names:
             middle = (e.start + e.end) / 2
-            if not any(start <= middle <= end for start, end in ranges):
+            if any(start <= middle <= end for start, end in steps) and \
+                    not any(start <= middle <= end for start, end in ranges):
                 found.append(e)
     return found
 
@@ -81,7 +90,7 @@ def sync_site(sync: Span, events) -> str:
     first, the profiler's own step ranges left out, e.g. "D optimizer step > aten::item > aten::_local_scalar_dense"."""
     middle = (sync.start + sync.end) / 2
     around = sorted((e for e in events if e is not sync and e.start <= middle <= e.end
-                     and not e.name.startswith("ProfilerStep")), key=lambda e: (e.start, -e.end))
+                     and not e.name.startswith(STEP_RANGE)), key=lambda e: (e.start, -e.end))
     return " > ".join(e.name for e in around) or "outside every range"
 
 
