@@ -243,6 +243,9 @@ def _doctor_flags(p: argparse.ArgumentParser) -> None:
                         "(glyphs, mnist, fashion-mnist, cifar10), judged against a second seed's spread")
     p.add_argument("--fid-images", type=_count(1), default=12_800, metavar="N",
                    help="training images per FID run with --fid (default: %(default)s)")
+    p.add_argument("--nproc", type=_count(2), default=None, metavar="N",
+                   help="run a DistributedDataParallel script in N processes on this machine, as torchrun would "
+                        "(or start the doctor itself under torchrun); rank 0 reports")
     p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="your training script")  # missing: said in _doctor
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed on untouched")
 
@@ -269,12 +272,15 @@ def _doctor(args: dict) -> int:
 
     if args["script"] is None:
         return _fail("give your training script: python -m gantools doctor [OPTIONS] SCRIPT.py [ARGS...]")
-    script = doctor.check_script(args["script"])
+    script = doctor.check_script(args["script"], several=True)  # under torchrun: `ranks` runs it
     for path in (args["json"], args["trace"] or doctor.default_trace(args["script"])):  # before the run, not after
         if path:
             ensure_writable(Path(path).parent)
     if args["patch"]:
         _check_patch_path(Path(args["patch"]), script)
+    if args["nproc"] or distributed.world().distributed:  # a DDP script: one diagnosis per process
+        from .doctor import ranks
+        return ranks.main(args, _doctor_argv(args))
     try:
         report = doctor.run_script(args["script"], args["args"], args["steps"], args["warmup"], args["trace"],
                                    args["timeout"])
@@ -290,6 +296,15 @@ def _doctor(args: dict) -> int:
     if args["try_fixes"] or args["patch"] or args["fid"]:
         return _try(args, report)
     return 0
+
+
+def _doctor_argv(args: dict) -> list:
+    """The doctor's command line for each of --nproc's processes."""
+    argv = ["--steps", str(args["steps"]), "--warmup", str(args["warmup"]), "--timeout", str(args["timeout"])]
+    for flag in ("json", "trace"):
+        if args[flag]:
+            argv += [f"--{flag}", str(args[flag])]
+    return argv + [args["script"], *args["args"]]
 
 
 def _check_patch_path(path: Path, script: Path) -> None:
@@ -425,7 +440,7 @@ COMMANDS = {
                "Run your own GAN training script, unmodified, find its iterations (optimizer steps), time and "
                "profile a few, stop it, and say what to change in your code, with the numbers that justify it. "
                "Options go before SCRIPT.py; everything after it goes to the script.", _doctor_flags, _doctor,
-               False),
+               True),
     "tune": ("find the fastest config on this machine, keeping quality: profile, fix, measure, repeat",
              "Start from a config (the train flags) and run the workbook's loop: profile, try the verdict's fix (or "
              "the next speed knob), measure it against the best so far interleaved, keep it only if faster by more "

@@ -125,10 +125,12 @@ def test_bad_input_is_one_clear_message(pngs, tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as bad_flag:  # argparse's own exit, with our two-line message
         main(["doctor", "--steps", "0", str(TUTORIAL)])
     assert bad_flag.value.code == 2 and "--steps: 0 is too small" in capsys.readouterr().err
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun over two machines: the processes cannot hand over their results
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert main(["doctor", str(TUTORIAL)]) == 2
-    assert "without torchrun" in capsys.readouterr().err
+    assert "rank 0: the doctor gathers its 2 processes on one machine" in capsys.readouterr().err
     monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
 
     assert main(["doctor", str(SCRIPTS / "raises.py")]) == 2  # the script's own error, shown as its own
     err = capsys.readouterr().err

@@ -47,6 +47,11 @@ at run time (`fixes`: global patches and per-model forward wrappers, undone afte
 own (`trial`), each fix measured against the best so far with tune's paired-repeat protocol and a loss guard
 (`trying`); `--patch` turns the kept fixes into source edits of your files with libcst (`patching`).
 
+Several processes (DistributedDataParallel): `--nproc N`, or the doctor itself under torchrun, runs the diagnosis in
+every process; rank 0 gathers the others' and adds what only several processes show (`ranks`, `ddp`, `ddp_rules`):
+the gradient all-reduce's share of a step, accumulation without `no_sync`, a DataLoader without a DistributedSampler,
+`find_unused_parameters`, BatchNorm buffers broadcast at every forward.
+
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
 `schedule`, `syncs` (the device syncs the hooks do not see), `analysis`, `rules`, `pipeline` (the DataLoader's
 per-image work), `report`, `script` and `watch` (the front object, `Watch`).

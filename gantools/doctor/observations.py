@@ -19,6 +19,8 @@ class Model:
 
     def __init__(self, module: nn.Module, name: str):
         inner = getattr(module, "_orig_mod", module)
+        if isinstance(inner, nn.parallel.DistributedDataParallel):  # your network inside DDP: its class, its file
+            inner = getattr(inner.module, "_orig_mod", inner.module)
         self.module, self.name, self.cls = module, name, type(inner).__name__
         self.compiled = type(module).__name__ == "OptimizedModule"
         params = list(module.parameters())

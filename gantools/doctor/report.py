@@ -32,8 +32,9 @@ class Finding:
         shown = self.patch or self.change
         change = "\n".join("      " + line for line in shown.splitlines())
         label = "your lines, before (-) and after (+)" if self.patch else "in your code"
+        learn = self.notebook if "/" in self.notebook else f"notebook {self.notebook}"  # a notebook, or a docs page
         return (f"[{self.kind}] {self.title} ({gain})\n   seen: {self.seen}\n   why: {self.why}\n"
-                f"   change, {label}:\n{change}\n   learn it: notebook {self.notebook}")
+                f"   change, {label}:\n{change}\n   learn it: {learn}")
 
 
 @dataclass
@@ -174,4 +175,7 @@ def _describe_loop(r: DoctorReport) -> list:
                else "(its rhythm not measured)") for o in r.optimizers.values()))
     if r.images_per_step:
         out.append(f"{r.images_per_step:g} real images per iteration ({r.images_source})")
+    if r.settings.get("ddp"):  # several processes (`ranks`)
+        from .ddp import describe
+        out += describe(r.settings["ddp"])
     return out

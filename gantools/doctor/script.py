@@ -32,14 +32,16 @@ LIGHTNING = ("the doctor does not yet diagnose a loop run by Lightning's Trainer
              'Trainer(precision="bf16-mixed"), Trainer(benchmark=True) and your DataLoader\'s num_workers')
 
 
-def check_script(path) -> Path:
-    """The script must be an existing .py file: said before anything runs."""
+def check_script(path, several: bool = False) -> Path:
+    """The script must be an existing .py file: said before anything runs. Under torchrun only the processes that
+    `ranks` runs (`several`) may diagnose it: each needs the others' results for the report."""
     from ..core import distributed
 
     path = Path(path)
-    if distributed.world().distributed:
-        raise DoctorError("the doctor runs as one process: start it without torchrun "
-                          "(python -m gantools doctor SCRIPT.py [ARGS...])")
+    if distributed.world().distributed and not several:
+        raise DoctorError("under torchrun the doctor runs in every process: start it with torchrun "
+                          "(torchrun --nproc_per_node N -m gantools doctor SCRIPT.py [ARGS...]) or let it start them "
+                          "(python -m gantools doctor --nproc N SCRIPT.py [ARGS...])")
     if not path.is_file():
         what = "a folder, not a script" if path.is_dir() else "no such file"
         raise DoctorError(f"{path}: {what}. Give the path of your training script: "
@@ -51,18 +53,21 @@ def check_script(path) -> Path:
 
 
 def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=None,
-               timeout: float | None = TIMEOUT_S) -> DoctorReport:
+               timeout: float | None = TIMEOUT_S, on_close=None) -> DoctorReport:
     """Run a training script under the doctor (see the module docstring) and return the report. Raises
     `ScriptError` when the script raises (its own traceback attached), `DoctorError` when no optimizer steps within
     `timeout` seconds or when Lightning's Trainer runs the loop (`LIGHTNING`); KeyboardInterrupt (Ctrl-C) ends the run
-    and the report says what was seen."""
-    path = check_script(path)
+    and the report says what was seen. `on_close(watch)`, if given, reads the `Watch` once the script has stopped
+    (one process of several: `ranks`)."""
+    path = check_script(path, several=on_close is not None)
     trace = Path(trace or default_trace(str(path))).resolve()  # absolute: the script may change directory
     doc = Watch(steps, warmup, trace, source=str(path), by_optimizer=True)
     with ProcessSnapshot(), doc, on_interrupt(_interrupt(doc)), _watchdog(doc, timeout):
         doc.hooks.add_step_hook(_interrupt_if_asked(doc))
         doc.hooks.add_step_hook(_refuse_lightning())
         outcome, error = execute(path, args)
+    if on_close is not None:
+        on_close(doc)
     if outcome == "unsupported":
         raise DoctorError(str(error))
     if outcome == "raised" and doc.interrupted:  # the same Ctrl-C ended the script's DataLoader workers
