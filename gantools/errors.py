@@ -72,7 +72,3 @@ class ScriptTimeout(BaseException):
 class ScriptInterrupted(BaseException):
     """Ctrl-C while a script runs under the doctor."""
 
-
-class ScriptUnsupported(BaseException):
-    """A loop the doctor does not diagnose yet (one run by Lightning's Trainer), found at its first optimizer step;
-    the message says why and what to try by hand."""

@@ -5,7 +5,7 @@ Three ways in, one `DoctorReport`:
 - a script, unmodified: `python -m gantools doctor [--steps N] [--warmup N] [--json PATH] [--trace PATH]
   [--timeout S] SCRIPT.py [ARGS...]` (`run_script`). It runs as `__main__` with `sys.argv = [SCRIPT.py, ARGS...]`,
   its folder first on `sys.path` and the working directory unchanged, and is stopped once the doctor has measured
-  (a loop run by Lightning's Trainer is refused at its first optimizer step, naming Lightning's own knobs to try);
+  (a LightningModule run by Lightning's Trainer too: its fixes are then the Trainer's own arguments, `lightning`);
 - a step function and its data: `run(step, data)`;
 - your own loop with two marks: `with watch() as doc: for batch in doc.data(loader): ...; doc.end_step()`, then
   `doc.report`.
@@ -53,8 +53,9 @@ the gradient all-reduce's share of a step, accumulation without `no_sync`, a Dat
 `find_unused_parameters`, BatchNorm buffers broadcast at every forward.
 
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
-`schedule`, `syncs` (the device syncs the hooks do not see), `analysis`, `rules`, `pipeline` (the DataLoader's
-per-image work), `report`, `script` and `watch` (the front object, `Watch`).
+`lightning` (Lightning's Trainer running the loop), `schedule`, `syncs` (the device syncs the hooks do not see),
+`analysis`, `rules`, `pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the front object,
+`Watch`).
 """
 from ..errors import DoctorError, ScriptError
 from .analysis import OTHER, default_trace

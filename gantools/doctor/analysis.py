@@ -19,6 +19,8 @@ from ..measuring.protocol import OWN_SYNC, code_syncs, spans
 from ..measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
 from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
 from .hooks import COUNTED_READ, RANGE
+from .lightning import in_trainer_terms
+from .lightning import settings as lightning_settings
 from .observations import Call, Observations, Optimizer
 from .pipeline import describe_loader
 from .report import DoctorReport, Verdict
@@ -101,7 +103,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     _profile_into(report, obs, sched, run)
     report.complete = True
     report.settings["data_site"] = obs.data_site
-    report.findings = findings(report, facts)
+    report.findings = in_trainer_terms(findings(report, facts), report, facts.bf16)
     report.not_judged = not_judged(facts)
     _in_your_code(report, facts)
     return report
@@ -286,6 +288,7 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     s["d_last_module"] = d.last_module if d else None
     s["d_final_sigmoid"] = d.sigmoid_path if d else None
     s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
+    s["lightning"] = lightning_settings(obs)
     s["dataloaders"] = [dict(describe_loader(loader), built_at=_at(obs.built_at.get(id(loader))),
                              epoch_start_ms=_median(obs.epoch_starts.get(id(loader))),
                              batches_per_epoch=_length(loader))

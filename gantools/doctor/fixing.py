@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .lightning import TRAINER, trainer_edit, trainer_owned
 from .report import DoctorReport
 
 
@@ -56,7 +57,7 @@ class Fix:
         found = [k for k in self.answers if k in order]
         if not found:
             return None, None
-        why = self.not_applicable(ctx)
+        why = trainer_owned(self, report, ctx.bf16) or self.not_applicable(ctx)
         return (None, why) if why else (min(order[k] for k in found), None)
 
     def not_applicable(self, ctx) -> str | None:
@@ -73,6 +74,12 @@ class Fix:
     def plan(self, plans: dict, report: DoctorReport, ctx, by_hand: list) -> None:
         """Its source edits, planned in `plans` (file -> `patching._Plan`); (name, why) into `by_hand` for what
         cannot be an edit."""
+
+    def edits(self, plans: dict, report: DoctorReport, ctx, by_hand: list) -> None:
+        """Its source edits (what `patching.make_patch` calls): one of the Trainer's arguments where Lightning's
+        Trainer runs the loop and owns the change (`lightning.trainer_edit`), else `plan`'s."""
+        if not trainer_edit(self, plans, report, ctx.bf16, by_hand):
+            self.plan(plans, report, ctx, by_hand)
 
     def missed(self, plan, shown: str) -> list:
         """(name, why) for each edit of its plan, in the file `shown`, that found nothing to edit."""
@@ -93,7 +100,7 @@ def keywords_missed(name: str, plan, shown: str, loaders: bool) -> list:
     """
     return [(name, f"{shown}:{line}: add " + ", ".join(f"{k}={v}" for k, v in kws.items())
              + f" to the {suffix}(...) built there") for line, (suffix, kws) in plan.keywords.items()
-            if f"keywords:{line}" not in plan.done and (suffix == "DataLoader") == loaders]
+            if f"keywords:{line}" not in plan.done and (suffix == "DataLoader") == loaders and suffix != TRAINER]
 
 
 class LoaderSetting(Fix):

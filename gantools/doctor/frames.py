@@ -134,9 +134,12 @@ def _attribute_naming(owner, obj) -> str | None:
 
 def _wraps(value, obj) -> bool:
     """`value` is an optimizer wrapping `obj`: Accelerate's `prepare` returns an AcceleratedOptimizer that holds the
-    optimizer your code built as `.optimizer`, so your name is bound to the wrapper while the step hooks see the
-    optimizer inside it."""
-    return isinstance(value, torch.optim.Optimizer) and vars(value).get("optimizer") is obj
+    optimizer your code built as `.optimizer`, Lightning's `self.optimizers()` a LightningOptimizer that holds it as
+    `._optimizer`, so your name is bound to the wrapper while the step hooks see the optimizer inside it."""
+    if not isinstance(value, torch.optim.Optimizer):
+        return False
+    own = vars(value)
+    return own.get("optimizer") is obj or own.get("_optimizer") is obj
 
 
 def first_tensor(x):

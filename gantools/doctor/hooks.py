@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dataloader
 
 from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_in_frames, site, yours
+from .lightning import TrainerWatch, is_lightning_module
 from .observations import Call, Model, Observations, Optimizer
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
@@ -49,6 +50,7 @@ class Hooks:
         self.recent_outputs: dict[int, Model] = {}
         self._last_leaf_name = None  # the last leaf module run inside the current top-level call
         self._handles, self._grad_handles, self._patches, self._light_handles = [], [], [], []
+        self.trainers = TrainerWatch(obs)  # Lightning's Trainer, when it runs the loop
 
     def mine(self) -> bool:
         """True in the process and thread the doctor watches (hooks are global: forked workers inherit them)."""
@@ -62,6 +64,7 @@ class Hooks:
         self._patch(DataLoader, "__iter__", self._wrap_iter)
         self._patch(torch.optim.Optimizer, "__init__", lambda original: _optimizer_init(self.obs, original))
         self._patch(DataLoader, "__init__", lambda original: _loader_init(self.obs, original))
+        self.trainers.install()
         self.set_full(True)
 
     def add_step_hook(self, hook) -> None:
@@ -110,6 +113,7 @@ class Hooks:
             h.remove()
         self._light_handles, self._handles, self._grad_handles = [], [], []
         self._unpatch(keep_light=False)
+        self.trainers.remove()
         self.full = self.profiling = False
 
     def new_iteration(self) -> None:
@@ -143,7 +147,7 @@ class Hooks:
                 self._grad_handles.append(p.register_post_accumulate_grad_hook(seen))
 
     def _pre(self, module, args):
-        if compiling() or not self.mine():
+        if compiling() or not self.mine() or is_lightning_module(module):  # a container: G and D are inside it
             return
         self.depth += 1
         if self.depth > 1:
@@ -171,7 +175,7 @@ class Hooks:
         self.top = (call, self._range(call) if self.profiling else None, x)
 
     def _post(self, module, args, output):
-        if compiling() or not self.mine():
+        if compiling() or not self.mine() or is_lightning_module(module):
             return
         self.depth -= 1
         key = id(module)

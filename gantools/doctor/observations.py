@@ -112,6 +112,7 @@ class Observations:
     window: Window = field(default_factory=Window)
     peak_mem_mb: float = 0.0
     device: torch.device | None = None
+    trainer: dict | None = None  # Lightning's Trainer that runs the loop (`lightning.TrainerWatch.describe`)
     counting: bool = True  # False once the profiled window has closed: the timed iterations after it are not counted
 
     def device_in_use(self) -> torch.device:

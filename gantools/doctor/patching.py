@@ -22,6 +22,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .fixes import AUTOCAST, FIXES, LOGITS, Context, by_name
 from .frames import yours
+from .lightning import trainer_missed
 from .report import DoctorReport
 from .scopes import autocast_item
 
@@ -74,7 +75,7 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     plans: dict = defaultdict(_Plan)
     patch = Patch()
     for fix in by_name(parts):
-        fix.plan(plans, report, ctx, patch.by_hand)
+        fix.edits(plans, report, ctx, patch.by_hand)
     edited = []  # (absolute path, before, after)
     for file, plan in sorted(plans.items()):
         path = Path(file)
@@ -93,6 +94,7 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
                                                   f"({type(e).__name__}): make the changes by hand"))
             continue
         patch.by_hand += [line for fix in FIXES for line in fix.missed(plan, os.path.relpath(file))]
+        patch.by_hand += trainer_missed(plan, os.path.relpath(file))
         if after != before:
             edited.append((str(path.resolve()), before, after))
     patch.root = str(Path(root).resolve()) if root else _root_for([f for f, _, _ in edited])

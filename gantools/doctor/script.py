@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 from ..measuring import protocol as measuring
-from ..errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout, ScriptUnsupported
+from ..errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..core.process import ProcessSnapshot, on_interrupt
 from .analysis import default_trace
 from .frames import DOCTOR_DIR, GANTOOLS_DIR
@@ -25,11 +25,6 @@ from .schedule import STEPS, WARMUP
 from .watch import Watch
 
 TIMEOUT_S = 300.0
-# The packages of Lightning's Trainer, whose loop (its precision plugin, closures, hooks) the doctor cannot yet read
-# or change; Lightning Fabric (lightning.fabric) leaves the loop in your code, and is not among them
-LIGHTNING_TRAINER = ("pytorch_lightning", "lightning.pytorch")
-LIGHTNING = ("the doctor does not yet diagnose a loop run by Lightning's Trainer; try by hand, one at a time, "
-             'Trainer(precision="bf16-mixed"), Trainer(benchmark=True) and your DataLoader\'s num_workers')
 
 
 def check_script(path, several: bool = False) -> Path:
@@ -56,20 +51,16 @@ def run_script(path, args=(), steps: int = STEPS, warmup: int = WARMUP, trace=No
                timeout: float | None = TIMEOUT_S, on_close=None) -> DoctorReport:
     """Run a training script under the doctor (see the module docstring) and return the report. Raises
     `ScriptError` when the script raises (its own traceback attached), `DoctorError` when no optimizer steps within
-    `timeout` seconds or when Lightning's Trainer runs the loop (`LIGHTNING`); KeyboardInterrupt (Ctrl-C) ends the run
-    and the report says what was seen. `on_close(watch)`, if given, reads the `Watch` once the script has stopped
-    (one process of several: `ranks`)."""
+    `timeout` seconds; KeyboardInterrupt (Ctrl-C) ends the run and the report says what was seen. `on_close(watch)`,
+    if given, reads the `Watch` once the script has stopped (one process of several: `ranks`)."""
     path = check_script(path, several=on_close is not None)
     trace = Path(trace or default_trace(str(path))).resolve()  # absolute: the script may change directory
     doc = Watch(steps, warmup, trace, source=str(path), by_optimizer=True)
     with ProcessSnapshot(), doc, on_interrupt(_interrupt(doc)), _watchdog(doc, timeout):
         doc.hooks.add_step_hook(_interrupt_if_asked(doc))
-        doc.hooks.add_step_hook(_refuse_lightning())
         outcome, error = execute(path, args)
     if on_close is not None:
         on_close(doc)
-    if outcome == "unsupported":
-        raise DoctorError(str(error))
     if outcome == "raised" and doc.interrupted:  # the same Ctrl-C ended the script's DataLoader workers
         outcome, error = "interrupted", None
     report = doc.report
@@ -95,7 +86,7 @@ def execute(path: Path, args) -> tuple[str, BaseException | None]:
     """Run the script as `__main__` with `sys.argv = [SCRIPT.py, ARGS...]` and its folder first on `sys.path` (the
     caller restores both: `ProcessSnapshot`); the modules it imported from its folder are forgotten after it, so the
     next run imports them afresh. Returns how it ended: ("measured" | "ended" | "exited with status N" |
-    "interrupted" | "timeout" | "unsupported" | "raised", its exception when it raised or was refused)."""
+    "interrupted" | "timeout" | "raised", its exception when it raised)."""
     folder = str(path.resolve().parent)
     modules = set(sys.modules)
     sys.argv = [str(path), *args]
@@ -111,8 +102,6 @@ def execute(path: Path, args) -> tuple[str, BaseException | None]:
         return "interrupted", None
     except ScriptTimeout:
         return "timeout", None
-    except ScriptUnsupported as e:
-        return "unsupported", e
     except Exception as e:
         return "raised", e
     finally:
@@ -188,24 +177,6 @@ def _interrupt_if_asked(doc: Watch):
     def hook(*args):
         if doc.interrupted:
             raise ScriptInterrupted()
-    return hook
-
-
-def _refuse_lightning():
-    """An optimizer step hook that ends the script at its first step when Lightning's Trainer made it (a frame of
-    its packages on the stack: `LIGHTNING_TRAINER`), with `LIGHTNING` as the reason."""
-    checked = []
-
-    def hook(*args):
-        if checked:
-            return
-        checked.append(True)
-        frame = sys._getframe(1)
-        while frame is not None:
-            module = frame.f_globals.get("__name__") or ""
-            if any(module == p or module.startswith(p + ".") for p in LIGHTNING_TRAINER):
-                raise ScriptUnsupported(LIGHTNING)
-            frame = frame.f_back
     return hook
 
 
