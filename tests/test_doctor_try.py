@@ -653,7 +653,7 @@ def test_a_pair_alternates_stops_at_a_broken_candidate_and_raises_for_a_broken_s
 
     def run(parts, warmup=None):
         calls.append((parts, warmup))
-        return SimpleNamespace(measured=parts != ("broken",), images_per_sec=10.0 * (1 + len(parts)),
+        return SimpleNamespace(measured=parts != ("broken",), images_per_sec=10.0 * (1 + len(parts)), rate=1.0,
                                outcome="raised", ours=False, traceback="", times_ms=[])
 
     runner.run, runner.warmup_for = run, lambda *runs: 7

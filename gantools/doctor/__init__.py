@@ -22,7 +22,10 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
   are split into D's step and G's step by the optimizer that steps next. Backward time is attributed through the
   autograd sequence number that ties each `evaluate_function: XBackward0` event to the forward op, inside a model's
   range, that created it. Global *full backward* hooks are not used: they wrap every module's outputs and break
-  in-place ops (`LeakyReLU(inplace=True)` then raises "a view ... is being modified inplace").
+  in-place ops (`LeakyReLU(inplace=True)` then raises "a view ... is being modified inplace"). Where no module holds
+  an optimizer's parameters, its network is the plain function of yours that computes with them alone (`functions`).
+- **Images per iteration.** The batches taken from a DataLoader; without one, the batches of data D was fed (`feeds`);
+  where neither can be counted, unknown (None), never 0.
 - **Data wait.** Time inside DataLoader iteration (`_BaseDataLoaderIter.__next__`, patched), or inside `doc.data`.
   It is host time only: the batch's copy to the device happens in your code after it.
 - **Host syncs.** `Tensor.item`, `tolist`, `__bool__`, `__float__`, `__int__`, `__repr__`, `__format__` and
@@ -53,9 +56,9 @@ the gradient all-reduce's share of a step, accumulation without `no_sync`, a Dat
 `find_unused_parameters`, BatchNorm buffers broadcast at every forward.
 
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
-`lightning` (Lightning's Trainer running the loop), `schedule`, `syncs` (the device syncs the hooks do not see),
-`analysis`, `rules`, `pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the front object,
-`Watch`).
+`lightning` (Lightning's Trainer running the loop), `feeds` (what fed each model call), `functions` (networks
+written as plain functions), `schedule`, `syncs` (the device syncs the hooks do not see), `analysis`, `rules`,
+`pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the front object, `Watch`).
 """
 from ..errors import DoctorError, ScriptError
 from .analysis import OTHER, default_trace

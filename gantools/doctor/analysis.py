@@ -8,7 +8,7 @@ import os
 import re
 import statistics
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_wor
 from .hooks import COUNTED_READ, RANGE
 from .lightning import in_trainer_terms
 from .lightning import settings as lightning_settings
-from .observations import Call, Observations, Optimizer
+from .observations import DATA, Call, Observations, Optimizer
 from .pipeline import describe_loader
 from .report import DoctorReport, Verdict
 from .rules import MachineFacts, findings, not_judged
@@ -70,6 +70,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     device = obs.device_in_use()
     report = DoctorReport(run.source, str(device), iterations_seen=max(sched.marks, 0))
     report.models = {m.role or m.name: m.describe() for m in obs.models.values()}
+    report.missing = _not_found(obs)
     n = max(sched.profiled, 1)
     report.optimizers = {
         o.role or o.name: {"name": o.name, "class": o.cls, "implementation": o.implementation(device),
@@ -97,8 +98,6 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
                                 "iteration from your data")
     if not sched.done or not sched.profiled:
         report.note = report.note or _incomplete_note(sched)
-        if w.images_loader == 0:
-            report.images_per_step = 0.0
         return report
     _profile_into(report, obs, sched, run)
     report.complete = True
@@ -233,17 +232,37 @@ def _unplaced_syncs(r: DoctorReport, events: list, located: int, n: int) -> floa
 
 
 def _images_without_loader(r: DoctorReport, obs: Observations, n: int) -> None:
-    """No DataLoader and no doc.data(): the real images are what D was fed that no model made; failing that
-    (real and fake concatenated, say), G's batch, one per iteration."""
-    d, g = obs.role("D"), obs.role("G")
-    real = obs.window.inputs.get((d, False), 0) if d is not None else 0
-    if real:
-        r.images_per_step = real / n
-        r.batch_size = d.out_shape[0] if d.out_shape else 0
-        r.images_source = "no DataLoader seen: the images D was fed that G did not make"
-    elif g is not None and g.out_shape:
-        r.batch_size = r.images_per_step = g.out_shape[0]
-        r.images_source = "no DataLoader seen: G's batch, one per iteration assumed"
+    """No DataLoader and no doc.data(): the real images are the batches of data D was fed, each once an iteration
+    (every critic step's; not a batch drawn and never fed to D, not G's images, detached or not, nor a tensor with
+    gradients made in your loop, such as a penalty's mix of real and fake: `hooks.Hooks.called`). Where D, or a
+    network whose images D may be fed, was not found, or D was fed no such batch, the count stays unknown (None)."""
+    d = obs.role("D")
+    lost = [o.name for o, m in obs.networks.items() if m is None]
+    if d is None or lost:
+        unfound = "D" if d is None else f"the network {' and '.join(lost)} train{'s' if len(lost) == 1 else ''}"
+        r.images_source = f"no DataLoader seen, and {unfound} not found"
+        return
+    w = obs.window
+    sizes = Counter({size: k for (m, size), k in w.data_sizes.items() if m is d})
+    if not sizes:
+        r.images_source = "no DataLoader seen, and D was fed no batch that G did not make"
+        return
+    r.images_per_step = w.inputs[(d, DATA)] / n
+    r.batch_size = sizes.most_common(1)[0][0]
+    batches = sum(sizes.values()) / n
+    r.images_source = (f"no DataLoader seen: {batches:g} batch{'es' if batches != 1 else ''} of {r.batch_size} per "
+                       f"iteration fed to {d.name} that no model made")
+
+
+def _not_found(obs: Observations) -> list:
+    """The parts of the loop the doctor could not find, each in a line of the report."""
+    out = [f"the network {o.name} trains: no nn.Module holds its parameters and no function of yours computes with "
+           "them alone (written inline in the loop?), so its forward is neither timed nor told apart"
+           for o, m in obs.networks.items() if m is None]
+    roles = [role for role in ("G", "D") if obs.role(role) is None]
+    if roles and obs.optimizers and not out:
+        out.append(f"{' and '.join(roles)}: not told apart among the networks seen")
+    return out
 
 
 def _label(obj) -> str:

@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dataloader
 
 from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_in_frames, site, yours
+from .feeds import Feeds, wrap_cat
+from .functions import FunctionWatch
 from .lightning import TrainerWatch, is_lightning_module
 from .observations import Call, Model, Observations, Optimizer
 
@@ -40,14 +42,15 @@ class Hooks:
         self.owner = (os.getpid(), threading.get_ident())  # DataLoader workers are forked with the hooks: not theirs
         self.full = False          # module hooks, value-read patches and grad hooks active
         self.profiling = False     # ranges are being recorded
-        self.depth, self.top, self.in_data, self.in_sync = 0, None, False, False
+        self.depth, self.top, self.in_data, self.in_sync, self.stepping = 0, None, False, False, False
         self.paramless: set = set()
         self.leaf: dict[int, bool] = {}
         self.pending_calls: list = []
         self.pending_grads: Counter = Counter()
         self.next_range = 0
         self.open_opt_range = None
-        self.recent_outputs: dict[int, Model] = {}
+        self.feeds = Feeds()                         # what made each batch a model is fed, this iteration
+        self.functions = FunctionWatch(self)         # networks written as plain functions (no nn.Module)
         self._last_leaf_name = None  # the last leaf module run inside the current top-level call
         self._handles, self._grad_handles, self._patches, self._light_handles = [], [], [], []
         self.trainers = TrainerWatch(obs)  # Lightning's Trainer, when it runs the loop
@@ -80,7 +83,7 @@ class Hooks:
     def _unpatch(self, keep_light: bool) -> None:
         kept = []
         for owner, name, original, own in reversed(self._patches):
-            if keep_light and owner is not torch.Tensor:
+            if keep_light and owner not in (torch.Tensor, torch):
                 kept.append((owner, name, original, own))
                 continue
             if own:
@@ -98,10 +101,13 @@ class Hooks:
             self._handles = [_module.register_module_forward_pre_hook(self._pre),
                              _module.register_module_forward_hook(self._post)]
             for name in SYNC_METHODS:
-                self._patch(torch.Tensor, name, lambda original, n=name: self._wrap_read(n, original))
+                self._patch(torch.Tensor, name, lambda original, n=name: _wrap_read(self, n, original))
+            self._patch(torch, "cat", lambda original: wrap_cat(self, original))
             for m in self.obs.models.values():
                 self._hook_grads(m)
+            self.functions.start()
         else:
+            self.functions.stop()
             for h in self._handles + self._grad_handles:
                 h.remove()
             self._handles, self._grad_handles = [], []
@@ -109,6 +115,7 @@ class Hooks:
             self.depth, self.top = 0, None
 
     def remove(self) -> None:
+        self.functions.stop()
         for h in self._light_handles + self._handles + self._grad_handles:
             h.remove()
         self._light_handles, self._handles, self._grad_handles = [], [], []
@@ -117,7 +124,8 @@ class Hooks:
         self.full = self.profiling = False
 
     def new_iteration(self) -> None:
-        self.recent_outputs.clear()
+        self.functions.new_iteration()
+        self.feeds.new_iteration()
 
     def _range(self, obj):
         self.next_range += 1
@@ -139,6 +147,9 @@ class Hooks:
         return m
 
     def _hook_grads(self, m: Model) -> None:
+        if m.module is None:  # a function's parameters: see `functions`
+            return
+
         def seen(param, model=m):
             if self.full:
                 self.pending_grads[model] += 1
@@ -153,26 +164,38 @@ class Hooks:
         if self.depth > 1:
             return
         frame = sys._getframe(1)
+        self.functions.outside(frame)
         m = self._model(module, frame)
         if m is None:
             if "Loss" in type(module).__name__:
                 self.obs.losses[type(module).__name__] += 1
             return
-        m.calls += 1
         x = first_tensor(args)
-        producer = self.recent_outputs.get(x.data_ptr()) if x is not None and x.dim() > 0 else None
+        call, rf = self.called(m, x, frame)
+        self.top = (call, rf, x)
+
+    def called(self, m: Model, x, frame) -> tuple:
+        """One top-level call of `m` on input `x` from `frame`: counted (what fed it: `feeds`), and a profiler range
+        opened while profiling. Returns the Call and its range (None when not profiling)."""
+        m.calls += 1
         at = location(frame)
         if m.calls <= 16:  # where your code calls it (the first calls are enough)
             m.sites[site(frame)[0]] += 1
             if at is not None:
                 m.locations[at] += 1
         if x is not None and x.dim() > 0:
-            if producer is not None and producer is not m:
-                m.fed_by[producer] += 1
-            self.obs.window.inputs[(m, producer is not None)] += x.shape[0]  # images fed, made by a model or not
+            self.feeds.count(m, x, self.obs.window)
         call = Call(m, at)
         self.pending_calls.append(call)
-        self.top = (call, self._range(call) if self.profiling else None, x)
+        return call, (self._range(call) if self.profiling else None)
+
+    def returned(self, call: Call, rf, out) -> None:
+        """The call's end: its range closed, and its output remembered as made by its model (for what it feeds)."""
+        if rf is not None:
+            rf.__exit__(None, None, None)
+        if out is not None:
+            call.model.out_shape = tuple(out.shape)
+            self.feeds.output(call.model, out)
 
     def _post(self, module, args, output):
         if compiling() or not self.mine() or is_lightning_module(module):
@@ -188,14 +211,8 @@ class Hooks:
             return
         call, rf, x = self.top
         self.top = None
-        if rf is not None:
-            rf.__exit__(None, None, None)
-        m = call.model
-        out = first_tensor(output)
-        if out is not None:
-            m.out_shape = tuple(out.shape)
-            self.recent_outputs[out.data_ptr()] = m
-        m.last_module = self._last_leaf_name
+        self.returned(call, rf, first_tensor(output))
+        call.model.last_module = self._last_leaf_name
         self._last_leaf_name = None
 
     def _leaf_seen(self, module, args, output):
@@ -217,12 +234,15 @@ class Hooks:
             return
         if self.depth:  # a forward that raised never closed its hooks: start clean
             self.depth, self.top = 0, None
+        self.functions.stepped(sys._getframe(1))
+        self.stepping = True
         o = self._optimizer(opt)
         self.open_opt_range = self._range(o) if self.profiling else None
 
     def _opt_post(self, opt, args, kwargs):
         if not self.mine():
             return
+        self.stepping = False
         if self.open_opt_range is not None:
             self.open_opt_range.__exit__(None, None, None)
             self.open_opt_range = None
@@ -245,6 +265,7 @@ class Hooks:
         if o is None:
             o = self.obs.optimizers[id(opt)] = Optimizer(opt, name_in_frames(opt, sys._getframe(1))
                                                          or type(opt).__name__)
+            self.functions.consider(o)
         return o
 
     # -- data -----------------------------------------------------------------------------------------------------
@@ -282,6 +303,7 @@ class Hooks:
 
     def fetch(self, get):
         """Fetch a batch as data wait (a labelled range while profiling) and count its images."""
+        self.functions.close()
         self.in_data = True
         rf = record_function("data wait") if self.profiling else contextlib.nullcontext()
         try:
@@ -298,33 +320,36 @@ class Hooks:
         return batch
 
     # -- value reads ----------------------------------------------------------------------------------------------
-    def _wrap_read(self, name, original):
-        hooks = self
 
-        def read(tensor, *args, **kwargs):
-            if (compiling() or hooks.in_sync or hooks.in_data or not hooks.full
-                    or not hooks.mine()
-                    or (name == "cpu" and tensor.device.type == "cpu")):
+
+def _wrap_read(hooks: Hooks, name: str, original):
+    """`Tensor.<name>` (a value read), counted at your line and timed as a host sync while the full hooks are on."""
+    def read(tensor, *args, **kwargs):
+        if (compiling() or hooks.in_sync or hooks.in_data or not hooks.full
+                or not hooks.mine()
+                or (name == "cpu" and tensor.device.type == "cpu")):
+            return original(tensor, *args, **kwargs)
+        caller = sys._getframe(1)
+        if caller.f_code.co_filename.startswith(LIBRARIES):  # torch reading its own tensors: not your sync
+            return original(tensor, *args, **kwargs)
+        if tensor.device.type == "cpu" and hooks.obs.device_in_use().type != "cpu":  # a host value: no wait
+            return original(tensor, *args, **kwargs)
+        hooks.functions.outside(caller)
+        hooks.in_sync = True
+        top = hooks.depth == 0 and hooks.functions.open is None  # outside every model's forward
+        rf = (record_function("host sync" if top else COUNTED_READ) if hooks.profiling
+              else contextlib.nullcontext())
+        try:
+            with rf:
                 return original(tensor, *args, **kwargs)
-            caller = sys._getframe(1)
-            if caller.f_code.co_filename.startswith(LIBRARIES):  # torch reading its own tensors: not your sync
-                return original(tensor, *args, **kwargs)
-            if tensor.device.type == "cpu" and hooks.obs.device_in_use().type != "cpu":  # a host value: no wait
-                return original(tensor, *args, **kwargs)
-            hooks.in_sync = True
-            rf = (record_function("host sync" if hooks.depth == 0 else COUNTED_READ) if hooks.profiling
-                  else contextlib.nullcontext())
-            try:
-                with rf:
-                    return original(tensor, *args, **kwargs)
-            finally:
-                hooks.in_sync = False
-                where, code = site(caller)
-                window = hooks.obs.window
-                window.syncs[where] += 1
-                window.sites.setdefault(where, (code, name.strip("_")))
-        read.__name__ = name
-        return read
+        finally:
+            hooks.in_sync = False
+            where, code = site(caller)
+            window = hooks.obs.window
+            window.syncs[where] += 1
+            window.sites.setdefault(where, (code, name.strip("_")))
+    read.__name__ = name
+    return read
 
 
 def _optimizer_init(obs: Observations, original):

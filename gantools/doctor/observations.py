@@ -21,16 +21,18 @@ class Model:
         inner = getattr(module, "_orig_mod", module)
         if isinstance(inner, nn.parallel.DistributedDataParallel):  # your network inside DDP: its class, its file
             inner = getattr(inner.module, "_orig_mod", inner.module)
-        self.module, self.name, self.cls = module, name, type(inner).__name__
-        self.compiled = type(module).__name__ == "OptimizedModule"
-        params = list(module.parameters())
+        self.module, self.compiled = module, type(module).__name__ == "OptimizedModule"
+        self._seen(name, type(inner).__name__, list(module.parameters()), _source_file(type(inner)))
+
+    def _seen(self, name: str, cls: str, params: list, defined_in: str | None) -> None:
+        self.name, self.cls = name, cls
         self.parameters, self.param_ids = sum(p.numel() for p in params), {id(p) for p in params}
         self.calls, self.out_shape, self.role, self.last_module = 0, None, None, None
         self.fed_by, self.sites = Counter(), Counter()
         self.locations = Counter()      # (file, line) -> calls from there, for source edits
         self.phase_sites = Counter()    # ((file, line), the Optimizer that stepped next) -> calls
         self.sigmoid_path = None  # where a final nn.Sigmoid sits inside it
-        self.defined_in = _source_file(type(inner))  # the file of its class, where a source edit of it goes
+        self.defined_in = defined_in  # the file of its class (or function), where a source edit of it goes
 
     def describe(self) -> dict:
         return {"name": self.name, "class": self.cls, "parameters": self.parameters, "compiled": self.compiled,
@@ -46,6 +48,15 @@ def _source_file(cls) -> str | None:
     except (TypeError, OSError):
         return None
     return os.path.abspath(path) if path else None
+
+
+class FunctionModel(Model):
+    """A network written as a plain function of tensors that an optimizer holds, with no nn.Module (`functions`):
+    called, fed and timed as a module would be; its name is the one your code calls it by."""
+
+    def __init__(self, code, name: str, params: list):
+        self.module, self.code, self.compiled = None, code, False
+        self._seen(name, "function", params, os.path.abspath(code.co_filename))
 
 
 class Optimizer:
@@ -80,6 +91,12 @@ class Call:
         self.model, self.next_opt, self.at = model, None, at  # at: (file, line) of the call in your code
 
 
+# What a model's input was: a model's output (G's images, detached or not), a tensor made in your loop with
+# gradients (a penalty's mix of real and fake), a batch already fed to it in this iteration, or new data
+MADE, DERIVED, AGAIN, DATA = "made by a model", "requires grad", "fed again", "data"
+FED_KINDS = (MADE, DERIVED, AGAIN, DATA)
+
+
 @dataclass
 class Window:
     """What the hooks counted in the profiled window (from the profiler's warm-up iteration's end)."""
@@ -87,7 +104,8 @@ class Window:
     images_loader: int = 0    # images in the batches your data gave
     batches: int = 0
     batch_sizes: Counter = field(default_factory=Counter)
-    inputs: Counter = field(default_factory=Counter)   # (Model, made by a model) -> images fed to it
+    inputs: Counter = field(default_factory=Counter)   # (Model, what fed it: `FED_KINDS`) -> images fed to it
+    data_sizes: Counter = field(default_factory=Counter)  # (Model, batch size) -> batches of data fed to it
     syncs: Counter = field(default_factory=Counter)    # FILE:LINE -> value reads from the device, and other syncs
     sites: dict = field(default_factory=dict)          # FILE:LINE -> (source line, method)
     located: int = 0                                   # of the syncs, those the sync watch placed (syncs.SyncWatch)
@@ -108,6 +126,8 @@ class Observations:
     loaders: list = field(default_factory=list)
     epoch_starts: dict = field(default_factory=dict)  # id(DataLoader) -> ms from a new iterator to its first batch
     losses: Counter = field(default_factory=Counter)  # loss modules called at the top level
+    networks: dict = field(default_factory=dict)      # Optimizer -> its FunctionModel, or None where none was found:
+    #                                                   the optimizers whose parameters no nn.Module holds
     conv_shapes: defaultdict = field(default_factory=lambda: defaultdict(set))  # conv -> input shapes seen
     window: Window = field(default_factory=Window)
     peak_mem_mb: float = 0.0
@@ -119,7 +139,7 @@ class Observations:
         """The device of the first model's (else optimizer's) parameters; the CPU until one is seen."""
         if self.device is None:
             for m in self.models.values():
-                p = next(m.module.parameters(), None)
+                p = next(m.module.parameters(), None) if m.module is not None else None
                 if p is not None:
                     self.device = p.device
                     break
@@ -178,7 +198,7 @@ class Observations:
             owners = [m for m, k in shared.items() if k]
             if len(owners) == 1:  # an optimizer over one model's parameters
                 o.role, o.model = owners[0].role or owners[0].name, owners[0].name
-        if d is not None:
+        if d is not None and d.module is not None:
             d.sigmoid_path = final_sigmoid(d.module)
 
 

@@ -12,6 +12,7 @@ from ..measuring.protocol import PhaseTable
 from .hooks import SYNC_METHODS
 
 READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them
+UNKNOWN_RATE = "images/s unknown (no batch size found)"
 
 
 @dataclass
@@ -59,9 +60,9 @@ class DoctorReport(PhaseTable):
     iterations_seen: int = 0
     step_time_ms: float = float("nan")   # profiled, host wall time per iteration
     unprofiled_step_time_ms: float = float("nan")  # timed without the profiler, device synchronised
-    images_per_step: float = 0.0         # real images per iteration
+    images_per_step: float | None = None  # real images per iteration; None: not known (`images_source` says why)
     images_source: str = ""
-    batch_size: int = 0
+    batch_size: int | None = None
     phases_ms: dict = field(default_factory=dict)
     device_busy_ms: float = 0.0
     compute_share: float = 0.0           # of busy time, in convolutions and matmuls
@@ -76,6 +77,7 @@ class DoctorReport(PhaseTable):
     findings: list = field(default_factory=list)
     not_judged: list = field(default_factory=list)  # what this device cannot tell (a CPU: pinned memory, ...)
     trace_path: str | None = None
+    missing: list = field(default_factory=list)     # the parts of your loop the doctor could not find, in words
 
     def kinds(self) -> list:
         return [f.kind for f in self.findings]
@@ -84,7 +86,7 @@ class DoctorReport(PhaseTable):
         """Everything above as plain JSON values (what `--json` writes); numbers not measured are null."""
         d = asdict(self)
         d["verdict"] = d["verdict"] or {}  # not profiled: an empty object, as the field always wrote
-        d.update(images_per_sec=self.images_per_sec, overhead=self.overhead,
+        d.update(images_per_sec=self.images_per_sec, iterations_per_sec=self.iterations_per_sec, overhead=self.overhead,
                  machine=hardware.machine_info(self.device))
         return _jsonable(d)
 
@@ -103,7 +105,8 @@ class DoctorReport(PhaseTable):
         if self.unprofiled_step_time_ms == self.unprofiled_step_time_ms:  # not NaN: the timed window finished
             lines.append(f"  {self.unprofiled_step_time_ms:.1f} ms per iteration (median of {len(timed)} timed "
                          f"without the profiler, device synchronised; {min(timed):.0f}-{max(timed):.0f}), "
-                         f"{self.images_per_sec:.0f} images/s")
+                         + (f"{self.images_per_sec:.0f} images/s" if self.images_per_sec is not None
+                            else UNKNOWN_RATE))
         if not self.phases_ms:
             return "\n".join(lines)
         lines.append(f"  {self.steps} profiled iterations: {self.step_time_ms:.1f} ms each (profiler overhead "
@@ -175,6 +178,9 @@ def _describe_loop(r: DoctorReport) -> list:
                else "(its rhythm not measured)") for o in r.optimizers.values()))
     if r.images_per_step:
         out.append(f"{r.images_per_step:g} real images per iteration ({r.images_source})")
+    elif r.images_source:
+        out.append(f"real images per iteration: unknown ({r.images_source})")
+    out += [f"not found: {part}" for part in r.missing]
     if r.settings.get("ddp"):  # several processes (`ranks`)
         from .ddp import describe
         out += describe(r.settings["ddp"])

@@ -40,7 +40,7 @@ class Trial:
     outcome: str
     times_ms: list = field(default_factory=list)
     losses: list = field(default_factory=list)
-    images_per_iteration: float = 0.0
+    images_per_iteration: float | None = None  # None: not known (the diagnosis found no batch size)
     traceback: str = ""
     output: str = ""
     ours: bool = False                    # it raised inside gantools' own fix code, not in the script
@@ -51,9 +51,17 @@ class Trial:
         return self.outcome == "measured"
 
     @property
-    def images_per_sec(self) -> float:
-        ms = statistics.median(self.times_ms) if self.times_ms else float("nan")
-        return 1e3 * self.images_per_iteration / ms
+    def iterations_per_sec(self) -> float:
+        return 1e3 / (statistics.median(self.times_ms) if self.times_ms else float("nan"))
+
+    @property
+    def images_per_sec(self) -> float | None:
+        return None if self.images_per_iteration is None else self.images_per_iteration * self.iterations_per_sec
+
+    @property
+    def rate(self) -> float:
+        """What runs are compared by: images/s, else iterations/s (runs of one loop: the same ratios)."""
+        return self.iterations_per_sec if self.images_per_iteration is None else self.images_per_sec
 
     @property
     def finite(self) -> bool:
@@ -99,7 +107,7 @@ class _Pace:
             self.current.append(tensor.detach().reshape(()).float())
 
 
-def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_per_iteration: float,
+def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_per_iteration: float | None,
               warmup: int, steps: int, timeout: float | None, seed_offset: int = 0, samples: int = 0) -> Trial:
     """Run the script once with `parts` applied (see the module docstring). Ctrl-C raises KeyboardInterrupt here
     once the script has stopped; the script's own exceptions come back in `Trial.traceback`, as its own.

@@ -26,6 +26,7 @@ from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
 from ..speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
 from ..errors import DoctorError
 from .fixes import WORKERS, Context, candidates, context
+from .fixing import Fix
 from .report import DoctorReport
 from .rules import MachineFacts, not_judged
 from .trial import Trial, run_trial
@@ -55,11 +56,12 @@ class TryReport:
     source: str
     device: str
     machine: str
-    start_images_per_sec: float = float("nan")
+    start_images_per_sec: float = float("nan")   # the start's median: images/s, or iterations/s (`unit`)
+    unit: str = "images/s"                         # "iterations/s" where the images per iteration are unknown
     tried: list = field(default_factory=list)
     skipped: list = field(default_factory=list)   # (fix or finding, why not tried here)
     not_judged: list = field(default_factory=list)
-    together: dict | None = None                 # speedup, spread, images_per_sec of all kept fixes vs the start
+    together: dict | None = None                 # speedup, spread, images_per_sec (in `unit`) of all kept fixes
     interrupted: bool = False
     error: str = ""                              # why measuring stopped early, when it did (not Ctrl-C)
     quality: dict | None = None                  # the FID check (`--fid`): FIDs, seed spread, limit, verdict
@@ -76,7 +78,7 @@ class TryReport:
     def to_dict(self) -> dict:
         from .report import _jsonable
         return _jsonable({"source": self.source, "device": self.device, "machine": self.machine,
-                          "start_images_per_sec": self.start_images_per_sec, "kept": self.kept,
+                          "start_images_per_sec": self.start_images_per_sec, "unit": self.unit, "kept": self.kept,
                           "tried": [t.__dict__ for t in self.tried], "skipped": self.skipped,
                           "not_judged": self.not_judged, "together": self.together,
                           "interrupted": self.interrupted, "error": self.error, "quality": self.quality})
@@ -85,6 +87,9 @@ class TryReport:
         lines = [f"gantools doctor --try: {self.source} on {self.device} ({self.machine})",
                  f"  each fix applied at run time, measured against the best so far ({self.repeats}+ paired repeats, "
                  "warm-up left out); kept if it wins"]
+        if self.unit != "images/s":
+            lines.append(f"  compared in {self.unit}: the images per iteration are unknown (no batch size found); "
+                         "between runs of one loop the ratios are the same")
         if self.interrupted:
             lines.append("  interrupted (Ctrl-C): what was measured before it follows; no patch was written")
         if self.error:
@@ -100,7 +105,7 @@ class TryReport:
             t = self.together
             lines.append(f"  all kept fixes together ({', '.join(self.kept)}) against the start: {t['speedup']:.2f}x "
                          f"({t['spread'][0]:.2f}-{t['spread'][1]:.2f}, paired), {self.start_images_per_sec:.0f} -> "
-                         f"{t['images_per_sec']:.0f} images/s (medians)")
+                         f"{t['images_per_sec']:.0f} {self.unit} (medians)")
         elif not self.interrupted:
             lines.append("  nothing kept: no fix made this loop faster here")
         if self.quality:
@@ -134,9 +139,10 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
     if not report.complete:
         raise DoctorError(f"--try needs a complete diagnosis first: {report.note}")
     ctx = context(report, facts)
-    fixes, skipped = candidates(report, facts)
+    fixes, skipped = _on_functions(*candidates(report, facts), report)
     result = TryReport(str(path), report.device, hardware.machine_info(report.device)["device_name"],
-                       skipped=skipped, not_judged=not_judged(facts), repeats=repeats)
+                       skipped=skipped, not_judged=not_judged(facts), repeats=repeats,
+                       unit="images/s" if report.images_per_step else "iterations/s")
     runner = _Runner(path, args, ctx, pacer_index(report), report.images_per_step, warmup, steps, timeout)
     best: tuple = ()
     start_runs: list = []
@@ -157,17 +163,29 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
             a, b = runner.pair((), best, repeats)
             if b and not b[-1].measured:
                 raise DoctorError(f"all kept fixes together: the run {_failed(b[-1])}")
-            ratios = [y.images_per_sec / x.images_per_sec for x, y in zip(a, b)]
+            ratios = [y.rate / x.rate for x, y in zip(a, b)]
             result.together = {"speedup": statistics.median(ratios), "spread": Spread.of(ratios),
-                               "images_per_sec": statistics.median(t.images_per_sec for t in b)}
+                               "images_per_sec": statistics.median(t.rate for t in b)}
             start_runs = a
     except KeyboardInterrupt:
         result.interrupted = True
     except DoctorError as e:  # a run that had worked before failed (the machine, or a flaky script): keep the rest
         result.error = str(e)
     if start_runs:
-        result.start_images_per_sec = statistics.median(t.images_per_sec for t in start_runs)
+        result.start_images_per_sec = statistics.median(t.rate for t in start_runs)
     return result
+
+
+def _on_functions(fixes: list, skipped: list, report: DoctorReport) -> tuple[list, list]:
+    """Where G or D is a plain function (no nn.Module: `functions`), the fixes that change a module's forward at run
+    time have nothing to change: not tried, and said so."""
+    plain = [role for role in ("G", "D") if report.models.get(role, {}).get("class") == "function"]
+    if not plain:
+        return fixes, skipped
+    on_modules = [f for f in fixes if type(f).on_model is not Fix.on_model]
+    why = (f"{' and '.join(plain)} {'are plain functions' if len(plain) > 1 else 'is a plain function'}, not "
+           "nn.Modules: --try makes this change to a module's forward at run time")
+    return [f for f in fixes if f not in on_modules], skipped + [(f.name, why) for f in on_modules]
 
 
 def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, dataset: str, images: int,
@@ -186,6 +204,8 @@ def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, da
     shape = report.models.get("G", {}).get("output_shape") or []
     if len(shape) != 4:
         return {"summary": "not scored: G's output is not a batch of images"}
+    if not runner.images:
+        return {"summary": "not scored: the images per iteration are unknown (no batch size found)"}
     meter = metrics.quality_meter(dataset, image_size=shape[-1], channels=shape[1], device=report.device)
     steps = max(1, math.ceil(images / runner.images))
 
@@ -240,7 +260,8 @@ def _back_off(result: TryReport, start: float, fid) -> tuple[float, list, FidJud
 
 
 class _Runner:
-    def __init__(self, path, args, ctx: Context, pacer: int, images: float, warmup: int, steps: int, timeout):
+    def __init__(self, path, args, ctx: Context, pacer: int, images: float | None, warmup: int, steps: int,
+                 timeout):
         self.path, self.args, self.ctx, self.pacer, self.images = path, args, ctx, pacer, images
         self.warmup, self.steps, self.timeout = warmup, steps, timeout
 
@@ -263,7 +284,7 @@ class _Runner:
         warmup = self.warmup_for(a, b)  # the same warm-up for both
         measured = take_turns({"a": Contender(subject=a, turn=lambda parts: self.run(parts, warmup=warmup)),
                                "b": Contender(subject=b, turn=lambda parts: self.run(parts, warmup=warmup))},
-                              repeats, order=ALTERNATE, figure=lambda trial: trial.images_per_sec,
+                              repeats, order=ALTERNATE, figure=lambda trial: trial.rate,
                               until=lambda trial: not trial.measured)
         runs_a, runs_b = measured["a"].turns, measured["b"].turns
         failed = next((t for t in runs_a if not t.measured), None)
@@ -303,12 +324,12 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
         a.extend(a2)
         b.extend(b2)
         checked(a, b)
-        return [t.images_per_sec for t in a2], [t.images_per_sec for t in b2]
+        return [t.rate for t in a2], [t.rate for t in b2]
 
     a, b = runner.pair(best, candidate, repeats)
     try:
         checked(a, b)
-        kept, ratio, spread, why = decide_in_two([t.images_per_sec for t in a], [t.images_per_sec for t in b], again)
+        kept, ratio, spread, why = decide_in_two([t.rate for t in a], [t.rate for t in b], again)
     except _Ended as e:
         return e.tried, a
     why = why.split(": ", 1)[1]  # decide's "kept: " / "not kept: " is the outcome, said once

@@ -216,9 +216,15 @@ class PhaseTable:
     and `device`."""
 
     @property
-    def images_per_sec(self) -> float:
-        """Real images per second, from the iterations timed without the profiler."""
-        return self.images_per_step / (self.unprofiled_step_time_ms / 1e3) if self.unprofiled_step_time_ms else 0.0
+    def images_per_sec(self) -> float | None:
+        """Real images per second, from the iterations timed without the profiler; None where the images per
+        iteration are not known (a loop the doctor could not count them in), never 0."""
+        return None if self.images_per_step is None else self.images_per_step * self.iterations_per_sec
+
+    @property
+    def iterations_per_sec(self) -> float:
+        """Iterations per second, timed without the profiler: the figure to compare where images/s is unknown."""
+        return 1e3 / self.unprofiled_step_time_ms if self.unprofiled_step_time_ms else 0.0
 
     @property
     def overhead(self) -> float:

@@ -254,8 +254,16 @@ class Comparison:
     after: PhaseTable
 
     @property
+    def by_images(self) -> bool:
+        """Compared in images/s where both counts are known, else in iterations/s (a loop whose images per iteration
+        the doctor could not count: the same ratio for one loop)."""
+        return self.before.images_per_sec is not None and self.after.images_per_sec is not None
+
+    @property
     def speedup(self) -> float:
-        return self.after.images_per_sec / self.before.images_per_sec
+        if self.by_images:
+            return self.after.images_per_sec / self.before.images_per_sec
+        return self.after.iterations_per_sec / self.before.iterations_per_sec
 
     def __str__(self):
         names = list(dict.fromkeys([*self.before.phases_ms, *self.after.phases_ms]))
@@ -264,7 +272,8 @@ class Comparison:
         for name in names:
             lines.append(f"{name:>{w}}  {self.before.phases_ms.get(name, 0.0):9.2f}  "
                          f"{self.after.phases_ms.get(name, 0.0):9.2f}")
-        lines.append(f"{'images/s':>{w}}  {self.before.images_per_sec:9.0f}  {self.after.images_per_sec:9.0f}  "
+        unit, rate = ("images/s", "images_per_sec") if self.by_images else ("iterations/s", "iterations_per_sec")
+        lines.append(f"{unit:>{w}}  {getattr(self.before, rate):9.0f}  {getattr(self.after, rate):9.0f}  "
                      f"-> {self.speedup:.2f}x (measured without the profiler)")
         return "\n".join(lines)
 
