@@ -58,6 +58,7 @@ def test_findings_show_the_change_as_an_edit_of_your_own_lines(pngs, tmp_path, p
     assert "+        with torch.autocast(device.type, dtype=torch.bfloat16):" in amp
     assert "+            output = netD(real_cpu).view(-1)" in amp  # ... and the same line under autocast
     assert "-            nn.Sigmoid()" in amp and "+criterion = nn.BCEWithLogitsLoss()" in amp  # BCE needs logits
+    assert "+        D_x = output.sigmoid().mean().item()" in by_kind["sigmoid-bce"].patch  # D(x) as it was logged
     freeze = by_kind["d-grads-in-g-step"].patch
     assert freeze.index("+        netD.requires_grad_(False)") < freeze.index("output = netD(fake).view(-1)")
     assert "netD(fake.detach())" not in "".join(x for x in freeze.splitlines() if x.startswith("+"))  # D's step kept
@@ -542,21 +543,23 @@ def test_freezing_around_a_return_is_left_to_do_by_hand():
     assert patching.edit_source(source, plan) == source and "freeze:2" not in plan.done
 
 
-def test_a_construct_the_doctor_cannot_edit_is_listed_apply_by_hand(tmp_path):
-    """D keeps its Sigmoid as an attribute: the run-time fix can swap the module, a source edit cannot remove it
-    without rewriting forward()."""
+def test_a_sigmoid_kept_as_an_attribute_comes_off_where_forward_calls_it(tmp_path):
+    """D keeps its final Sigmoid as an attribute: the run-time fix swaps the module; the source edit takes its call
+    off the value forward returns (the module, which holds no weights, stays), and switches the loss with it."""
     source = tmp_path / "gan.py"
-    source.write_text("import torch.nn as nn\n\n\nclass Critic(nn.Module):\n    def __init__(self):\n"
+    source.write_text("import torch\nimport torch.nn as nn\n\n\nclass Critic(nn.Module):\n    def __init__(self):\n"
                       "        super().__init__()\n        self.body = nn.Linear(4, 1)\n"
                       "        self.out = nn.Sigmoid()  # probabilities\n\n    def forward(self, x):\n"
-                      "        return self.out(self.body(x))\n\n\nloss = nn.BCELoss()\n")
+                      "        return self.out(self.body(x))\n\n\ncritic = Critic()\nloss = nn.BCELoss()\n"
+                      "err = loss(critic(torch.randn(2, 4)), torch.ones(2, 1))\n")
     report = doctor.DoctorReport(str(source), "cpu", complete=True)
-    report.models = {"D": {"name": "critic", "class": "Critic", "defined_in": str(source), "call_sites": []}}
+    report.models = {"D": {"name": "critic", "class": "Critic", "defined_in": str(source),
+                           "call_sites": [[str(source), _line_of(source, "err = loss(critic(")]]}}
     ctx = fixes.Context("cpu", True, 0, None, ("Critic", 5), "out", bce=True)
     patch = patching.make_patch((fixes.LOGITS,), report, ctx, root=tmp_path)
-    assert "+loss = nn.BCEWithLogitsLoss()" in patch.diff  # what could be edited, was
-    assert [fix for fix, _ in patch.by_hand] == [fixes.LOGITS]
-    assert "class Critic builds its final nn.Sigmoid in a way the doctor cannot edit" in patch.by_hand[0][1]
+    assert not patch.by_hand, patch.by_hand
+    assert "-        return self.out(self.body(x))\n+        return self.body(x)\n" in patch.diff
+    assert "+loss = nn.BCEWithLogitsLoss()" in patch.diff and "self.out = nn.Sigmoid()  # probabilities" in patch.diff
 
 
 def test_a_notebook_loop_gets_one_clear_line_not_a_wrong_try():

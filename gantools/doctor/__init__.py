@@ -48,7 +48,8 @@ is ranked by its estimated gain (Amdahl on measured shares), or says "measure it
 Measured, not estimated (`--try`, `try_fixes`): the script is run again with each fix the findings call for applied
 at run time (`fixes`: global patches and per-model forward wrappers, undone after each run), each run timed on its
 own (`trial`), each fix measured against the best so far with tune's paired-repeat protocol and a loss guard
-(`trying`); `--patch` turns the kept fixes into source edits of your files with libcst (`patching`).
+(`trying`); `--patch` turns the kept fixes into source edits of your files with libcst (`patching`; the logits
+edit, which must keep what your code computes, is made whole or listed by hand: `logits`, over `sources`).
 
 Several processes (DistributedDataParallel): `--nproc N`, or the doctor itself under torchrun, runs the diagnosis in
 every process; rank 0 gathers the others' and adds what only several processes show (`ranks`, `ddp`, `ddp_rules`):

@@ -109,7 +109,8 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
 
 
 def _in_your_code(report: DoctorReport, facts: MachineFacts) -> None:
-    """Each finding's change as a diff of your own lines, where its fix can be made as a source edit."""
+    """Each finding's change as a diff of your own lines, where its fix can be made as a source edit, and the lines
+    to change by hand where it cannot."""
     from .fixes import context, parts_for
     from .patching import make_patch
 
@@ -117,7 +118,8 @@ def _in_your_code(report: DoctorReport, facts: MachineFacts) -> None:
     for f in report.findings:
         parts = parts_for(f.kind, ctx)
         if parts:
-            f.patch = make_patch(parts, report, ctx).diff
+            patch = make_patch(parts, report, ctx)
+            f.patch, f.by_hand = patch.diff, "\n".join(why for _, why in patch.by_hand)
 
 
 def _index(items: list, obj) -> int | None:

@@ -20,7 +20,6 @@ How a fix reaches code it did not write (all of it global, so one run at a time,
   compiling costs minutes per trial and rarely pays for models this small."""
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field, replace
 
@@ -32,6 +31,7 @@ from torch.nn.modules import module as _module
 from ..core.process import backend_flags
 from .fixing import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs, keywords_missed, watch_backward,
                      with_kwargs)
+from . import logits
 from .frames import location
 from .report import DoctorReport
 from .rules import MachineFacts, faster_impl
@@ -95,8 +95,8 @@ def _no_models(ctx: Context) -> str | None:
 
 def _no_final_sigmoid(ctx: Context) -> str | None:
     if ctx.bce and not ctx.d_sigmoid:
-        return ("D's sigmoid is not a final nn.Sigmoid module (a torch.sigmoid in forward?): remove it by hand, "
-                "then use BCEWithLogitsLoss")
+        return ("D's sigmoid is not a final nn.Sigmoid module, the one form --try swaps at run time: make the "
+                "sigmoid-bce finding's change (its edit, or by hand), then try again")
     return None
 
 
@@ -148,22 +148,10 @@ class Logits(Fix):
         return False
 
     def plan(self, plans, report, ctx, by_hand):
-        d = report.models.get("D", {})
-        file = d.get("defined_in")
-        if file:
-            plans[file].sigmoid_class = d["class"]
-        for each in {os.path.abspath(report.source), file} - {None}:
-            plans[each].rename = True
+        logits.plan(self.name, plans, report, ctx, by_hand)
 
     def missed(self, plan, shown):
-        out = []
-        if plan.rename and plan.sigmoid_class and LOGITS + ":loss" not in plan.done:
-            out.append((LOGITS, f"{shown}: no BCELoss / binary_cross_entropy found to rename: use "
-                                "nn.BCEWithLogitsLoss where D's output goes into the loss"))
-        if plan.sigmoid_class and LOGITS + ":sigmoid" not in plan.done:
-            out.append((LOGITS, f"{shown}: class {plan.sigmoid_class} builds its final nn.Sigmoid in a way the "
-                                "doctor cannot edit: remove it by hand"))
-        return out
+        return logits.missed(self.name, plan, shown)
 
 
 class FreezeD(Fix):

@@ -57,12 +57,19 @@ def location(frame) -> tuple[str, int] | None:
     return os.path.abspath(frame.f_code.co_filename), frame.f_lineno
 
 
-def shown(filename: str) -> str:
-    """A notebook cell as IPython names it in tracebacks (In[5]), a file relative to here when it is below."""
+def cell_label(filename: str) -> str | None:
+    """A notebook cell's name (In[5]): IPython runs each cell from a temporary file it names so in tracebacks; None
+    for a file that is not a cell."""
     ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     label = getattr(getattr(ipython, "compile", None), "format_code_name", lambda name: None)(filename)
+    return label[1] if label else None
+
+
+def shown(filename: str) -> str:
+    """A notebook cell as IPython names it in tracebacks (In[5]), a file relative to here when it is below."""
+    label = cell_label(filename)
     if label:
-        return label[1]
+        return label
     relative = os.path.relpath(filename)
     return filename if filename.startswith("<") or relative.startswith("..") else relative
 

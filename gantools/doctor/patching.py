@@ -5,14 +5,13 @@ doctor ran in, or the script's folder when the script is not below it). Your fil
 Where each edit goes comes from the diagnosed run: the lines that called G and D (autocast wraps those statements),
 the lines of D's calls in G's step (freezing D around them), where each optimizer and DataLoader was built (a keyword
 set), D's class (its final nn.Sigmoid removed), the names your code gives its models. A fix whose place cannot be
-found as written (a model built dynamically, a Sigmoid kept as an attribute) is listed "apply by hand" with the lines
-the diagnosis saw."""
+found as written (a model built dynamically, D built from a library's class) is listed "apply by hand" with the lines
+the diagnosis saw; the logits edit is made whole or not at all (`logits`)."""
 from __future__ import annotations
 
 import difflib
 import os
 import re
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +20,14 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .fixes import AUTOCAST, FIXES, LOGITS, Context, by_name
-from .frames import yours
+from .frames import cell_label, yours
 from .lightning import trainer_missed
+from .logits import RENAMES, LastSigmoid, is_sigmoid_module, rewrite
 from .report import DoctorReport
 from .scopes import autocast_item
+from .sources import callee, node_key
 
-RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
+WHOLE = (LOGITS,)  # fixes made whole or not at all: half of the logits edit trains on another loss
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Patch:
     by_hand: list = field(default_factory=list)   # (fix, why)
     files: list = field(default_factory=list)     # relative to `root`
     root: str = ""                                # the folder to apply it from (absolute)
+    missed: list = field(default_factory=list)    # of by_hand, the edits planned that found nothing to edit
 
     def __bool__(self):
         return bool(self.diff)
@@ -51,6 +53,7 @@ class _Plan:
     keywords: dict = field(default_factory=dict)      # line -> (callee suffix, {keyword: value source})
     sigmoid_class: str | None = None                  # the class whose final nn.Sigmoid goes
     rename: bool = False                              # BCELoss -> BCEWithLogitsLoss
+    nodes: dict = field(default_factory=dict)         # `logits.node_key` -> its logits edit (`logits.rewrite`)
     after_assign: dict = field(default_factory=dict)  # module-level name -> statements after its last assignment
     after_imports: list = field(default_factory=list)
     autocast: str = ""                                # the `with` item's source
@@ -61,7 +64,8 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     """The edits for `parts` (fix names, `fixes`) as one unified diff, paths relative to `root`; by default here, or
     the folder the edited files share when one is not below here (`git apply` and `patch` refuse `..` in a path).
     Each fix plans its edits (`Fix.plan`), one pass of `_Edits` per file makes them, and each fix names what found
-    nothing to edit (`Fix.missed`).
+    nothing to edit (`Fix.missed`); a fix made whole or not at all (`WHOLE`) that missed a part is left out, and
+    autocast with it on a BCE loop whose logits change is left to do by hand.
 
     Args:
         parts: the names of the fixes to make.
@@ -72,6 +76,21 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     Returns:
         The `Patch`: the diff, its files, its root, and the fixes to apply by hand with why.
     """
+    patch = _attempt(parts, report, ctx, root)
+    dropped = {fix for fix, _ in patch.missed if fix in WHOLE}
+    if ctx.bce and AUTOCAST in parts and LOGITS in {fix for fix, _ in patch.by_hand}:
+        dropped |= {AUTOCAST, LOGITS}  # BCE on probabilities is refused under autocast on CUDA
+    if not dropped:
+        return patch
+    again = _attempt(tuple(p for p in parts if p not in dropped), report, ctx, root)
+    again.by_hand = [x for x in patch.by_hand if x[0] in dropped] + again.by_hand
+    if AUTOCAST in dropped:
+        again.by_hand.append((AUTOCAST, "autocast goes with D's logits (BCELoss is refused under autocast on CUDA): "
+                                        "make the logits change above first, then ask the doctor again"))
+    return again
+
+
+def _attempt(parts, report: DoctorReport, ctx: Context, root) -> Patch:
     plans: dict = defaultdict(_Plan)
     patch = Patch()
     for fix in by_name(parts):
@@ -79,7 +98,7 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
     edited = []  # (absolute path, before, after)
     for file, plan in sorted(plans.items()):
         path = Path(file)
-        if _is_cell(file):  # a notebook cell (IPython keeps each in a temporary file): nothing to patch
+        if cell_label(file):  # a notebook cell (IPython keeps each in a temporary file): nothing to patch
             continue
         if not yours(file):
             patch.by_hand.append((_name_of(plan), f"{file} is a library's file, not yours: the doctor does not edit "
@@ -93,8 +112,10 @@ def make_patch(parts, report: DoctorReport, ctx: Context, root=None) -> Patch:
             patch.by_hand.append((_name_of(plan), f"{os.path.relpath(file)}: cannot be read as Python source here "
                                                   f"({type(e).__name__}): make the changes by hand"))
             continue
-        patch.by_hand += [line for fix in FIXES for line in fix.missed(plan, os.path.relpath(file))]
-        patch.by_hand += trainer_missed(plan, os.path.relpath(file))
+        missed = [line for fix in FIXES for line in fix.missed(plan, os.path.relpath(file))]
+        missed += trainer_missed(plan, os.path.relpath(file))
+        patch.by_hand += missed
+        patch.missed += missed
         if after != before:
             edited.append((str(path.resolve()), before, after))
     patch.root = str(Path(root).resolve()) if root else _root_for([f for f, _, _ in edited])
@@ -137,7 +158,7 @@ class _Edits(cst.CSTTransformer):
         gate inside the network, as in squeeze-and-excitation): only that one is removed, as at run time."""
         self.final_sigmoid = None
         if self.plan.sigmoid_class:
-            last = _LastSigmoid(self.plan.sigmoid_class)
+            last = LastSigmoid(self.plan.sigmoid_class)
             MetadataWrapper(node, unsafe_skip_copy=True).visit(last)
             self.final_sigmoid = last.position
 
@@ -152,7 +173,7 @@ class _Edits(cst.CSTTransformer):
         return bool(self.classes) and self.classes[-1] == self.plan.sigmoid_class
 
     def _is_final_sigmoid(self, original_node) -> bool:
-        return (self.final_sigmoid is not None and _is_sigmoid(original_node)
+        return (self.final_sigmoid is not None and is_sigmoid_module(original_node)
                 and self._position(original_node) == self.final_sigmoid)
 
     def leave_List(self, original, updated):
@@ -203,7 +224,7 @@ class _Edits(cst.CSTTransformer):
         return updated
 
     def leave_Call(self, original, updated):
-        if self._in_d() and not _callee(updated).endswith(".append"):
+        if self._in_d() and not callee(updated).endswith(".append"):
             updated = updated.with_changes(args=self._without_sigmoid(original.args, updated.args))
         if self.plan.rename and isinstance(updated.func, cst.Name) and updated.func.value in RENAMES:
             self.plan.done.add(LOGITS + ":loss")  # the name imported from torch.nn(.functional), renamed there too
@@ -211,11 +232,24 @@ class _Edits(cst.CSTTransformer):
         line = self._line(original)
         if line in self.plan.keywords:
             suffix, kws = self.plan.keywords[line]
-            if _callee(updated).endswith(suffix):
+            if callee(updated).endswith(suffix):
                 edited = _set_keywords(updated, kws)
                 if edited is not None:
                     updated = edited
                     self.plan.done.add(f"keywords:{line}")
+        return updated
+
+    def on_leave(self, original, updated):
+        """After each node's own edit, the logits edit planned at it (`logits.rewrite`)."""
+        updated = super().on_leave(original, updated)
+        if self.plan.nodes and isinstance(original, (cst.Call, cst.Name, cst.Attribute, cst.Subscript)):
+            try:
+                key = node_key(original, self.get_metadata(PositionProvider, original))
+            except KeyError:
+                return updated
+            if key in self.plan.nodes:
+                self.plan.done.add(f"{LOGITS}:{key}")
+                updated = rewrite(self.plan.nodes[key], updated)
         return updated
 
     # -- statements: autocast, freezing, removals -------------------------------------------------------------
@@ -296,7 +330,7 @@ class _Edits(cst.CSTTransformer):
         for small in stmt.body:
             if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
                 call = small.value
-                if _callee(call).endswith(".append") and call.args and self._is_final_sigmoid(call.args[0].value):
+                if callee(call).endswith(".append") and call.args and self._is_final_sigmoid(call.args[0].value):
                     return True
         return False
 
@@ -321,41 +355,9 @@ class _Edits(cst.CSTTransformer):
         return range(pos.start.line, pos.end.line + 1)
 
 
-def _is_sigmoid(node) -> bool:
-    return isinstance(node, cst.Call) and _callee(node).split(".")[-1] == "Sigmoid"
-
-
-class _LastSigmoid(cst.CSTVisitor):
-    """The position of the last nn.Sigmoid() call inside a class, in source order."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, cls: str):
-        super().__init__()
-        self.cls, self.classes, self.position = cls, [], None
-
-    def visit_ClassDef(self, node):
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, node):
-        self.classes.pop()
-
-    def visit_Call(self, node):
-        if self.classes and self.classes[-1] == self.cls and _is_sigmoid(node):
-            pos = self.get_metadata(PositionProvider, node).start
-            self.position = (pos.line, pos.column)
-
-
 def _leaves(stmt) -> bool:
     """A statement after which the next line does not run (return, raise)."""
     return any(isinstance(small, (cst.Return, cst.Raise)) for small in stmt.body)
-
-
-def _callee(call: cst.Call) -> str:
-    try:
-        return cst.Module([]).code_for_node(call.func)
-    except Exception:
-        return ""
 
 
 def _callee_named(stmt, name: str) -> str | None:
@@ -364,9 +366,9 @@ def _callee_named(stmt, name: str) -> str | None:
 
     class Find(cst.CSTVisitor):
         def visit_Call(self, node):
-            callee = _callee(node)
-            if callee == name or callee.endswith("." + name):
-                found.append(callee)
+            called = callee(node)
+            if called == name or called.endswith("." + name):
+                found.append(called)
     stmt.visit(Find())
     return found[0] if found else None
 
@@ -438,7 +440,7 @@ def _loss_of(stmt, made: set) -> bool:
             return False
 
         def visit_Call(self, node):
-            calls.append(_callee(node).split(".")[-1])
+            calls.append(callee(node).split(".")[-1])
     for small in stmt.body:  # the values read; an assignment's targets are not reads
         (small.value.visit(Find()) if small.value is not None else None)
     return bool(read & made) and all(LOSS_CALL.search(c) for c in calls)
@@ -459,13 +461,6 @@ def _is_import(stmt) -> bool:
                                                              for s in stmt.body)
 
 
-def _is_cell(file: str) -> bool:
-    """IPython runs each notebook cell from a temporary file that it names In[N] / Cell In[N] in tracebacks."""
-    ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    name = getattr(getattr(ipython, "compile", None), "format_code_name", lambda name: None)(file)
-    return bool(name)
-
-
 def _name_of(plan: _Plan) -> str:
     return ", ".join(k for k, v in (("autocast", plan.wrap), ("freeze-d", plan.freeze), ("keywords", plan.keywords),
-                                    ("logits", plan.sigmoid_class)) if v) or "edits"
+                                    ("logits", plan.sigmoid_class or plan.nodes or plan.rename)) if v) or "edits"

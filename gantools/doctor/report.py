@@ -27,6 +27,7 @@ class Finding:
     notebook: str
     estimated_speedup: float | None  # Amdahl from measured shares; None: measure it
     patch: str = ""           # the change as a unified diff of your own files, where it can be made as an edit
+    by_hand: str = ""         # what of it the doctor cannot make as an edit: why, and the lines to change
 
     def __str__(self):
         gain = f"estimated gain up to {self.estimated_speedup:.2f}x" if self.estimated_speedup else "measure it"
@@ -34,8 +35,10 @@ class Finding:
         change = "\n".join("      " + line for line in shown.splitlines())
         label = "your lines, before (-) and after (+)" if self.patch else "in your code"
         learn = self.notebook if "/" in self.notebook else f"notebook {self.notebook}"  # a notebook, or a docs page
+        by_hand = "".join(f"\n      {line}" for line in self.by_hand.splitlines())
         return (f"[{self.kind}] {self.title} ({gain})\n   seen: {self.seen}\n   why: {self.why}\n"
-                f"   change, {label}:\n{change}\n   learn it: {learn}")
+                f"   change, {label}:\n{change}\n" + (f"   by hand:{by_hand}\n" if by_hand else "")
+                + f"   learn it: {learn}")
 
 
 @dataclass

@@ -1,0 +1,454 @@
+"""The logits edit of your source, whole or not at all: D's sigmoid removed where D applies it, each BCE loss fed by D
+switched to its logits form, and every other value your code takes from D's output (a logged D(x), an accuracy, a
+threshold) put through a sigmoid, so each number means what it meant. Half of it would train on another loss, so
+each part is first found in your code (`logits_edit`); where one cannot be found or followed, nothing is edited and
+the lines are listed to change by hand.
+
+Where D applies its sigmoid, in a form the edit removes:
+- a final nn.Sigmoid its class builds (an nn.Sequential's argument, a list's element, `layers.append(...)`), or one
+  kept as an attribute and called on the value its forward returns;
+- `torch.sigmoid(x)`, `F.sigmoid(x)` or `x.sigmoid()` on the value D's forward (or a plain function D) returns,
+  directly or through the variable its last assignment names.
+
+D's output is followed through the variables of the function it is assigned in, and through shape-only ops (view,
+squeeze, indexing, .float(): they commute with an elementwise sigmoid). A BCE loss is followed from where it is
+built to its calls; each one's input must be D's output."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from .frames import cell_label, shown, yours
+from .sources import SHAPE_OPS, Source, callee, code, peel
+
+RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
+SIGMOIDS = frozenset({"sigmoid", "expit"})
+UNWRAP, THROUGH_SIGMOID = "unwrap", "sigmoid"   # the two node edits: a sigmoid taken off, a read put through one
+
+
+def is_sigmoid_module(node) -> bool:
+    return isinstance(node, cst.Call) and callee(node).split(".")[-1] == "Sigmoid"
+
+
+class LastSigmoid(cst.CSTVisitor):
+    """The last nn.Sigmoid() call inside a class, in source order (an earlier one is a gate inside the network, as in
+    squeeze-and-excitation): its position, and the node."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, cls: str):
+        super().__init__()
+        self.cls, self.classes, self.position, self.node = cls, [], None, None
+
+    def visit_ClassDef(self, node):
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, node):
+        self.classes.pop()
+
+    def visit_Call(self, node):
+        if self.classes and self.classes[-1] == self.cls and is_sigmoid_module(node):
+            pos = self.get_metadata(PositionProvider, node).start
+            self.position, self.node = (pos.line, pos.column), node
+
+
+@dataclass
+class FileEdit:
+    """The logits edit of one file, as `patching._Plan` takes it."""
+
+    rename: bool = False
+    sigmoid_class: str | None = None
+    nodes: dict = field(default_factory=dict)   # node_key -> (UNWRAP, parenthesize) or (THROUGH_SIGMOID,)
+
+
+@dataclass
+class LogitsEdit:
+    """The whole edit (`files`), or why it cannot be made (`why_not`); `sites` lists its lines either way."""
+
+    files: dict = field(default_factory=dict)   # absolute path -> FileEdit
+    sites: list = field(default_factory=list)   # (file, line, what to do there)
+    why_not: str = ""
+
+    def by_hand(self) -> str:
+        """The lines to change, for a finding or `--patch` to show when the doctor cannot make the edit."""
+        out = [f"D's sigmoid and its BCE losses change together, and the doctor cannot make all of it ({self.why_not})"
+               ": change these lines by hand"]
+        for file, line, what in sorted(set(self.sites)):
+            out.append(f"  {shown(file)}:{line}: {_line(file, line)}    # {what}")
+        return "\n".join(out)
+
+
+def _line(file: str, line: int) -> str:
+    try:
+        return Path(file).read_text(encoding="utf-8").splitlines()[line - 1].strip()
+    except (OSError, UnicodeDecodeError, IndexError):
+        return ""
+
+
+def _atomic(node) -> bool:
+    return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or bool(getattr(node, "lpar", ()))
+
+
+def _parenthesized(node):
+    return node if _atomic(node) else node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def rewrite(action: tuple, node):
+    """A node's logits edit (`FileEdit.nodes`): a sigmoid call replaced by what it was applied to, or a value read
+    from D put through `.sigmoid()`."""
+    if action[0] == UNWRAP:
+        inner = node.args[0].value if node.args else node.func.value
+        return _parenthesized(inner) if action[1] else inner
+    return cst.Call(func=cst.Attribute(value=_parenthesized(node), attr=cst.Name("sigmoid")))
+
+
+# -- finding the whole edit ------------------------------------------------------------------------------------------
+def logits_edit(report, ctx) -> LogitsEdit:
+    """The logits edit of your files for this diagnosis, whole, or the lines to change by hand and why not.
+
+    Args:
+        report: the diagnosis (D's class, the file it is defined in, its call sites).
+        ctx: what the fixes know of the run (`fixes.Context`: D's final nn.Sigmoid, if any).
+
+    Returns:
+        The `LogitsEdit`: per file, the edits to make (none when `why_not` says why they cannot all be made).
+    """
+    finder = _Finder(report, ctx)
+    finder.run()
+    edit = finder.edit
+    edit.why_not = "; ".join(dict.fromkeys(finder.problems))
+    if edit.why_not:
+        edit.files = {}
+    return edit
+
+
+class _Finder:
+    def __init__(self, report, ctx):
+        self.d = report.models.get("D", {})
+        self.ctx, self.edit, self.problems = ctx, LogitsEdit(), []
+        at = self.d.get("call_sites") or []
+        script = os.path.abspath(report.source)  # not a file for a loop run from Python: then D's call sites
+        files = [self.d.get("defined_in"), script if os.path.isfile(script) else None, *(f for f, _ in at)]
+        self.files = [f for f in dict.fromkeys(files) if f]
+        self.call_sites = [(f, line) for f, line in at]
+        self.sources, self.losses, self.d_names = {}, {}, set()  # losses: Call -> its Source
+
+    def run(self):
+        if not self._open():
+            return
+        self._losses()
+        if not self.losses and not self.problems:
+            self.problems.append("no BCE loss found in " + (", ".join(shown(f) for f in self.sources)
+                                                             or "your files (the doctor saw none of D's calls)"))
+        d = self._d() if self.losses else None
+        in_file = self.sources.get(self.d.get("defined_in"))
+        if d is not None:
+            self._sigmoid(*d)
+        elif in_file is not None and self.d.get("class") in in_file.classes:  # its sigmoid, to list by hand
+            known = len(self.problems)
+            self._sigmoid(in_file, in_file.classes[self.d["class"]], "class")
+            del self.problems[known:]
+        if self.d_names:
+            for src in self.sources.values():
+                self._reads(src)
+
+    def _open(self) -> bool:
+        """Each file parsed; False where one cannot be (a problem), or is a notebook cell (nothing is edited in a
+        notebook, as in `patching.make_patch`: the finding's snippet stands, without a by-hand list)."""
+        if any(cell_label(f) for f in self.files):
+            return False
+        for file in self.files:
+            if not yours(file):
+                self.problems.append(f"{shown(file)} is a library's file, not yours: the doctor does not edit it")
+                continue
+            try:
+                self.sources[file] = Source(file, watched=frozenset(RENAMES))
+            except (OSError, UnicodeDecodeError, SyntaxError, cst.ParserSyntaxError) as e:
+                self.problems.append(f"{shown(file)}: cannot be read as Python source here ({type(e).__name__})")
+        return not self.problems
+
+    def _file(self, src: Source) -> FileEdit:
+        return self.edit.files.setdefault(src.path, FileEdit())
+
+    def _site(self, src: Source, node, what: str):
+        self.edit.sites.append((src.path, src.line(node), what))
+
+    def _problem(self, src: Source, node, why: str):
+        self.problems.append(f"{shown(src.path)}:{src.line(node)}: {why}")
+
+    # -- the losses ---------------------------------------------------------------------------------------------
+    def _losses(self):
+        """Every BCE name in your files, followed to the loss calls it makes (each to switch with D's sigmoid)."""
+        for src in self.sources.values():
+            for name in src.named:
+                self._file(src).rename = True
+                leaf = code(name).split(".")[-1]
+                parent = src.parent[name]
+                if not (isinstance(parent, cst.Call) and parent.func is name):
+                    self._site(src, name, f"{leaf}, named without a call: use {RENAMES[leaf]}")
+                    self._problem(src, name, f"{leaf} is named without being called, and the doctor cannot follow it")
+                elif leaf == "binary_cross_entropy":
+                    self._site(src, name, "switch to F.binary_cross_entropy_with_logits")
+                    self.losses[parent] = src
+                else:
+                    self._site(src, name, "switch to nn.BCEWithLogitsLoss")
+                    self.losses.update(self._criterion_calls(src, parent))
+
+    def _criterion_calls(self, src: Source, built) -> dict:
+        """The calls of the BCELoss built at `built` (each with its Source): inline (`nn.BCELoss()(x, y)`), or
+        through the one name (or attribute) it is assigned to, called and never passed on."""
+        node, parent = built, src.parent[built]
+        if isinstance(parent, cst.IfExp):  # `nn.BCEWithLogitsLoss() if logits else nn.BCELoss()`
+            node, parent = parent, src.parent[parent]
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return {parent: src}
+        target = (parent.targets[0].target if isinstance(parent, cst.Assign) and len(parent.targets) == 1 else
+                  parent.target if isinstance(parent, cst.AnnAssign) else None)
+        if not isinstance(target, (cst.Name, cst.Attribute)):
+            self._problem(src, built, "the BCELoss built there is not assigned to a name the doctor can follow")
+            return {}
+        name = code(target)
+        calls, passed = {}, []
+        for other in self.sources.values():
+            calls.update((c, other) for c in other.calls if callee(c) == name)
+            passed += [(other, x) for x in other.loads if code(x) == name
+                       and not (isinstance(other.parent[x], cst.Call) and other.parent[x].func is x)]
+        for other, x in passed:
+            self._problem(other, x, f"`{name}` (a BCELoss) is passed on, and the doctor cannot follow its calls")
+        if not calls and not passed:
+            self._problem(src, built, f"no call of `{name}` found in your files")
+        for call, other in calls.items():
+            self._site(other, call, "a BCE loss: its input must be D's output, logits once D's sigmoid is gone")
+        return calls
+
+    # -- D ------------------------------------------------------------------------------------------------------
+    def _d(self):
+        """D's names in the loss calls, checked against the diagnosis; (Source, its function or class, kind)."""
+        found = set()
+        for call, src in self.losses.items():
+            made = src.producer(_input(call))
+            name = callee(made) if made is not None else ""
+            if not name or name.split(".")[-1] in SIGMOIDS | SHAPE_OPS | set(RENAMES):
+                self._problem(src, call, "the loss's input is not followed to D's output" if not name else
+                              f"the loss's input comes from {name}(...), not straight from D")
+                if name.split(".")[-1] in SIGMOIDS:
+                    self._site(src, made, "D's sigmoid, applied here: take it off (D's output is then logits)")
+                continue
+            self.d_names.add(name)
+            found.add((src, name))
+        cls = self.d.get("class")
+        in_file = self.sources.get(self.d.get("defined_in"))
+        functions = {(src, name) for src, name in found if name in src.functions}
+        if functions and len(self.d_names) == 1:
+            (src, name), = functions
+            return src, src.functions[name], "function"
+        if found and in_file is not None and cls in in_file.classes and self._called_where_seen(found):
+            built = [(src, c) for src in self.sources.values() for c in src.calls if callee(c).split(".")[-1] == cls]
+            for src, c in built[1:] if len(built) > 1 else []:
+                self._problem(src, c, f"class {cls} is built here too: its sigmoid goes from every {cls}, and the "
+                              "doctor follows only D's output")
+            return in_file, in_file.classes[cls], "class"
+        if found:
+            self.problems.append(f"the losses' inputs come from {', '.join(sorted(self.d_names))}, which the doctor "
+                                 "cannot match to D's code")
+        return None
+
+    def _called_where_seen(self, found) -> bool:
+        """Each name the losses' inputs come from is called where the diagnosis saw D called, and every place it saw
+        D called calls one of them."""
+        seen = set(self.call_sites)
+        lines = {(src.path, line) for src in self.sources.values() for c in src.calls if callee(c) in self.d_names
+                 for line in src.lines(c)}
+        for src, name in found:
+            if not any((src.path, line) in seen for c in src.calls if callee(c) == name for line in src.lines(c)):
+                self.problems.append(f"`{name}`, whose output the losses take, is not where the diagnosis saw D called")
+        for file, line in seen - lines:
+            self.problems.append(f"{shown(file)}:{line}: D is called there under a name the doctor does not follow")
+        return not self.problems
+
+    # -- where D applies its sigmoid --------------------------------------------------------------------------------
+    def _sigmoid(self, src: Source, owner, kind: str):
+        """D's sigmoid: its class's final nn.Sigmoid (removed from the container forward returns the output of, or
+        taken off where forward calls it), else a sigmoid call on what its forward (a plain function D: the
+        function) returns."""
+        function = owner if kind == "function" else next(
+            (s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
+        if kind == "class" and self.ctx.d_sigmoid:
+            last = LastSigmoid(owner.name.value)
+            MetadataWrapper(src.module, unsafe_skip_copy=True).visit(last)
+            if last.node is not None and self._removable(src, last.node):
+                self._site(src, last.node, "D's final nn.Sigmoid(): remove it (D then returns logits)")
+                container = f"self.{self.ctx.d_sigmoid.split('.')[0]}"
+                if _returned(src, function, lambda call: callee(call) == container) is None:
+                    self._problem(src, function or owner, f"forward does not return {container}(...) as it is, so "
+                                  "the doctor cannot tell what removing its final nn.Sigmoid leaves")
+                self._file(src).sigmoid_class = owner.name.value
+                return
+            held = src.parent.get(last.node) if last.node is not None else None
+            attribute = (code(held.targets[0].target) if isinstance(held, cst.Assign) and len(held.targets) == 1
+                         else None)
+            if attribute != f"self.{self.ctx.d_sigmoid}":  # `self.out = nn.Sigmoid()`, called in forward
+                self._problem(src, last.node or owner, "D builds its final nn.Sigmoid in a way the doctor cannot edit")
+                return
+            self._site(src, last.node, "D's final nn.Sigmoid, called in forward (the call is taken off)")
+        else:
+            attribute = None
+        applied = _returned(src, function, lambda call: _is_sigmoid_call(call, attribute))
+        if applied is None:
+            where = f"function {owner.name.value}" if kind == "function" else f"class {owner.name.value}'s forward"
+            self._problem(src, function or owner, f"no sigmoid found on the value {where} returns")
+            return
+        parent = src.parent[applied]
+        inner = applied.args[0].value if applied.args else applied.func.value
+        parens = not _atomic(inner) and not isinstance(parent, (cst.Assign, cst.AnnAssign, cst.Return, cst.Arg))
+        self._file(src).nodes[src.key(applied)] = (UNWRAP, parens)
+        self._site(src, applied, "D's sigmoid: take it off (D then returns logits)")
+
+    def _removable(self, src: Source, sigmoid) -> bool:
+        """An nn.Sigmoid() that `patching` removes: an nn.Sequential's (or nn.ModuleList's) argument, a list's or
+        tuple's element, or appended as a statement of its own."""
+        parent = src.parent[sigmoid]
+        if isinstance(parent, cst.Element):
+            return True
+        if not isinstance(parent, cst.Arg) or parent.keyword is not None:
+            return False
+        call = src.parent[parent]
+        if callee(call).endswith(".append"):
+            return isinstance(src.parent[call], cst.Expr)
+        return callee(call).split(".")[-1] in ("Sequential", "ModuleList")
+
+    # -- what your code reads from D ---------------------------------------------------------------------------
+    def _reads(self, src: Source):
+        """Each use of D's output that is not a loss's input or a variable holding it, put through a sigmoid; a use
+        the doctor cannot be sure of (an in-place change, a variable read before it is bound) is a problem."""
+        held = {text for (_, text), binds in src.binds.items() if any(self._is_d(src, b.value) for b in binds)}
+        roots = [c for c in src.calls if callee(c) in self.d_names]
+        for x in src.loads:
+            if not isinstance(x, (cst.Name, cst.Attribute)) or code(x) not in held:
+                continue
+            bind = src.resolve(x)
+            if bind is None:
+                self._problem(src, x, f"`{code(x)}` may hold D's output here, and the doctor cannot tell")
+            elif self._is_d(src, bind.value):
+                roots.append(x)
+        for x in src.augmented:
+            bind = src.resolve(x)
+            if bind is not None and self._is_d(src, bind.value):
+                self._problem(src, x, f"`{code(x)}` (D's output) is changed in place")
+        for root in roots:
+            top = src.chain_top(root)
+            parent = src.parent[top]
+            if self._kept(src, top, parent):
+                continue
+            if isinstance(parent, cst.Attribute) and parent.attr.value.endswith("_"):
+                self._problem(src, top, f"D's output is changed in place (.{parent.attr.value})")
+                continue
+            self._file(src).nodes[src.key(top)] = (THROUGH_SIGMOID,)
+            self._site(src, top, "a value read from D's output: put it through .sigmoid()")
+
+    def _kept(self, src: Source, top, parent) -> bool:
+        """D's output as a BCE loss's input, held in a variable (its reads are followed), or thrown away."""
+        if isinstance(parent, cst.Arg) and src.parent[parent] in self.losses and _input(src.parent[parent]) is top:
+            return True
+        if isinstance(parent, cst.Assign) and parent.value is top:
+            return all(isinstance(t.target, (cst.Name, cst.Attribute)) for t in parent.targets)
+        if isinstance(parent, cst.AnnAssign) and parent.value is top:
+            return isinstance(parent.target, (cst.Name, cst.Attribute))
+        return isinstance(parent, cst.Expr)
+
+    def _is_d(self, src: Source, value) -> bool:
+        made = src.producer(value) if value is not None else None
+        return made is not None and callee(made) in self.d_names
+
+
+def _input(call: cst.Call):
+    """A loss call's input: its first positional argument, or `input=`."""
+    for arg in call.args:
+        if arg.keyword is None and not arg.star:
+            return arg.value
+        if arg.keyword is not None and arg.keyword.value == "input":
+            return arg.value
+    return None
+
+
+def _is_sigmoid_call(node, attribute: str | None = None) -> bool:
+    """`torch.sigmoid(x)`, `F.sigmoid(x)`, `x.sigmoid()`, or a call of D's nn.Sigmoid attribute (`self.out(x)`)."""
+    name = callee(node)
+    one = len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star
+    if attribute is not None and name == attribute:
+        return one
+    if name.split(".")[-1] not in SIGMOIDS:
+        return False
+    return one or (not node.args and isinstance(node.func, cst.Attribute))
+
+
+def _returned(src: Source, function, wanted):
+    """The call `wanted` (a test of a call) that makes the value `function` returns, up to shape-only ops, in its last
+    statement and only return: the returned expression, or the last assignment of the variable returned (at the
+    function's top level, read nowhere else in between)."""
+    if function is None:
+        return None
+    returns = _Returns()
+    function.body.visit(returns)
+    last = function.body.body[-1] if function.body.body else None
+    if len(returns.found) != 1 or not isinstance(last, cst.SimpleStatementLine) or returns.found[0] not in last.body:
+        return None
+    value = peel(returns.found[0].value) if returns.found[0].value is not None else None
+    if isinstance(value, cst.Call) and wanted(value):
+        return value
+    if not isinstance(value, cst.Name):
+        return None
+    bind = src.resolve(value)
+    statement = src.parent.get(src.parent.get(bind.value)) if bind and bind.value is not None else None
+    if statement is None or statement not in function.body.body:
+        return None
+    between = [x for x in src.loads if code(x) == value.value and src.scope_of.get(x) is function
+               and bind.end < (src.line(x), src.pos[x].start.column) and x is not value]
+    made = peel(bind.value)
+    return made if isinstance(made, cst.Call) and wanted(made) and not between else None
+
+
+class _Returns(cst.CSTVisitor):
+    """The return statements of one function (not of the functions defined inside it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def visit_Return(self, node):
+        self.found.append(node)
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    def visit_Lambda(self, node):
+        return False
+
+
+# -- as a fix's edit (`fixes.Logits`) -------------------------------------------------------------------------------
+def plan(name: str, plans: dict, report, ctx, by_hand: list) -> None:
+    """The logits edit into `plans` (file -> `patching._Plan`), whole; else nothing, and the lines by hand."""
+    edit = logits_edit(report, ctx)
+    if edit.why_not:
+        by_hand.append((name, edit.by_hand()))
+        return
+    for file, change in edit.files.items():
+        p = plans[file]
+        p.rename = p.rename or change.rename
+        p.sigmoid_class = change.sigmoid_class or p.sigmoid_class
+        p.nodes.update(change.nodes)
+
+
+def missed(name: str, plan, shown_as: str) -> list:
+    """The parts of a planned logits edit that found nothing to edit (`patching.make_patch` then leaves it all out)."""
+    undone = (["a BCE loss's name"] if plan.rename and f"{name}:loss" not in plan.done else []) + (
+        [f"class {plan.sigmoid_class}'s final nn.Sigmoid"] if plan.sigmoid_class and f"{name}:sigmoid" not in
+        plan.done else []) + [f"line {k[1]}" for k in plan.nodes if f"{name}:{k}" not in plan.done]
+    if not undone:
+        return []
+    return [(name, f"{shown_as}: the doctor could not edit {', '.join(undone)}: remove D's sigmoid and switch its BCE "
+                   "losses to their logits form by hand, reading D's probabilities through .sigmoid()")]

@@ -1,0 +1,180 @@
+"""Your source, read for an edit that must keep what it computes: one file's calls, bindings and name loads, each
+with its scope, and a value followed back to the call that made it, through the variables of its function and through
+shape-only ops (view, squeeze, indexing, .float(): they commute with any elementwise function, a sigmoid included)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+from libcst.metadata import (ExpressionContext, ExpressionContextProvider, MetadataWrapper, ParentNodeProvider,
+                             PositionProvider)
+
+SHAPE_OPS = frozenset({"view", "view_as", "reshape", "reshape_as", "squeeze", "unsqueeze", "flatten", "float",
+                       "double", "contiguous", "to", "type_as", "detach", "clone", "cpu", "cuda"})
+
+
+def callee(call: cst.Call) -> str:
+    """The called expression as written (`netD`, `self.criterion`, `F.binary_cross_entropy`)."""
+    try:
+        return cst.Module([]).code_for_node(call.func)
+    except Exception:
+        return ""
+
+
+def node_key(node, where) -> tuple:
+    """A node by its type and place, the same in every parse of the same source."""
+    return type(node).__name__, where.start.line, where.start.column, where.end.line, where.end.column
+
+
+@dataclass
+class Bind:
+    """A name (or `self.x`) bound in a scope: where the binding statement ends, and its value if it is one
+    expression (None: a loop variable, a tuple's element, a parameter...)."""
+
+    end: tuple
+    value: object
+
+
+class Source(cst.CSTVisitor):
+    """One file, parsed once: its calls, bindings and name loads, and the names in `watched` (as names or attributes,
+    outside imports), each with its scope (the function, class or lambda it is in; None for the module)."""
+
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider, ExpressionContextProvider)
+
+    def __init__(self, path: str, watched=frozenset()):
+        super().__init__()
+        self.path, self.watched = path, watched
+        wrapper = MetadataWrapper(cst.parse_module(Path(path).read_text(encoding="utf-8")))
+        self.scopes, self.scope_of = [None], {}
+        self.calls, self.loads, self.named, self.augmented, self.binds = [], [], [], [], {}
+        self.functions, self.classes = {}, {}
+        self.module = wrapper.module
+        self.pos = wrapper.resolve(PositionProvider)
+        self.parent = wrapper.resolve(ParentNodeProvider)
+        self.context = wrapper.resolve(ExpressionContextProvider)
+        wrapper.module.visit(self)
+
+    def key(self, node) -> tuple:
+        return node_key(node, self.pos[node])
+
+    def line(self, node) -> int:
+        return self.pos[node].start.line
+
+    def lines(self, node) -> range:
+        return range(self.pos[node].start.line, self.pos[node].end.line + 1)
+
+    def _enter(self, node):
+        self.scopes.append(node)
+
+    def visit_FunctionDef(self, node):
+        if self.scopes[-1] is None:
+            self.functions[node.name.value] = node
+        self._enter(node)
+
+    def leave_FunctionDef(self, node):
+        self.scopes.pop()
+
+    def visit_ClassDef(self, node):
+        self.classes.setdefault(node.name.value, node)
+        self._enter(node)
+
+    def leave_ClassDef(self, node):
+        self.scopes.pop()
+
+    def visit_Lambda(self, node):
+        self._enter(node)
+
+    def leave_Lambda(self, node):
+        self.scopes.pop()
+
+    def visit_ImportAlias(self, node):
+        return False  # an imported name is not a use of it
+
+    def visit_Call(self, node):
+        self.scope_of[node] = self.scopes[-1]
+        self.calls.append(node)
+
+    def visit_Attribute(self, node):
+        self._name(node, node.attr.value)
+        node.value.visit(self)  # `nn.BCELoss`: the attribute's own Name is not a second name
+        return False
+
+    def visit_Name(self, node):
+        self._name(node, node.value)
+
+    def _name(self, node, leaf: str):
+        scope = self.scopes[-1]
+        self.scope_of[node] = scope
+        if leaf in self.watched:
+            self.named.append(node)
+        context = self.context.get(node)
+        if context == ExpressionContext.LOAD:
+            self.loads.append(node)
+        elif context == ExpressionContext.STORE:
+            if isinstance(self.parent[node], cst.AugAssign):  # `x += ...` reads x too
+                self.augmented.append(node)
+            self.binds.setdefault((scope, code(node)), []).append(Bind(self._statement_end(node), self._value(node)))
+
+    def _value(self, target):
+        parent = self.parent[target]
+        if isinstance(parent, cst.AssignTarget):
+            return self.parent[parent].value
+        if isinstance(parent, cst.AnnAssign) and parent.target is target:
+            return parent.value
+        return None
+
+    def _statement_end(self, node) -> tuple:
+        while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Module)):
+            node = self.parent[node]
+        if isinstance(node, cst.BaseCompoundStatement):  # a for loop's target, a with's `as`: bound at the header
+            return (self.pos[node].start.line, 10 ** 6)
+        end = self.pos[node].end
+        return (end.line, end.column)
+
+    # -- following values -------------------------------------------------------------------------------------------
+    def resolve(self, node) -> Bind | None:
+        """The binding a load of a name reads: the last one in its scope that ends before it."""
+        start = self.pos[node].start
+        before = [b for b in self.binds.get((self.scope_of[node], code(node)), []) if b.end < (start.line,
+                                                                                                start.column)]
+        return before[-1] if before else None
+
+    def producer(self, node, depth=0):
+        """The call whose result `node` is, through shape-only ops and the variables holding it; else None."""
+        node = peel(node)
+        if isinstance(node, cst.Call):
+            return node
+        if isinstance(node, (cst.Name, cst.Attribute)) and node in self.scope_of and depth < 20:
+            bind = self.resolve(node)
+            return self.producer(bind.value, depth + 1) if bind and bind.value is not None else None
+        return None
+
+    def chain_top(self, node):
+        """The outermost shape-only op over `node` (`output.view(-1).float()` for `output`)."""
+        while True:
+            parent = self.parent.get(node)
+            if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in SHAPE_OPS:
+                call = self.parent.get(parent)
+                if isinstance(call, cst.Call) and call.func is parent:
+                    node = call
+                    continue
+            if isinstance(parent, cst.Subscript) and parent.value is node:
+                node = parent
+                continue
+            return node
+
+
+def code(node) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def peel(node):
+    """`node` without the shape-only ops around it."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in SHAPE_OPS:
+            node = node.func.value
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        else:
+            return node

@@ -1,0 +1,196 @@
+"""The doctor's logits edit keeps the math. For each shape of D in tests/scripts whose probabilities go into BCE (an
+nn.Sigmoid closing an nn.Sequential or appended to its layers, `torch.sigmoid` on what forward returns, `F.sigmoid` as
+a plain function's last line), the edit the doctor shows, applied, trains on the same losses and prints the same D(x),
+D(G(z)) and accuracy as the script as written, to rounding, on the same batch from the same seed. Where it cannot make
+all of the edit, it shows none (nor autocast, which BCE on probabilities refuses on CUDA) and lists the lines to
+change by hand."""
+import contextlib
+import io
+import random
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gantools import doctor
+from gantools.core.data import write_glyph_pngs
+from gantools.doctor import analysis, fixes, patching, rules
+from gantools.doctor.analysis import machine_facts
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PLAIN, TUTORIAL = SCRIPTS / "dcgan_plain.py", SCRIPTS / "dcgan_tutorial.py"
+VANILLA, FUNCTIONAL = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "vanilla_gan_functional.py"
+IN_FORWARD = SCRIPTS / "sigmoid_in_forward.py"
+CPU = machine_facts(torch.device("cpu"))
+LOGGED = re.compile(r"(D\(x\)|D\(G\(z\)\)|D accuracy): ([-\d.]+)(?: / ([-\d.]+))?")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def flags(script, pngs, epochs: int) -> list:
+    """Tiny networks; `epochs` of the images in `pngs` (the functional script: that many iterations of 16)."""
+    if script in (PLAIN, TUTORIAL):
+        return ["--dataroot", str(pngs), "--workers", "0", "--batch-size", "16", "--ngf", "8", "--ndf", "8",
+                "--nz", "16", "--epochs", str(epochs)]
+    if script == FUNCTIONAL:
+        return ["--dataroot", str(pngs), "--iters", str(epochs), "--batch-size", "16", "--img-size", "16",
+                "--z-dim", "16", "--hidden", "32"]
+    return ["--dataroot", str(pngs), "--batch-size", "16", "--img-size", "16", "--nz", "16", "--hidden", "32",
+            "--epochs", str(epochs)]
+
+
+def described(script: Path) -> doctor.DoctorReport:
+    """What a diagnosis of a DCGAN script says of its D (test_doctor.py and test_doctor_try.py check it on a run, at
+    several seconds each): netD, class Discriminator with a final nn.Sigmoid, called where `netD(` is written."""
+    path = str(script.resolve())
+    calls = [n for n, line in enumerate(script.read_text().splitlines(), 1) if "= netD(" in line]
+    report = doctor.DoctorReport(str(script), "cpu", complete=True)
+    report.models = {"D": {"name": "netD", "class": "Discriminator", "parameters": 1, "defined_in": path,
+                           "call_sites": [[path, n] for n in calls]}}
+    report.settings = {"d_final_sigmoid": "main.11", "loss_ops_per_iteration": {"aten::binary_cross_entropy": 3.0}}
+    return report
+
+
+@pytest.fixture(scope="module")
+def shown_edit(small_pngs, tmp_path_factory):
+    """The sigmoid-bce finding's edit of a script: from the doctor's diagnosis where it takes a second or two, else
+    made from the diagnosis's facts (`described`) the same way (`patching.make_patch` of the logits fix)."""
+    edits, traces = {}, tmp_path_factory.mktemp("traces")
+
+    def get(script):
+        if script not in edits:
+            if script in (PLAIN, TUTORIAL):
+                report = described(script)
+                edits[script] = patching.make_patch(fixes.parts_for("sigmoid-bce", fixes.context(report, CPU)),
+                                                    report, fixes.context(report, CPU)).diff
+            else:
+                report = doctor.run_script(script, flags(script, small_pngs, 400), steps=3, warmup=1,
+                                           trace=traces / f"{script.stem}.json")
+                (finding,) = [f for f in report.findings if f.kind == "sigmoid-bce"]
+                assert not finding.by_hand, finding.by_hand
+                edits[script] = finding.patch
+        return edits[script]
+    return get
+
+
+def run_once(script: Path, args: list) -> tuple:
+    """One run of a script in this process, seeded: the losses it called backward() on, in order, and what it
+    printed."""
+    losses, backward, out = [], torch.Tensor.backward, io.StringIO()
+
+    def recorded(self, *a, **k):
+        losses.append(self.item())
+        return backward(self, *a, **k)
+    argv = sys.argv
+    try:
+        torch.Tensor.backward, sys.argv = recorded, [str(script), *args]
+        random.seed(0), np.random.seed(0), torch.manual_seed(0)
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        torch.Tensor.backward, sys.argv = backward, argv
+    return losses, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def both(shown_edit, tmp_path_factory):
+    """A script as written and with the shown edit applied (`patch -p1`), each run for one iteration on one batch of
+    16 images from the same seeds: (losses, printed) before and after."""
+    runs, one_batch = {}, write_glyph_pngs(tmp_path_factory.mktemp("one_batch"), n=16, image_size=32, channels=3,
+                                           seed=1)
+
+    def get(script):
+        if script not in runs:
+            diff = shown_edit(script)
+            folder = tmp_path_factory.mktemp(script.stem)
+            edited = folder / re.search(r"^\+\+\+ b/(.+)$", diff, re.M).group(1)
+            edited.parent.mkdir(parents=True, exist_ok=True)
+            edited.write_text(script.read_text())
+            applied = subprocess.run(["patch", "-p1"], input=diff, cwd=folder, capture_output=True, text=True)
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+            args = flags(script, one_batch, 1)
+            runs[script] = run_once(script, args), run_once(edited, args), edited.read_text()
+        return runs[script]
+    return get
+
+
+@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, VANILLA, FUNCTIONAL, IN_FORWARD],
+                         ids=["sequential", "appended", "in-main", "plain-function", "torch-sigmoid-in-forward"])
+def test_the_shown_logits_edit_trains_on_the_same_losses(both, script):
+    """D's sigmoid gone with the BCE on probabilities: BCE on logits, the same loss (a sigmoid left in D, or one
+    loss not switched, would not be)."""
+    (losses, _), (edited_losses, _), edited = both(script)
+    assert not re.search(r"BCELoss\(|binary_cross_entropy\(", edited), edited
+    assert len(losses) == len(edited_losses) >= 2, (losses, edited_losses)
+    assert edited_losses == pytest.approx(losses, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, IN_FORWARD], ids=["sequential", "appended",
+                                                                       "torch-sigmoid-in-forward"])
+def test_what_the_script_logs_of_d_keeps_its_meaning(both, script):
+    """D(x), D(G(z)) and D's accuracy (`p > 0.5`), read from D's output for the log, are read through a sigmoid in the
+    edit: every number printed is the one printed before, to its last digit's rounding."""
+    (_, printed), (_, edited_printed), _ = both(script)
+    before, after = LOGGED.findall(printed), LOGGED.findall(edited_printed)
+    assert before and [b[0] for b in before] == [a[0] for a in after], (printed, edited_printed)
+    values = [float(v) for x in before for v in x[1:] if v]
+    assert all(0 <= v <= 1 for v in values), printed  # probabilities, as written
+    assert [float(v) for x in after for v in x[1:] if v] == pytest.approx(values, abs=1.5e-4)
+
+
+def test_the_plain_function_d_loses_its_last_line_sigmoid_not_g(shown_edit):
+    """The bug this rule had: the losses switched while D, a plain function ending in `y = F.sigmoid(...)`, kept its
+    sigmoid. G also ends in F.sigmoid (its images): only D's goes."""
+    diff = shown_edit(FUNCTIONAL)
+    assert "-    y = F.sigmoid(h @ Why + bhy.repeat(h.size(0), 1))\n+    y = h @ Why + bhy.repeat(h.size(0), 1)" in diff
+    assert diff.count("+    D_loss_") == 2 and "+    G_loss = F.binary_cross_entropy_with_logits(D_fake" in diff
+    assert "X = F.sigmoid(h @ Whx" not in diff
+
+
+BY_HAND = {  # D's sigmoid or its loss in a form the doctor does not follow: (source, the lines to list)
+    "sigmoid-in-the-loop": ("import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
+                            "class Critic(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                            "        self.body = nn.Linear(4, 1)\n\n    def forward(self, x):\n"
+                            "        return self.body(x)\n\n\ncritic = Critic()\n"
+                            "x, y = torch.randn(8, 4), torch.ones(8, 1)\n"
+                            "p = torch.sigmoid(critic(x))\nloss = F.binary_cross_entropy(p, y)\n",
+                            ("p = torch.sigmoid(critic(x))", "loss = F.binary_cross_entropy(p, y)")),
+    "criterion-passed-on": ("import torch\nfrom torch import nn\n\n\nclass Critic(nn.Module):\n"
+                            "    def __init__(self):\n        super().__init__()\n"
+                            "        self.body = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n\n"
+                            "    def forward(self, x):\n        return self.body(x)\n\n\n"
+                            "def step(critic, loss_fn, x):\n    return loss_fn(critic(x), torch.ones(8, 1))\n\n\n"
+                            "critic = Critic()\ncriterion = nn.BCELoss()\n"
+                            "loss = step(critic, criterion, torch.randn(8, 4))\n",
+                            ("criterion = nn.BCELoss()", "self.body = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BY_HAND))
+def test_an_edit_the_doctor_cannot_make_whole_is_not_shown_and_its_lines_are_listed_by_hand(case, tmp_path):
+    source, listed = BY_HAND[case]
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    lines = [line.strip() for line in source.splitlines()]
+    calls = [n for n, line in enumerate(lines, 1) if "critic(x)" in line]
+    report = doctor.DoctorReport(str(script), "cpu", complete=True)
+    report.models = {"D": {"name": "critic", "class": "Critic", "parameters": 5, "defined_in": str(script),
+                           "call_sites": [[str(script), n] for n in calls]}}
+    report.settings = {"d_final_sigmoid": "body.1" if "Sigmoid()" in source else None,
+                       "loss_ops_per_iteration": {"aten::binary_cross_entropy": 1.0}}
+    report.findings = [rules.sigmoid_bce(report, CPU)]
+    analysis._in_your_code(report, CPU)
+    (finding,) = report.findings
+    assert finding.patch == "" and "cannot make all of it" in finding.by_hand, finding.by_hand
+    text = str(finding)
+    assert "your lines, before (-) and after (+)" not in text and "   by hand:" in text
+    for line in listed:
+        assert f"train.py:{lines.index(line) + 1}: {line}" in text, text
+    patch = patching.make_patch((fixes.LOGITS,), report, fixes.context(report, CPU), root=tmp_path)
+    assert patch.diff == "" and [fix for fix, _ in patch.by_hand] == [fixes.LOGITS]
+    amp = patching.make_patch((fixes.LOGITS, fixes.AUTOCAST), report, fixes.context(report, CPU), root=tmp_path)
+    assert amp.diff == "" and [fix for fix, _ in amp.by_hand] == [fixes.LOGITS, fixes.AUTOCAST]  # BCE refuses it
