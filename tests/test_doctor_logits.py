@@ -25,7 +25,7 @@ from gantools.doctor.analysis import machine_facts
 SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN, TUTORIAL = SCRIPTS / "dcgan_plain.py", SCRIPTS / "dcgan_tutorial.py"
 VANILLA, FUNCTIONAL = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "vanilla_gan_functional.py"
-IN_FORWARD = SCRIPTS / "sigmoid_in_forward.py"
+IN_FORWARD, HELPER = SCRIPTS / "sigmoid_in_forward.py", SCRIPTS / "bce_helper.py"
 CPU = machine_facts(torch.device("cpu"))
 LOGGED = re.compile(r"(D\(x\)|D\(G\(z\)\)|D accuracy): ([-\d.]+)(?: / ([-\d.]+))?")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,8 +118,9 @@ def both(shown_edit, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, VANILLA, FUNCTIONAL, IN_FORWARD],
-                         ids=["sequential", "appended", "in-main", "plain-function", "torch-sigmoid-in-forward"])
+@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, VANILLA, FUNCTIONAL, IN_FORWARD, HELPER],
+                         ids=["sequential", "appended", "in-main", "plain-function", "torch-sigmoid-in-forward",
+                              "loss-helper"])
 def test_the_shown_logits_edit_trains_on_the_same_losses(both, script):
     """D's sigmoid gone with the BCE on probabilities: BCE on logits, the same loss (a sigmoid left in D, or one
     loss not switched, would not be)."""
@@ -129,8 +130,8 @@ def test_the_shown_logits_edit_trains_on_the_same_losses(both, script):
     assert edited_losses == pytest.approx(losses, rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, IN_FORWARD], ids=["sequential", "appended",
-                                                                       "torch-sigmoid-in-forward"])
+@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, IN_FORWARD, HELPER],
+                         ids=["sequential", "appended", "torch-sigmoid-in-forward", "loss-helper"])
 def test_what_the_script_logs_of_d_keeps_its_meaning(both, script):
     """D(x), D(G(z)) and D's accuracy (`p > 0.5`), read from D's output for the log, are read through a sigmoid in the
     edit: every number printed is the one printed before, to its last digit's rounding."""
@@ -151,6 +152,22 @@ def test_the_plain_function_d_loses_its_last_line_sigmoid_not_g(shown_edit):
     assert "X = F.sigmoid(h @ Whx" not in diff
 
 
+def test_a_loss_helper_is_switched_once_and_its_own_read_of_d_goes_through_a_sigmoid(shown_edit):
+    """The loss is computed in `adversarial_loss(pred, target)`, which every call (positional or `pred=`) hands D's
+    output: the BCE inside it switches once, D's nn.Sigmoid goes, and the mean the helper returns for the log is read
+    through a sigmoid; the calls themselves stay as they are."""
+    diff = shown_edit(HELPER)
+    assert "+criterion = nn.BCEWithLogitsLoss()" in diff and diff.count("+criterion") == 1
+    assert "+    return criterion(pred.view(-1), target), pred.sigmoid().mean()" in diff
+    assert "nn.Linear(hidden, 1))" in diff and "adversarial_loss(D(" not in diff
+
+
+HELPER_SOURCE = ("import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
+                 "class Critic(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                 "        self.body = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n\n"
+                 "    def forward(self, x):\n        return self.body(x)\n\n\n"
+                 "def loss_fn(pred, target):\n    return F.binary_cross_entropy(pred, target)\n\n\n"
+                 "critic = Critic()\nx, y = torch.randn(8, 4), torch.ones(8, 1)\nloss = loss_fn(critic(x), y)\n")
 BY_HAND = {  # D's sigmoid or its loss in a form the doctor does not follow: (source, the lines to list)
     "sigmoid-in-the-loop": ("import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
                             "class Critic(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -167,6 +184,12 @@ BY_HAND = {  # D's sigmoid or its loss in a form the doctor does not follow: (so
                             "critic = Critic()\ncriterion = nn.BCELoss()\n"
                             "loss = step(critic, criterion, torch.randn(8, 4))\n",
                             ("criterion = nn.BCELoss()", "self.body = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())")),
+    "loss-helper-fed-another-value": (HELPER_SOURCE + "smooth = loss_fn(torch.full((8, 1), 0.9), y)\n",
+                                      ("return F.binary_cross_entropy(pred, target)",
+                                       "smooth = loss_fn(torch.full((8, 1), 0.9), y)",
+                                       "self.body = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())")),
+    "loss-helper-passed-on": (HELPER_SOURCE + "losses = [loss_fn]\n",
+                              ("return F.binary_cross_entropy(pred, target)", "loss = loss_fn(critic(x), y)")),
 }
 
 

@@ -12,7 +12,8 @@ Where D applies its sigmoid, in a form the edit removes:
 
 D's output is followed through the variables of the function it is assigned in, and through shape-only ops (view,
 squeeze, indexing, .float(): they commute with an elementwise sigmoid). A BCE loss is followed from where it is
-built to its calls; each one's input must be D's output."""
+built to its calls; each one's input must be D's output, or a parameter of the function the call is in (a loss helper,
+`def adversarial_loss(y_hat, y)`) that every call of that function, found in your files, passes D's output."""
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .frames import cell_label, shown, yours
-from .sources import SHAPE_OPS, Source, callee, code, peel
+from .sources import SHAPE_OPS, Source, callee, code, passed, returned
 
 RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
 SIGMOIDS = frozenset({"sigmoid", "expit"})
@@ -136,6 +137,7 @@ class _Finder:
         self.files = [f for f in dict.fromkeys(files) if f]
         self.call_sites = [(f, line) for f, line in at]
         self.sources, self.losses, self.d_names = {}, {}, set()  # losses: Call -> its Source
+        self.inputs, self.d_params = set(), set()  # the losses' inputs (helpers' arguments too), helpers' cst.Params
 
     def run(self):
         if not self._open():
@@ -212,14 +214,14 @@ class _Finder:
             self._problem(src, built, "the BCELoss built there is not assigned to a name the doctor can follow")
             return {}
         name = code(target)
-        calls, passed = {}, []
+        calls, handed = {}, []
         for other in self.sources.values():
             calls.update((c, other) for c in other.calls if callee(c) == name)
-            passed += [(other, x) for x in other.loads if code(x) == name
+            handed += [(other, x) for x in other.loads if code(x) == name
                        and not (isinstance(other.parent[x], cst.Call) and other.parent[x].func is x)]
-        for other, x in passed:
+        for other, x in handed:
             self._problem(other, x, f"`{name}` (a BCELoss) is passed on, and the doctor cannot follow its calls")
-        if not calls and not passed:
+        if not calls and not handed:
             self._problem(src, built, f"no call of `{name}` found in your files")
         for call, other in calls.items():
             self._site(other, call, "a BCE loss: its input must be D's output, logits once D's sigmoid is gone")
@@ -229,17 +231,17 @@ class _Finder:
     def _d(self):
         """D's names in the loss calls, checked against the diagnosis; (Source, its function or class, kind)."""
         found = set()
-        for call, src in self.losses.items():
-            made = src.producer(_input(call))
-            name = callee(made) if made is not None else ""
-            if not name or name.split(".")[-1] in SIGMOIDS | SHAPE_OPS | set(RENAMES):
-                self._problem(src, call, "the loss's input is not followed to D's output" if not name else
-                              f"the loss's input comes from {name}(...), not straight from D")
-                if name.split(".")[-1] in SIGMOIDS:
-                    self._site(src, made, "D's sigmoid, applied here: take it off (D's output is then logits)")
-                continue
-            self.d_names.add(name)
-            found.add((src, name))
+        for call, at in self.losses.items():
+            for src, made, where in self._origins(at, _input(call), call):
+                name = callee(made) if isinstance(made, cst.Call) else ""
+                if not name or name.split(".")[-1] in SIGMOIDS | SHAPE_OPS | set(RENAMES):
+                    self._problem(src, where, "the loss's input is not followed to D's output" if not name else
+                                  f"the loss's input comes from {name}(...), not straight from D")
+                    if name.split(".")[-1] in SIGMOIDS:
+                        self._site(src, made, "D's sigmoid, applied here: take it off (D's output is then logits)")
+                    continue
+                self.d_names.add(name)
+                found.add((src, name))
         cls = self.d.get("class")
         in_file = self.sources.get(self.d.get("defined_in"))
         functions = {(src, name) for src, name in found if name in src.functions}
@@ -256,6 +258,34 @@ class _Finder:
             self.problems.append(f"the losses' inputs come from {', '.join(sorted(self.d_names))}, which the doctor "
                                  "cannot match to D's code")
         return None
+
+    def _origins(self, src: Source, value, where, depth=0) -> list:
+        """Where a loss's input `value` comes from: `[(Source, what makes it, the call to name if it is not D)]`. An
+        input that arrives as a parameter of the function the loss is in (a loss helper, `def loss_fn(pred, target)`)
+        is followed to the value each call of that function passes there, once per parameter."""
+        self.inputs.add(value)
+        made = src.origin(value) if value is not None else None
+        if not isinstance(made, cst.Param):
+            return [(src, made, where)]
+        if made in self.d_params:
+            return []  # followed already, by another loss in the same helper
+        self.d_params.add(made)
+        helper = src.parent[src.parent[made]]
+        calls, unfollowed = passed(self.sources, src, made)
+        for other, node, why in unfollowed:
+            self._problem(other, node, why)
+        if not calls and not unfollowed:
+            self._problem(src, made, f"the loss's input `{made.name.value}` is a parameter of "
+                          f"`{helper.name.value}`, which is called nowhere in your files")
+        found = []
+        for other, call, value in calls:
+            self._site(other, call, f"a BCE loss through `{helper.name.value}`: its `{made.name.value}` must be D's "
+                       "output, logits once D's sigmoid is gone")
+            if value is None or depth >= 8:
+                self._problem(other, call, f"the doctor cannot tell what this call passes as `{made.name.value}`")
+            else:
+                found += self._origins(other, value, call, depth + 1)
+        return found
 
     def _called_where_seen(self, found) -> bool:
         """Each name the losses' inputs come from is called where the diagnosis saw D called, and every place it saw
@@ -283,7 +313,7 @@ class _Finder:
             if last.node is not None and self._removable(src, last.node):
                 self._site(src, last.node, "D's final nn.Sigmoid(): remove it (D then returns logits)")
                 container = f"self.{self.ctx.d_sigmoid.split('.')[0]}"
-                if _returned(src, function, lambda call: callee(call) == container) is None:
+                if returned(src, function, lambda call: callee(call) == container) is None:
                     self._problem(src, function or owner, f"forward does not return {container}(...) as it is, so "
                                   "the doctor cannot tell what removing its final nn.Sigmoid leaves")
                 self._file(src).sigmoid_class = owner.name.value
@@ -297,7 +327,7 @@ class _Finder:
             self._site(src, last.node, "D's final nn.Sigmoid, called in forward (the call is taken off)")
         else:
             attribute = None
-        applied = _returned(src, function, lambda call: _is_sigmoid_call(call, attribute))
+        applied = returned(src, function, lambda call: _is_sigmoid_call(call, attribute))
         if applied is None:
             where = f"function {owner.name.value}" if kind == "function" else f"class {owner.name.value}'s forward"
             self._problem(src, function or owner, f"no sigmoid found on the value {where} returns")
@@ -325,7 +355,7 @@ class _Finder:
     def _reads(self, src: Source):
         """Each use of D's output that is not a loss's input or a variable holding it, put through a sigmoid; a use
         the doctor cannot be sure of (an in-place change, a variable read before it is bound) is a problem."""
-        held = {text for (_, text), binds in src.binds.items() if any(self._is_d(src, b.value) for b in binds)}
+        held = {text for (_, text), binds in src.binds.items() if any(self._holds_d(src, b) for b in binds)}
         roots = [c for c in src.calls if callee(c) in self.d_names]
         for x in src.loads:
             if not isinstance(x, (cst.Name, cst.Attribute)) or code(x) not in held:
@@ -333,11 +363,11 @@ class _Finder:
             bind = src.resolve(x)
             if bind is None:
                 self._problem(src, x, f"`{code(x)}` may hold D's output here, and the doctor cannot tell")
-            elif self._is_d(src, bind.value):
+            elif self._holds_d(src, bind):
                 roots.append(x)
         for x in src.augmented:
             bind = src.resolve(x)
-            if bind is not None and self._is_d(src, bind.value):
+            if bind is not None and self._holds_d(src, bind):
                 self._problem(src, x, f"`{code(x)}` (D's output) is changed in place")
         for root in roots:
             top = src.chain_top(root)
@@ -352,7 +382,7 @@ class _Finder:
 
     def _kept(self, src: Source, top, parent) -> bool:
         """D's output as a BCE loss's input, held in a variable (its reads are followed), or thrown away."""
-        if isinstance(parent, cst.Arg) and src.parent[parent] in self.losses and _input(src.parent[parent]) is top:
+        if isinstance(parent, cst.Arg) and top in self.inputs:
             return True
         if isinstance(parent, cst.Assign) and parent.value is top:
             return all(isinstance(t.target, (cst.Name, cst.Attribute)) for t in parent.targets)
@@ -360,9 +390,12 @@ class _Finder:
             return isinstance(parent.target, (cst.Name, cst.Attribute))
         return isinstance(parent, cst.Expr)
 
-    def _is_d(self, src: Source, value) -> bool:
-        made = src.producer(value) if value is not None else None
-        return made is not None and callee(made) in self.d_names
+    def _holds_d(self, src: Source, bind) -> bool:
+        """A binding of D's output: a helper's parameter that every call passes it to, or a value made from it."""
+        if bind.param is not None:
+            return bind.param in self.d_params
+        made = src.origin(bind.value) if bind.value is not None else None
+        return made in self.d_params or isinstance(made, cst.Call) and callee(made) in self.d_names
 
 
 def _input(call: cst.Call):
@@ -384,49 +417,6 @@ def _is_sigmoid_call(node, attribute: str | None = None) -> bool:
     if name.split(".")[-1] not in SIGMOIDS:
         return False
     return one or (not node.args and isinstance(node.func, cst.Attribute))
-
-
-def _returned(src: Source, function, wanted):
-    """The call `wanted` (a test of a call) that makes the value `function` returns, up to shape-only ops, in its last
-    statement and only return: the returned expression, or the last assignment of the variable returned (at the
-    function's top level, read nowhere else in between)."""
-    if function is None:
-        return None
-    returns = _Returns()
-    function.body.visit(returns)
-    last = function.body.body[-1] if function.body.body else None
-    if len(returns.found) != 1 or not isinstance(last, cst.SimpleStatementLine) or returns.found[0] not in last.body:
-        return None
-    value = peel(returns.found[0].value) if returns.found[0].value is not None else None
-    if isinstance(value, cst.Call) and wanted(value):
-        return value
-    if not isinstance(value, cst.Name):
-        return None
-    bind = src.resolve(value)
-    statement = src.parent.get(src.parent.get(bind.value)) if bind and bind.value is not None else None
-    if statement is None or statement not in function.body.body:
-        return None
-    between = [x for x in src.loads if code(x) == value.value and src.scope_of.get(x) is function
-               and bind.end < (src.line(x), src.pos[x].start.column) and x is not value]
-    made = peel(bind.value)
-    return made if isinstance(made, cst.Call) and wanted(made) and not between else None
-
-
-class _Returns(cst.CSTVisitor):
-    """The return statements of one function (not of the functions defined inside it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.found = []
-
-    def visit_Return(self, node):
-        self.found.append(node)
-
-    def visit_FunctionDef(self, node):
-        return False
-
-    def visit_Lambda(self, node):
-        return False
 
 
 # -- as a fix's edit (`fixes.Logits`) -------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Your source, read for an edit that must keep what it computes: one file's calls, bindings and name loads, each
-with its scope, and a value followed back to the call that made it, through the variables of its function and through
-shape-only ops (view, squeeze, indexing, .float(): they commute with any elementwise function, a sigmoid included)."""
+with its scope, and a value followed back to the call that made it (or the parameter it arrived as), through the
+variables of its function and through shape-only ops (view, squeeze, indexing, .float(): they commute with any
+elementwise function, a sigmoid included); a function's calls and the argument each passes at one of its
+parameters."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,13 +29,14 @@ def node_key(node, where) -> tuple:
     return type(node).__name__, where.start.line, where.start.column, where.end.line, where.end.column
 
 
-@dataclass
+@dataclass(eq=False)
 class Bind:
     """A name (or `self.x`) bound in a scope: where the binding statement ends, and its value if it is one
-    expression (None: a loop variable, a tuple's element, a parameter...)."""
+    expression (None: a loop variable, a tuple's element, a parameter...); `param`: the cst.Param it is, if one."""
 
     end: tuple
     value: object
+    param: object = None
 
 
 class Source(cst.CSTVisitor):
@@ -68,6 +71,7 @@ class Source(cst.CSTVisitor):
         self.scopes.append(node)
 
     def visit_FunctionDef(self, node):
+        self.scope_of[node] = self.scopes[-1]  # the scope it is defined in, where its callers are
         if self.scopes[-1] is None:
             self.functions[node.name.value] = node
         self._enter(node)
@@ -101,7 +105,9 @@ class Source(cst.CSTVisitor):
         return False
 
     def visit_Name(self, node):
-        self._name(node, node.value)
+        parent = self.parent[node]
+        if not (isinstance(parent, cst.Arg) and parent.keyword is node):  # `f(pred=x)`: `pred` names no value here
+            self._name(node, node.value)
 
     def _name(self, node, leaf: str):
         scope = self.scopes[-1]
@@ -114,7 +120,9 @@ class Source(cst.CSTVisitor):
         elif context == ExpressionContext.STORE:
             if isinstance(self.parent[node], cst.AugAssign):  # `x += ...` reads x too
                 self.augmented.append(node)
-            self.binds.setdefault((scope, code(node)), []).append(Bind(self._statement_end(node), self._value(node)))
+            param = self.parent[node] if isinstance(self.parent[node], cst.Param) else None
+            end = (self.pos[node].end.line, self.pos[node].end.column) if param else self._statement_end(node)
+            self.binds.setdefault((scope, code(node)), []).append(Bind(end, self._value(node), param))
 
     def _value(self, target):
         parent = self.parent[target]
@@ -140,14 +148,22 @@ class Source(cst.CSTVisitor):
                                                                                                 start.column)]
         return before[-1] if before else None
 
-    def producer(self, node, depth=0):
+    def producer(self, node):
         """The call whose result `node` is, through shape-only ops and the variables holding it; else None."""
+        made = self.origin(node)
+        return made if isinstance(made, cst.Call) else None
+
+    def origin(self, node, depth=0):
+        """The call whose result `node` is, or the parameter (a cst.Param) it arrived as, through shape-only ops and
+        the variables holding it; else None."""
         node = peel(node)
         if isinstance(node, cst.Call):
             return node
         if isinstance(node, (cst.Name, cst.Attribute)) and node in self.scope_of and depth < 20:
             bind = self.resolve(node)
-            return self.producer(bind.value, depth + 1) if bind and bind.value is not None else None
+            if bind is None or bind.value is None:
+                return bind.param if bind else None
+            return self.origin(bind.value, depth + 1)
         return None
 
     def chain_top(self, node):
@@ -178,3 +194,88 @@ def peel(node):
             node = node.value
         else:
             return node
+
+
+# -- functions: what they return, what their calls pass ----------------------------------------------------------------
+def returned(src: Source, function, wanted):
+    """The call `wanted` (a test of a call) that makes the value `function` returns, up to shape-only ops, in its last
+    statement and only return: the returned expression, or the last assignment of the variable returned (at the
+    function's top level, read nowhere else in between)."""
+    if function is None:
+        return None
+    returns = _Returns()
+    function.body.visit(returns)
+    last = function.body.body[-1] if function.body.body else None
+    if len(returns.found) != 1 or not isinstance(last, cst.SimpleStatementLine) or returns.found[0] not in last.body:
+        return None
+    value = peel(returns.found[0].value) if returns.found[0].value is not None else None
+    if isinstance(value, cst.Call) and wanted(value):
+        return value
+    if not isinstance(value, cst.Name):
+        return None
+    bind = src.resolve(value)
+    statement = src.parent.get(src.parent.get(bind.value)) if bind and bind.value is not None else None
+    if statement is None or statement not in function.body.body:
+        return None
+    between = [x for x in src.loads if code(x) == value.value and src.scope_of.get(x) is function
+               and bind.end < (src.line(x), src.pos[x].start.column) and x is not value]
+    made = peel(bind.value)
+    return made if isinstance(made, cst.Call) and wanted(made) and not between else None
+
+
+class _Returns(cst.CSTVisitor):
+    """The return statements of one function (not of the functions defined inside it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def visit_Return(self, node):
+        self.found.append(node)
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    def visit_Lambda(self, node):
+        return False
+
+
+def passed(sources: dict, src: Source, param) -> tuple:
+    """What each call of the function `param` (a cst.Param of `src`) belongs to passes there: `[(Source, Call, the
+    value, or None where the doctor cannot tell it)]`; and `[(Source, node, why)]` for each use of the function's name
+    it cannot follow. Its calls are sought by the name they reach it by: `name(...)` in any of `sources` (a function of
+    the module), `self.name(...)` in its class (a method), `name(...)` in the function around it (a nested one)."""
+    function = src.parent[src.parent[param]]
+    if not isinstance(function, cst.FunctionDef):
+        return [], [(src, param, "a lambda's parameter: the doctor does not follow a lambda's calls")]
+    name, around = function.name.value, src.scope_of.get(function)
+    if function.decorators:
+        return [], [(src, function, f"`{name}` is decorated, and the doctor does not follow its calls")]
+    text = f"self.{name}" if isinstance(around, cst.ClassDef) else name
+    calls, unfollowed = [], []
+    for other in sources.values():
+        for x in other.loads:
+            if (x.attr.value if isinstance(x, cst.Attribute) else x.value) != name:
+                continue
+            call = other.parent.get(x)
+            if (isinstance(call, cst.Call) and call.func is x and code(x) == text
+                    and (around is None or (other is src and other.line(x) in src.lines(around)))):
+                calls.append((other, call, _argument(call, function.params, param, isinstance(around, cst.ClassDef))))
+            else:
+                unfollowed.append((other, x, f"`{code(x)}` is used here other than as a call `{text}(...)`, and the "
+                                             "doctor cannot follow what it is handed"))
+    return calls, unfollowed
+
+
+def _argument(call: cst.Call, params: cst.Parameters, param, bound: bool):
+    """The value `call` passes at `param`, by keyword or position (after `self` where `bound`); None for a default,
+    or where a `*args` or `**kwargs` hides it."""
+    if any(arg.star for arg in call.args):
+        return None
+    keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param.name.value), None)
+    if keyword is not None and param not in params.posonly_params:
+        return keyword
+    positional = [*params.posonly_params, *params.params]
+    index = positional.index(param) - bound if param in positional else -1
+    given = [a.value for a in call.args if a.keyword is None]
+    return given[index] if 0 <= index < len(given) else None
