@@ -399,6 +399,9 @@ def test_the_fid_check_on_a_real_script_trains_the_start_again_with_moved_seeds_
                             report.images_per_step, 1, 3, 300)
     result = trying.TryReport(str(TUTORIAL), "cpu", "cpu")
     result.tried = [trying.Tried(fixes.FREEZE_D, "freeze", (fixes.FREEZE_D,), "kept", "")]
+    from gantools.core import metrics
+
+    metrics.quality_meter("glyphs", image_size=64, channels=1, device="cpu")  # its classifier trained (and cached)
     steps = Counter()  # optimizer -> its steps; the pacer's count is the run's iterations
     handle = register_optimizer_step_post_hook(lambda opt, a, k: steps.update([opt]))
     try:
