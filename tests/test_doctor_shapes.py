@@ -3,6 +3,7 @@ and FloatTensor-era code, numpy noise) and WGAN-GP (five critic steps, a gradien
 step), the tutorials' vanilla MLP GAN on flattened images inside main(), a DCGAN written as a trainer class
 (`self.G`, `self.opt_d`), a DCGAN under Hugging Face Accelerate, a GAN LightningModule run by Lightning's Trainer, and
 a loop of your own under Lightning Fabric."""
+import dataclasses
 import math
 import os
 import re
@@ -19,8 +20,9 @@ from torch.optim import optimizer as torch_optimizer
 from gantools import doctor
 from gantools.doctor import trial
 from gantools.doctor.analysis import machine_facts
-from gantools.doctor.fixes import AUTOCAST, FREEZE_D, candidates, context
+from gantools.doctor.fixes import AUTOCAST, FREEZE_D, LOGITS, Applied, candidates, context
 from gantools.doctor.patching import make_patch
+from gantools.doctor.trainer_fixes import PRECISION
 from gantools.doctor.trying import pacer_index, try_fixes
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -96,6 +98,8 @@ def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
     (g_step,) = lines_of(CGAN, "validity = discriminator(gen_imgs, gen_labels)")
     assert ctx.g_step_sites == {(str(CGAN.resolve()), g_step)}
     assert ctx.g == ("Generator", report.models["G"]["parameters"]) and not ctx.bce and ctx.d_sigmoid is None
+    fixes, skipped = candidates(report, facts())  # no Trainer: the plain autocast fix, no word of the Trainer's
+    assert AUTOCAST in {f.name for f in fixes} and PRECISION not in {f.name for f in fixes} | dict(skipped).keys()
 
     by_kind = {f.kind: f for f in report.findings}
     (printed,) = lines_of(CGAN, PRINTED)
@@ -359,9 +363,10 @@ def test_a_loop_run_by_lightnings_trainer_is_diagnosed_in_its_own_terms(diagnose
     """Lightning's Trainer.fit runs the LightningModule's training_step (manual optimization, LightningOptimizers,
     `self(z)` through the module's forward): G and D are named by the module's attributes, the optimizers as
     training_step names them, the DataLoader at the DataModule's line; the 16-bit fix is the Trainer's own
-    precision argument edited into the script's Trainer(...) call, never the doctor's autocast wrapper (which --try
-    leaves to the Trainer); Lightning's per-step reads of prog_bar values are placed at the self.log lines; every
-    wrapper of Lightning's classes is gone after the run (lightning is in the dev extras: a missing one fails here)."""
+    precision argument edited into the script's Trainer(...) call, never the doctor's autocast wrapper (--try tries
+    the argument instead, with the logits loss the BCE needs; not on fp16, whose GradScaler would be Lightning's);
+    Lightning's per-step reads of prog_bar values are placed at the self.log lines; every wrapper of Lightning's
+    classes is gone after the run (lightning is in the dev extras: a missing one fails here)."""
     import lightning.pytorch as pl
     from gantools.doctor.lightning import TrainerWatch
 
@@ -385,7 +390,13 @@ def test_a_loop_run_by_lightnings_trainer_is_diagnosed_in_its_own_terms(diagnose
     assert "torch.autocast" not in precision.patch and 'Trainer(..., precision="bf16-mixed")' in precision.change
     fixes, skipped = candidates(report, facts())
     assert AUTOCAST not in {p for f in fixes for p in f.parts}
-    assert 'Trainer(..., precision="bf16-mixed") by hand' in dict(skipped)[AUTOCAST]
+    assert {f.name: f.parts for f in fixes}[PRECISION] == (LOGITS, PRECISION)
+    assert 'its fix is Trainer(..., precision="bf16-mixed")' in dict(skipped)[AUTOCAST]
+    fixes, skipped = candidates(report, dataclasses.replace(facts(), bf16=False))  # fp16: the plugin's GradScaler
+    assert PRECISION not in {f.name for f in fixes} and 'precision="16-mixed") by hand' in dict(skipped)[PRECISION]
+    no_final_sigmoid = dataclasses.replace(report, settings={**report.settings, "d_final_sigmoid": None})
+    fixes, skipped = candidates(no_final_sigmoid, facts())  # the BCE it feeds cannot take logits at run time
+    assert PRECISION not in {f.name for f in fixes} and "not a final nn.Sigmoid" in dict(skipped)[PRECISION]
     reads = next(f for f in report.findings if f.kind == "host-sync")
     for name in ("g_loss", "d_loss"):
         logged_at = line_starting(LIGHTNING, 'self.log("' + name)
@@ -394,6 +405,55 @@ def test_a_loop_run_by_lightnings_trainer_is_diagnosed_in_its_own_terms(diagnose
     assert not any(isinstance(f, TrainerWatch) for f in sys.meta_path)
     assert all("gantools" not in getattr(fn, "__code__").co_filename
                for fn in (pl.Trainer.__init__, pl.Trainer.fit, pl.LightningModule.log))
+
+
+def test_try_measures_the_trainers_precision_argument_on_a_lightning_loop(diagnose, small_pngs, monkeypatch):
+    """--try gives the Trainer the script builds precision="bf16-mixed" for the run, undone after it, and measures
+    that against the loop as written (the other fixes left out here, for time); kept or not, as this CPU decides, and
+    when kept, --patch's diff holds the Trainer's argument."""
+    import lightning as L
+    from gantools.doctor import trying
+
+    report = diagnose(LIGHTNING)
+    ctx = context(report, facts())
+    with Applied((PRECISION,), ctx):
+        assert L.Trainer(accelerator="cpu", devices=1, logger=False).precision == "bf16-mixed"
+    assert L.Trainer(accelerator="cpu", devices=1, logger=False).precision == "32-true"  # undone
+
+    def precision_only(*args):
+        fixes, skipped = candidates(*args)
+        return [f for f in fixes if f.name == PRECISION], skipped
+    monkeypatch.setattr(trying, "candidates", precision_only)
+    result = try_fixes(LIGHTNING, flags(LIGHTNING, small_pngs), report, facts(), warmup=1, steps=3, repeats=2)
+    print(result)
+    (tried,) = result.tried
+    assert tried.name == PRECISION and tried.outcome in ("kept", "not faster"), str(result)
+    assert tried.speedup > 0 and len(tried.spread) == 2
+    assert re.search(r'(kept|not faster): Trainer\(\.\.\., precision="bf16-mixed"\), with logits and '
+                     r"BCEWithLogitsLoss: \d+\.\d\dx \(", str(result)), str(result)
+    if result.kept:
+        patch = make_patch(result.kept_parts, report, ctx)
+        assert re.search(r'^\+ .*, precision="bf16-mixed"\)$', patch.diff, re.M), patch.diff
+
+
+@pytest.mark.slow
+def test_the_trainers_precision_argument_as_a_patch_applies_and_the_patched_script_runs(diagnose, small_pngs,
+                                                                                         tmp_path):
+    """The precision fix's edit (with the logits loss it brings): `patch -p1` applies it to a copy of the script,
+    which then trains an epoch with finite losses."""
+    report = diagnose(LIGHTNING)
+    fixes, _ = candidates(report, facts())
+    (fix,) = [f for f in fixes if f.name == PRECISION]
+    patch = make_patch(fix.parts, report, context(report, facts()), root=SCRIPTS)
+    assert patch and not patch.by_hand and patch.files == [LIGHTNING.name], patch.by_hand
+    assert re.search(r'^\+ +enable_checkpointing=False, enable_progress_bar=False, precision="bf16-mixed"\)$',
+                     patch.diff, re.M), patch.diff
+    assert "+        return F.binary_cross_entropy_with_logits(y_hat, y)" in patch.diff
+    shutil.copy(LIGHTNING, tmp_path)
+    applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=tmp_path, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    losses = run_copy(LIGHTNING, tmp_path, small_pngs)
+    assert all(math.isfinite(v) for v in losses), losses
 
 
 def test_a_loop_of_your_own_under_lightning_fabric_is_diagnosed(tmp_path):

@@ -35,6 +35,7 @@ from . import logits
 from .frames import location
 from .report import DoctorReport
 from .rules import MachineFacts, faster_impl
+from .trainer_fixes import PRECISION, TrainerPrecision
 
 AUTOCAST, LOGITS, FREEZE_D, FUSED, WORKERS, PIN, CHANNELS_LAST, CUDNN, TF32, COMPILE = (
     "autocast", "logits", "freeze-d", "fused-optimizers", "loader-workers", "pin-memory", "channels-last",
@@ -272,6 +273,7 @@ class Tf32(BackendFlag):
 
 FIXES = (
     Autocast(name=AUTOCAST, title="autocast on G's and D's forward passes", answers=("fp32-convolutions",)),
+    TrainerPrecision(name=PRECISION, title='Trainer(..., precision="bf16-mixed")', answers=("fp32-convolutions",)),
     Logits(name=LOGITS, title="logits out of D, BCEWithLogitsLoss", answers=("sigmoid-bce",)),
     FreezeD(name=FREEZE_D, title="D frozen in G's step", answers=("d-grads-in-g-step",)),
     Fused(name=FUSED, title="fused (or foreach) optimizers", answers=("optimizer-for-loop",)),
@@ -327,12 +329,12 @@ def candidates(report: DoctorReport, facts: MachineFacts) -> tuple[list, list]:
             tried.append((rank, fix))
     tried.sort(key=lambda x: x[0])
     fixes = [f for _, f in tried]
-    if any(f.name == AUTOCAST for f in fixes) and ctx.bce:  # autocast needs the logits loss: they go together
+    sixteen = [f.name for f in fixes if f.name in (AUTOCAST, PRECISION)]
+    if sixteen and ctx.bce:  # autocast needs the logits loss (BCE is refused under it on CUDA): they go together
         fixes = [f for f in fixes if f.name != LOGITS]
-        at = [f.name for f in fixes].index(AUTOCAST)
-        fixes[at] = replace(fixes[at], title="autocast on G's and D's forward passes, with logits and "
-                                             "BCEWithLogitsLoss", answers=("fp32-convolutions", "sigmoid-bce"),
-                            parts=(LOGITS, AUTOCAST))
+        at = [f.name for f in fixes].index(sixteen[0])
+        fixes[at] = replace(fixes[at], title=f"{fixes[at].title}, with logits and BCEWithLogitsLoss",
+                            answers=(*fixes[at].answers, "sigmoid-bce"), parts=(LOGITS, sixteen[0]))
     skipped += [(k, why) for k, why in BY_HAND.items() if k in order]
     return fixes, skipped
 
@@ -459,7 +461,6 @@ class Applied:
                     p.requires_grad_(True)
         return run
 
-    # -- fp16 ---------------------------------------------------------------------------------------------------
 
 def _called_from(sites) -> bool:
     """Whether the model was called from one of `sites` (FILE, LINE) of your code."""

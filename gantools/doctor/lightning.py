@@ -12,7 +12,8 @@ plain loop, and the fixes that are the Trainer's own arguments.
 - **Fixes that are Trainer arguments.** Lightning's precision plugin runs `training_step` under autocast (and owns
   the GradScaler of fp16), and its Trainer sets cudnn.benchmark: a loop it runs takes those changes as
   `Trainer(precision="bf16-mixed")` and `Trainer(benchmark=True)`, edited into your `Trainer(...)` line
-  (`trainer_edit`), never as the doctor's own autocast wrapper, which would fight the plugin's (`trainer_owned`).
+  (`trainer_edit`), never as the doctor's own autocast wrapper, which would fight the plugin's (`trainer_owned`);
+  `--try` gives your Trainer the precision argument while a run lasts (`trainer_fixes`).
 - **Its own reads.** A value logged with `self.log(..., prog_bar=True)` is turned into a Python number every
   training step (a host sync each), whether or not a progress bar is shown: found where your code logs it."""
 from __future__ import annotations
@@ -163,6 +164,8 @@ def trainer_owned(fix, report, bf16: bool) -> str | None:
     kws = trainer_arguments(fix, report, bf16)
     if kws is None:
         return None
+    if "precision" in kws and bf16:  # `trainer_fixes.TrainerPrecision` sets it while a run lasts
+        return f"Lightning's Trainer runs your loop and owns this setting: its fix is Trainer(..., {_listed(kws)})"
     return (f"Lightning's Trainer runs your loop and owns this setting: set Trainer(..., {_listed(kws)}) by hand "
             "(--patch makes the edit)")
 
@@ -189,10 +192,15 @@ def trainer_missed(plan, shown_file: str) -> list:
             if suffix == TRAINER and f"keywords:{line}" not in plan.done]
 
 
+def precision(bf16: bool) -> str:
+    """The Trainer's 16-bit precision: bf16 where the device runs it fast, else fp16 (its plugin then brings the
+    GradScaler)."""
+    return "bf16-mixed" if bf16 else "16-mixed"
+
+
 def _precision(bf16: bool) -> str:
-    """The Trainer's 16-bit precision as your code writes it: bf16 where the device runs it fast, else fp16 (its
-    plugin then brings the GradScaler)."""
-    return '"bf16-mixed"' if bf16 else '"16-mixed"'
+    """`precision` as your code writes it."""
+    return f'"{precision(bf16)}"'
 
 
 def _listed(kws: dict) -> str:

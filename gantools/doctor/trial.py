@@ -25,10 +25,11 @@ from torch.utils.data import dataloader as _dataloader
 from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..measuring.protocol import IterationClock
 from ..core.process import ProcessSnapshot, on_interrupt
-from . import fixing
+from . import fixing, trainer_fixes
 from .fixes import Applied, Context
 
-_FIXES_FILES = {os.path.realpath(inspect.getsourcefile(m)) for m in (Applied, fixing)}  # the fixes and their mechanisms
+_FIXES_FILES = {os.path.realpath(inspect.getsourcefile(m))  # the fixes and their mechanisms
+                for m in (Applied, fixing, trainer_fixes)}
 
 
 @dataclass
@@ -161,7 +162,8 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
 
 
 def _raised_in_fixes(error: BaseException) -> bool:
-    """Whether the error comes from gantools' own fix code (a frame in fixes.py or fixing.py), not from the script."""
+    """Whether the error comes from gantools' own fix code (a frame in fixes.py, fixing.py or trainer_fixes.py), not
+    from the script."""
     tb = error.__traceback__
     while tb is not None:
         if os.path.realpath(tb.tb_frame.f_code.co_filename) in _FIXES_FILES:
