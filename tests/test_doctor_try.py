@@ -401,7 +401,8 @@ def test_the_fid_check_on_a_real_script_trains_the_start_again_with_moved_seeds_
     result.tried = [trying.Tried(fixes.FREEZE_D, "freeze", (fixes.FREEZE_D,), "kept", "")]
     from gantools.core import metrics
 
-    metrics.quality_meter("glyphs", image_size=64, channels=1, device="cpu")  # its classifier trained (and cached)
+    shape = report.models["G"]["output_shape"]  # the meter quality_check builds: its classifier trained (and cached)
+    metrics.quality_meter("glyphs", image_size=shape[-1], channels=shape[1], device=report.device)
     steps = Counter()  # optimizer -> its steps; the pacer's count is the run's iterations
     handle = register_optimizer_step_post_hook(lambda opt, a, k: steps.update([opt]))
     try:
