@@ -87,8 +87,9 @@ def test_agreement_reads_paired_ranges_where_both_have_one():
 
 def test_a_fix_measured_above_the_profilers_bound_is_noticed():
     """01's numbers: the verdict's bound 1.69x, the profiled fix 1.80x (one measurement)."""
-    beyond = estimate_held("bf16", 1.69, 1.80)
+    beyond = estimate_held("bf16", 1.69, 1.80, by="the profiler")
     assert not beyond.keep and "more than the estimate allowed" in beyond.text and "one measurement" in beyond.text
+    assert "the profiler's estimate of up to 1.69x" in beyond.text
     assert estimate_held("bf16", 1.69, 1.80, (1.60, 2.00)).keep, "a paired range that reaches below the bound"
     assert not estimate_held("bf16", 1.69, 1.80, (1.72, 1.90)).keep
 

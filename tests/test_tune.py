@@ -121,6 +121,7 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
         result.quality["note"]
     assert result.quality["spread"] == 1.0 and "a second seed of the start moved FID 1.00x" in result.quality["note"]
     assert "(backed off: quality)" in result.markdown() and result.speedup is not None
+    assert result.speedup_spread == (1.05, 1.2) == tuple(result.to_dict()["speedup_spread"]), "a verdict reads it"
 
 
 @pytest.mark.slow

@@ -121,8 +121,8 @@ def _decision(verdict: str, worse: bool | None) -> str:
         return "slower here: leave it off on this machine"
     if verdict == NO_DIFFERENCE:
         return ("no difference measured, and quality fell: leave it off" if worse else
-                "no difference measured (the paired range holds 1.0): nothing to keep on this machine; time it "
-                "longer to tell a small gain from none")
+                "nothing to keep on this machine (the paired range holds 1.0); time it longer to tell a small gain "
+                "from none")
     return "one measurement, no verdict: time it in turns against the start (a paired range) before keeping it"
 
 
@@ -181,22 +181,24 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
                       "same change weigh differently; time both in turns, with paired ranges, to tell.", False)
 
 
-def estimate_held(change: str, estimate: float | None, measured: float, spread: tuple | None = None) -> Conclusion:
+def estimate_held(change: str, estimate: float | None, measured: float, spread: tuple | None = None,
+                  by: str = "the doctor") -> Conclusion:
     """Whether a speed-up measured on the code itself (`doctor --try`'s paired repeats: `measured`, with the lowest
     and highest paired ratios in `spread`; None: one measurement) bears out the doctor's estimate for that fix: an
     upper bound ("up to 1.30x", Amdahl's law on a profiled share under an assumption such as "autocast halves the
     convolutions' time"), or None where it made none ("measure it"). Beyond the bound means the whole paired range
     above it (one measurement: more than `SPEED_BAND` above it). `keep` is True when the measurement stayed within
-    the bound: the estimate held (a bound promises no gain, so a fix that gave none does not contradict it)."""
+    the bound: the estimate held (a bound promises no gain, so a fix that gave none does not contradict it). `by`:
+    whose estimate, as the sentence names it ("the profiler" for a `profiling.Verdict`'s)."""
     paired = _paired(spread)
     verdict = speed_verdict(paired)
     shown = f"{measured:.2f}x ({paired_text(paired) if paired else 'one measurement'})"
     gained = verdict == FASTER if paired else measured >= 1 + SPEED_BAND
     text = f"**{change}**: measured {shown}"
     if estimate is None:
-        return Conclusion(f"{text}; the doctor made no estimate (\"measure it\"), so the measurement is the only "
+        return Conclusion(f"{text}; {by} made no estimate (\"measure it\"), so the measurement is the only "
                           f"figure: **{verdict}** here.", True)
-    text += f" against the doctor's estimate of up to {estimate:.2f}x"
+    text += f" against {by}'s estimate of up to {estimate:.2f}x"
     beyond = paired.low > estimate if paired else measured > estimate * (1 + SPEED_BAND)
     noise = "the whole paired range above it" if paired else f"more than {100 * SPEED_BAND:.0f}% above it"
     if beyond:
