@@ -102,7 +102,7 @@ def _train(args: dict) -> int:
     stopped = " (stopped early: resume with --resume)" if trainer.step < trainer.cfg.steps else ""
     where = f"{world.size} processes ({trainer.device.type})" if world.distributed else trainer.device
     print(f"{s['steps']} steps{stopped} on {where}: {s['images_per_sec']:.0f} images/s (median after "
-          f"warm-up), {s['step_time_ms']:.1f} ms/step, peak memory {s['peak_mem_mb']:.0f} MB, "
+          f"warm-up), {s['step_time_ms']:.1f} ms/step, peak tensor memory {s['peak_mem_mb']:.0f} MB, "
           f"loss_d {s['loss_d']:.3f}, loss_g {s['loss_g']:.3f}. Samples: {trainer.out_dir / 'samples'}, "
           f"checkpoint: {trainer.out_dir / 'checkpoint.pt'}")
     return 0

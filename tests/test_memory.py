@@ -1,10 +1,16 @@
-"""gantools.measuring.memory: saved_activation_bytes counts what autograd keeps for backward (each storage once,
-parameters
-never), so accumulating micro-batches shows its saving on any device."""
+"""gantools.measuring.memory: step_peak_bytes, the peak tensor memory of a step (what the history's peak_mem_mb and
+every "peak tensor MB" column hold), counts what a step holds at its busiest moment, each run its own; and
+saved_activation_bytes counts what autograd keeps for backward (each storage once, parameters never), so
+accumulating micro-batches shows its saving on any device."""
 import torch
 from torch import nn
 
-from gantools.measuring.memory import saved_activation_bytes
+from gantools import Trainer
+from gantools.measuring.memory import saved_activation_bytes, step_peak_bytes
+
+from conftest import cuda_only
+
+CPU = torch.device("cpu")
 
 
 def _net() -> nn.Module:
@@ -42,3 +48,60 @@ def test_accumulating_micro_batches_holds_a_fraction_of_the_activations():
 
     whole, micro = saved_activation_bytes(one_batch), saved_activation_bytes(four_micro_batches)
     assert 3.5 < whole / micro <= 4.0
+
+
+def _hand_counted(device):
+    """A held weight with its gradient, and a step whose live bytes are known at every moment: returns (step,
+    holders, expected peak). Sizes are multiples of 512 bytes, CUDA's allocation unit."""
+    w = nn.Parameter(torch.zeros(1024, device=device))  # 4 KiB, and 4 KiB of gradient
+    w.grad = torch.zeros_like(w)
+
+    def step():
+        w.grad = None  # as zero_grad(set_to_none=True): the old gradient is freed, not held twice
+        a = torch.ones(2048, device=device)  # 8 KiB
+        b = a * 2  # 16 KiB live
+        b.view(32, 64).relu_()  # in place on a view: no new storage
+        del a  # 8 KiB
+        c = torch.empty(1536, device=device)  # 18 KiB: below the peak, unless a's freeing was missed (26)
+        w.grad = c[:1024]  # a gradient that is a view of c: counted with c
+        del b, c
+
+    return step, (w,), 4096 + 16384  # the weight and b and a; not the old gradient too (it would be 24 KiB)
+
+
+def test_step_peak_bytes_agrees_with_a_hand_count():
+    step, holders, expected = _hand_counted(CPU)
+    assert step_peak_bytes(step, CPU, holders) == expected
+
+
+@cuda_only
+def test_step_peak_bytes_on_cuda_agrees_with_the_same_hand_count():
+    device = torch.device("cuda")
+    other = torch.empty(2**20, device=device)  # another run's memory on the GPU: not this step's
+    step, holders, expected = _hand_counted(device)
+    assert step_peak_bytes(step, device, holders) == expected
+    del other
+
+
+def _peak(cfg, dataset, **changes) -> float:
+    return Trainer(cfg.replace(steps=2, **changes), dataset=dataset).fit().summary()["peak_mem_mb"]
+
+
+def test_each_run_reports_its_own_peak_in_one_process(tiny, glyphs64):
+    """A process's peak resident set would give all three the same number."""
+    small = _peak(tiny, glyphs64, batch_size=32)
+    big = _peak(tiny, glyphs64, batch_size=64)
+    again = _peak(tiny, glyphs64, batch_size=32)
+    assert big > 1.5 * small  # activations dominate this DCGAN's memory, and double with the batch
+    assert again == small  # measured afresh, not the process's peak so far
+
+
+def test_bf16_autocast_measures_below_fp32_where_activations_dominate(tiny, glyphs64):
+    fp32, bf16 = (_peak(tiny, glyphs64, batch_size=64, precision=p) for p in ("fp32", "bf16"))
+    assert bf16 < 0.75 * fp32
+
+
+def test_every_record_of_a_run_holds_its_measured_peak_and_one_step_measures_none(tiny, glyphs64):
+    history = Trainer(tiny.replace(steps=4, log_interval=1), dataset=glyphs64).fit()
+    peaks = history.column("peak_mem_mb")
+    assert peaks[0] != peaks[0] and len(set(peaks[1:])) == 1 and peaks[1] > 0  # NaN until the second step

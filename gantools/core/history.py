@@ -1,4 +1,4 @@
-"""A run's history: one record per log interval (losses, synced step time, images/s, data wait, peak memory), the
+"""A run's history: one record per log interval (losses, synced step time, images/s, data wait, peak tensor memory), the
 figures a run is judged by, and its JSON file beside the checkpoint."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ METRICS = ("loss_d", "d_real", "d_fake", "penalty", "loss_g")
 
 
 class History:
-    """One record per log interval: losses, synced step time, images/sec, time waiting for data, peak memory; what
+    """One record per log interval: losses, synced step time, images/sec, time waiting for data, the peak tensor
+    memory of a step (`core.step_memory`: measured once per run, on its second step; NaN before it); what
     `Trainer.fit()` returns, and `summary()` the figures a run is judged by.
 
     Args:
@@ -34,7 +35,8 @@ class History:
 
     def summary(self) -> dict:
         """The figures a run is judged by. Speed is the median over log intervals after the first, which holds
-        warm-up (cuDNN autotuning, torch.compile, worker start-up)."""
+        warm-up (cuDNN autotuning, torch.compile, worker start-up). Peak memory is the last record's: the step of
+        the trainer that logged it (a resumed run measures its own)."""
         if not self.records:
             return {}
         steady = self.records[1:] or self.records
@@ -45,7 +47,7 @@ class History:
             "step_time_ms": statistics.median(r["step_time_ms"] for r in steady),
             "data_wait_ms": statistics.median(r["data_wait_ms"] for r in steady),
             "warmup_step_time_ms": self.records[0]["step_time_ms"],
-            "peak_mem_mb": max(r["peak_mem_mb"] for r in self.records),
+            "peak_mem_mb": last["peak_mem_mb"],
             "train_time_s": last["train_time_s"],
             **{k: last[k] for k in METRICS},
             **self.quality,

@@ -39,6 +39,7 @@ from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
 from .process import CHECKPOINT_FORMAT, RunStreams, on_interrupt
 from .step import MetricSums, StepParts, TrainStep
 from ..measuring.clock import StepClock
+from .step_memory import StepMemory
 
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -167,8 +168,7 @@ class Trainer:
     def _start_run_state(self, callbacks) -> None:
         """A fresh run: step 0, an empty history, the sample grid's fixed noise, no stop asked."""
         self.fixed_noise, self.fixed_labels = fixed_noise(self.cfg, self.classes, self.device)
-        self.step = 0
-        self.batches_seen = 0
+        self.step = self.batches_seen = 0
         self.history = History()
         self.latest_grid = None
         self.callbacks = list(callbacks)
@@ -177,6 +177,7 @@ class Trainer:
         self.label_phase = _unlabelled  # set with instrument(): profiling labels each phase of the step
         self.sync_data_wait = False  # set with instrument(): synchronise around every data wait
         self.clock = StepClock(self.device)
+        self.memory = StepMemory()  # the peak tensor memory of this trainer's second step (a resumed run: its own)
         self._rollback = Rollback(self.stepper.parts.stateful)  # on_nonfinite='skip' rolls the parts back
 
     # -- public API ---------------------------------------------------------------------------------------------
@@ -250,7 +251,6 @@ class Trainer:
         self._call("on_fit_start")
         if self.cfg.on_nonfinite == "skip" and self._rollback.good is None:
             self._rollback.keep(self.step)
-        hardware.reset_peak_memory(self.device)
         self.clock.start(self.step, self.batches_seen,
                          self.history[-1]["train_time_s"] if len(self.history) else 0.0)
         if self._compile_stats is not None:
@@ -278,7 +278,7 @@ class Trainer:
         oom, reals = None, ()
         try:
             reals = self._next_batches(self._stream)  # one real batch per D step
-            self.train_step(*reals)
+            self.memory.train(self, reals)
         except BaseException as e:
             # a generator that raised is finished (its next() is StopIteration), and one that did not
             # is past this unfinished step's batches: the next fit() starts a fresh stream at them
@@ -388,6 +388,7 @@ class Trainer:
             values, self._stop_agreed = distributed.mean_and_any(values, self._stop_requested)
         values = values.tolist()  # the one host sync of the interval
         self.metrics.zero()
+        times["peak_mem_mb"] = self.memory.peak_mb
         record = interval_record(self.step, values, times, self.scaler_d, self.scaler_g, self._compile_stats)
         self.history.records.append(record)
         recovery.check_scales(record, self.step, self._warn, self.device)

@@ -123,8 +123,10 @@ class DoctorReport(PhaseTable):
         syncs = "; ".join(_site_line(s) for s in self.sync_sites[:4])
         lines.append(f"  host syncs in your code: {self.host_syncs_per_step:.1f} per iteration"
                      + (f": {syncs}" if syncs else ""))
+        memory = ("peak tensor memory" if self.device.startswith("cuda") else  # hardware.peak_memory_mb says why
+                  "peak resident memory (the whole process)")
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, convolutions and matmuls "
-                     f"{100 * self.compute_share:.0f}% of it; peak memory {self.peak_mem_mb:.0f} MB")
+                     f"{100 * self.compute_share:.0f}% of it; {memory} {self.peak_mem_mb:.0f} MB")
         lines += ["", "findings, ranked by estimated gain:" if self.findings else
                   "findings: none. Nothing in this run is worth changing by the doctor's rules."]
         for i, f in enumerate(self.findings, 1):

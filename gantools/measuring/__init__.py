@@ -1,3 +1,3 @@
 """Measuring, the bottom layer: the device (picking it, synchronising it, its peak), the clocks that time work on it,
-the protocol that profiles a few iterations, and memory held for backward. Imports nothing else of gantools but
-`errors` and `quick`, so every layer above times work the same way."""
+the protocol that profiles a few iterations, and memory (a step's peak tensor memory, what it holds for backward).
+Imports nothing else of gantools but `errors` and `quick`, so every layer above times work the same way."""

@@ -1,6 +1,6 @@
 """The step clock: the training time of each log interval (between device synchronisations), with what is not
 training (sampling, checkpoints, callbacks) kept out, and the time figures of a log record from it: step time,
-images/s, data wait, peak memory, total training time. It reads time through `hardware.Timer`, the one clock;
+images/s, data wait, total training time. It reads time through `hardware.Timer`, the one clock;
 `logged_seconds` reads its figures back from a run's log records (how bench's chunks and the profiler's unprofiled
 steps are timed)."""
 from __future__ import annotations
@@ -75,8 +75,8 @@ class StepClock:
 
     def interval(self, step: int, batches_seen: int, batch_size: int) -> dict | None:
         """The interval's time figures for its log record (None when no step was taken in it): synced step time,
-        images/s of real images (`batch_size` each, the global batch: all ranks' images), the mean timed data wait,
-        peak memory and the run's training time."""
+        images/s of real images (`batch_size` each, the global batch: all ranks' images), the mean timed data wait
+        and the run's training time."""
         now = self.timer.now()
         steps = step - self.interval_step
         if steps == 0:
@@ -86,7 +86,6 @@ class StepClock:
         return {"step_time_ms": 1e3 * elapsed / steps,
                 "images_per_sec": (batches_seen - self.interval_batches) * batch_size / elapsed,
                 "data_wait_ms": 1e3 * self.interval_wait / max(self.waits, 1),
-                "peak_mem_mb": hardware.peak_memory_mb(self.device),
                 "train_time_s": self.train_time}
 
 

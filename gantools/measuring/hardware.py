@@ -102,12 +102,17 @@ class Timer:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    """Restart the CUDA allocator's peak (the doctor's profiled window; a training step's own peak is
+    `memory.step_peak_bytes`)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak tensor memory on a GPU; on the CPU, the process's peak resident set (includes Python and torch)."""
+    """The doctor's peak memory of a window of someone else's loop: on a GPU the allocator's peak tensor memory since
+    `reset_peak_memory`; on the CPU only the process's peak resident set (Python and torch included, never reset), as
+    a CPU has no allocator that counts tensors. A training step's peak tensor memory, on any device, is
+    `memory.step_peak_bytes`."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS

@@ -1,16 +1,121 @@
-"""The memory a training step holds for its backward pass, measured the same way on a CPU and a GPU.
+"""Memory measures, the same on a CPU and a GPU: the peak tensor memory of a training step (`step_peak_bytes`) and
+the activations it holds for its backward pass (`saved_activation_bytes`).
 
-A GPU reports its peak tensor memory (`torch.cuda.max_memory_allocated`); a CPU does not, and its peak resident set
-counts Python, torch and every buffer the allocator ever kept, so a saving of some megabytes disappears in it. What
-gradient accumulation saves is activations: the tensors autograd keeps from each forward until its backward. Those
-pass through `torch.autograd.graph.saved_tensors_hooks` on every device, so counting them there measures the saving
-wherever the code runs."""
+A process's peak resident set is no measure of a step: it counts Python, torch and every buffer an allocator ever
+kept, and never goes down, so every run in one kernel reports the same number. What a step costs is the tensors
+live at its busiest moment: weights, gradients, optimizer state, the activations autograd keeps for backward and the
+temporaries between them. A GPU's caching allocator counts exactly that (`torch.cuda.max_memory_allocated`, whose
+peak `torch.cuda.reset_peak_memory_stats` restarts); elsewhere `LiveTensorBytes` counts it from the ops themselves.
+"""
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+def held_tensors(*holders) -> Iterable[torch.Tensor]:
+    """The tensors a run keeps between steps: each module's parameters, their gradients and its buffers, and each
+    optimizer's state (a tensor given itself is yielded as it is). A generator, so no caller keeps a reference by
+    accident: a list of gradients held through a step would keep the old ones alive after `zero_grad`."""
+    for holder in holders:
+        if isinstance(holder, nn.Module):
+            for p in holder.parameters():
+                yield p
+                if p.grad is not None:
+                    yield p.grad
+            yield from holder.buffers()
+        elif isinstance(holder, torch.optim.Optimizer):
+            yield from (v for state in holder.state.values() for v in state.values() if torch.is_tensor(v))
+        elif torch.is_tensor(holder):
+            yield holder
+
+
+def _on(tensor: torch.Tensor, device: torch.device) -> bool:
+    return tensor.device.type == device.type and (device.index is None or tensor.device.index == device.index)
+
+
+def held_bytes(holders, device: torch.device) -> int:
+    """Bytes of the storages on `device` of the tensors `holders` keep (`held_tensors`), each storage once."""
+    storages = {}
+    for t in held_tensors(*holders):
+        if _on(t, device):
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Inside the block, the bytes of tensor storage live on one device (`now`) and the most at any moment (`peak`):
+    the storages of the tensors `holders` keep (`held_tensors`) and of every tensor an op makes, each from the op
+    that makes it until it is freed. A dispatch mode sees the ops autocast and autograd run (bf16 copies, backward's
+    gradients, optimizer state), after autocast has cast them, so 16-bit activations count at their 16-bit size.
+    A storage is freed when its last tensor is: torch keeps one Python object per live storage, so a weak
+    reference to it lives exactly as long as the storage (torch.distributed._tools.mem_tracker counts the same way).
+    What kernels allocate and free inside one op (a convolution's workspace) is not seen; on a GPU the allocator
+    counts that too. Each op costs some microseconds of Python: measure one step, not a run."""
+
+    def __init__(self, device: torch.device, holders=()):
+        super().__init__()
+        self.device = device
+        self._sizes: dict[int, int] = {}  # id(storage) -> its bytes
+        self._refs: dict[int, weakref.ref] = {}
+        self.now = self.peak = 0
+        for t in held_tensors(*holders):
+            self._count(t)
+
+    def _count(self, tensor) -> None:
+        if not isinstance(tensor, torch.Tensor) or not _on(tensor, self.device):
+            return
+        storage = tensor.untyped_storage()
+        key, size = id(storage), storage.nbytes()
+        ref = self._refs.get(key)
+        if ref is not None and ref() is storage:  # known: a view, an in-place op, or `out=` resizing it
+            self.now += size - self._sizes[key]
+        else:
+            self._refs[key] = weakref.ref(storage, lambda r, key=key: self._free(key, r))
+            self.now += size
+        self._sizes[key] = size
+        self.peak = max(self.peak, self.now)
+
+    def _free(self, key: int, ref: weakref.ref) -> None:
+        if self._refs.get(key) is ref:
+            self.now -= self._sizes.pop(key)
+            del self._refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            self._count(t)
+        return out
+
+
+def step_peak_bytes(step: Callable[[], object], device: torch.device, holders=()) -> int:
+    """Run `step()` and return the most bytes of tensor memory its run held on `device` at any one moment: the
+    tensors `holders` keep between steps (weights, gradients, optimizer state: see `held_tensors`) and everything the
+    step makes (activations kept for backward, new gradients and optimizer state, temporaries), until freed.
+
+    On CUDA: the caching allocator's count of bytes in tensors, `max_memory_allocated`, after
+    `reset_peak_memory_stats` has set its peak to what is allocated now (PyTorch's documented way to measure "the
+    peak allocated memory usage of each iteration in a training loop"). That count covers every tensor on the GPU,
+    other runs' and a dataset kept there included, so what was allocated before the step is taken off and the
+    holders' own bytes put back: the run's memory, not the kernel's. Elsewhere: `LiveTensorBytes` around the step.
+    Either way memory held elsewhere (another run's networks, a dataset) does not count, and a second run in the same
+    process measures only its own step."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        own, before = held_bytes(holders, device), torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return own + torch.cuda.max_memory_allocated(device) - before
+    with LiveTensorBytes(device, holders) as live:
+        step()
+    return live.peak
 
 
 class _Held:

@@ -329,8 +329,8 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
 def markdown(result: dict) -> str:
     m = result["machine"]
     quality = any("fid" in r for r in result["rows"])
-    cuda = m["device"].startswith("cuda")  # on a CPU the only peak is the whole process's, shared by all rows
-    head = ["variant", "images/s", "spread", "vs reference", "peak MB", "warm-up s", "TFLOP/s", "of matmul peak",
+    cuda = m["device"].startswith("cuda")
+    head = ["variant", "images/s", "spread", "vs reference", "peak tensor MB", "warm-up s", "TFLOP/s", "of matmul peak",
             "MFU"]
     head += ["FID", "KID", "classes"] if quality else []
     half = next(k for k in result["measured_matmul_flops"] if k != "fp32")  # the device's 16-bit precision
@@ -344,7 +344,7 @@ def markdown(result: dict) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         cells = [r["variant"], f"{r['images_per_sec']:.0f}", f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f}",
-                 f"{r['speedup']:.2f}x", f"{r['peak_mem_mb']:.0f}" if cuda else "n/a", f"{r['warmup_s']:.1f}",
+                 f"{r['speedup']:.2f}x", f"{r['peak_mem_mb']:.0f}", f"{r['warmup_s']:.1f}",
                  f"{r['tflops']:.2f}", f"{100 * r['matmul_share']:.0f}%",
                  f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"]
         if quality:

@@ -101,7 +101,8 @@ class ProfileReport(PhaseTable):
                  f"(overhead {self.overhead:.2f}x), {self.images_per_sec:.0f} images/s"]
         lines += self.phase_lines(20)
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, host-to-device copies {self.h2d_copy_ms:.2f} ms,"
-                     f" host syncs {self.host_syncs_per_step:.1f} per step, peak memory {self.peak_mem_mb:.0f} MB")
+                     f" host syncs {self.host_syncs_per_step:.1f} per step,"
+                     f" peak tensor memory {self.peak_mem_mb:.0f} MB")
         if self.verdict:
             lines.append(str(self.verdict))
         return "\n".join(lines)

@@ -162,7 +162,7 @@ def show_samples(grids: dict, title: str = "", per_row: int = 6):
 
 
 def comparison_rows(results: dict, baseline: dict) -> list[dict]:
-    """One row per run: speed, speed-up over the baseline, time waiting for data, peak memory, final losses, and
+    """One row per run: speed, speed-up over the baseline, time waiting for data, peak tensor memory, final losses, and
     image quality (FID, classes covered, images trained) for runs scored by metrics.QualityCallback."""
     rows = []
     scored = any("fid" in s for s in results.values())  # quality columns only when some run was scored
@@ -170,7 +170,7 @@ def comparison_rows(results: dict, baseline: dict) -> list[dict]:
         row = {"run": name, "images/s": s["images_per_sec"],
                "speed-up": s["images_per_sec"] / baseline["images_per_sec"],
                "ms/step": s["step_time_ms"], "data wait ms": s["data_wait_ms"],
-               "peak MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]}
+               "peak tensor MB": s["peak_mem_mb"], "loss D": s["loss_d"], "loss G": s["loss_g"]}
         if scored:
             same_budget = s.get("images_trained") == baseline.get("images_trained")  # else the ratio misleads
             row.update({"FID": s.get("fid"), "FID vs baseline": s["fid"] / baseline["fid"]
@@ -181,7 +181,8 @@ def comparison_rows(results: dict, baseline: dict) -> list[dict]:
 
 
 FORMATS = {"images/s": "{:.0f}", "speed-up": "{:.2f}x", "ms/step": "{:.1f}", "data wait ms": "{:.2f}",
-           "peak MB": "{:.0f}", "loss D": "{:.3f}", "loss G": "{:.3f}", "FID": "{:.1f}", "FID vs baseline": "{:.2f}x"}
+           "peak tensor MB": "{:.0f}", "loss D": "{:.3f}", "loss G": "{:.3f}", "FID": "{:.1f}",
+           "FID vs baseline": "{:.2f}x"}
 
 
 def comparison_markdown(rows: list[dict]) -> str:
