@@ -375,3 +375,159 @@ def test_the_checks_catch_overlap_clipping_and_hidden_data(monkeypatch):
     with pytest.raises(AssertionError, match="overlaps"):  # one axis's tick labels over each other
         assert_readable(fig, monkeypatch)
     assert math.isclose(fig.get_size_inches()[0], 6)
+
+
+# ---------------------------------------------------------------------------------------------- what is drawn is said
+def _without_penalty(h, keep=False):
+    return History([{**r, "penalty": r["penalty"] if keep else 0.0} for r in h.records])
+
+
+def _trainers(histories):
+    return {name: SimpleNamespace(history=h, cfg=SimpleNamespace(images_per_step=128))
+            for name, h in histories.items()}
+
+
+def _live_runs(histories):
+    """LiveRuns after its last round (its figure sent to `shown`, which the test must request)."""
+    live = gd.LiveRuns()
+    live.update(_trainers(histories), 8 * 6400, 8 * 6400)
+    return live
+
+
+@pytest.mark.parametrize("with_penalty, said", [((), "D loss:"), ((1,), "D loss (penalty included in run 2)"),
+                                                ((0, 1, 2), "D loss (penalty included)")])
+def test_the_loss_panel_names_a_penalty_only_where_a_run_has_one(with_penalty, said, shown):
+    histories = {name: _without_penalty(_history(i, 8), keep=i in with_penalty) for i, name in enumerate(NAMES[:3])}
+    title = _live_runs(histories).ax_loss.get_title().replace("\n", " ")
+    assert title.startswith(said)
+    assert ("penalty" in title) == bool(with_penalty)
+
+
+def test_sparse_curves_show_every_record_and_say_what_a_point_is(shown, monkeypatch):
+    histories = {name: _history(i, 8) for i, name in enumerate(NAMES[:3])}
+    live = _live_runs(histories)
+    lines = live.ax_loss.get_lines()
+    assert [len(line.get_xdata()) for line in lines] == [8, 8, 8], "every logged record drawn"
+    assert all(line.get_marker() not in ("None", "", None) for line in lines), "few points: each one shown"
+    assert "each point: the mean over the steps since the one before" in live.ax_loss.get_title().replace("\n", " ")
+    gd.compare_losses(histories, "losses")
+    plots = [ax for ax in shown[-1].axes if ax.get_lines()]
+    assert all(line.get_marker() not in ("None", "") and len(line.get_xdata()) == 8
+               for ax in plots for line in ax.get_lines())
+    assert all("each point" in ax.get_xlabel().replace("\n", " ") for ax in plots)
+
+
+def test_identical_curves_are_named_not_hidden(shown, monkeypatch):
+    same = _history(0, 8)
+    histories = {NAMES[0]: same, NAMES[2]: _history(2, 8), NAMES[4]: History(list(same.records))}
+    live = _live_runs(histories)
+    title = live.ax_loss.get_title().replace("\n", " ")
+    assert "identical curves" in title and "1 and 3" in title
+    texts = _texts_of(live.fig, monkeypatch)
+    assert "1 = 3" in texts and "1" not in texts and "3" not in texts, "one label where the curves end together"
+    lines = live.ax_loss.get_lines()
+    assert lines[0].get_linestyle() == "-" and lines[2].get_linestyle() != "-", "the later curve dashed over"
+    assert lines[1].get_linestyle() == "-", "a curve of its own is drawn as always"
+    gd.compare_losses(histories, "losses")
+    suptitle = shown[-1]._suptitle.get_text().replace("\n", " ")
+    assert "identical curves" in suptitle and "LSGAN" in suptitle and NAMES[0][:7] in suptitle
+    assert "BCE" not in suptitle
+
+
+def _quality_axes(fig):
+    return next(ax for ax in fig.axes if "FID" in ax.get_ylabel())
+
+
+def _scores(fids, baseline_fid):
+    results = {name: {**_history(i).summary(), "images_per_sec": 300.0 + 60 * i, "images_trained": 12800,
+                      "classes_covered": 9, "fid": f} for i, (name, f) in enumerate(zip(NAMES, fids))}
+    return results, {**_history(0).summary(), "images_per_sec": 250.0, "images_trained": 12800, "fid": baseline_fid}
+
+
+@pytest.mark.parametrize("baseline_is_a_run", [False, True])
+def test_point_labels_stand_clear_of_every_marker(baseline_is_a_run, monkeypatch):
+    results, base = _scores([53.3, 54.6, 80.0], 60.0)
+    if baseline_is_a_run:
+        base = results[NAMES[0]]
+    fig = gd.comparison_chart(gd.comparison_rows(results, base), base)
+    texts, renderer = _boxes(fig, monkeypatch)
+    ax = _quality_axes(fig)
+    markers = [(xy, np.sqrt(size) / 2 * fig.dpi / 72) for coll in ax.collections if isinstance(coll, PathCollection)
+               for xy, size in zip(coll.get_offset_transform().transform(coll.get_offsets()),
+                                   np.broadcast_to(coll.get_sizes(), len(coll.get_offsets())))]
+    labels = [(t, box) for t, box in texts if t.axes is ax and t is not ax.title]
+    assert any("baseline" in t.get_text() for t, _ in labels)
+    for t, box in labels:
+        for (x, y), radius in markers:
+            gap = np.hypot(max(box.x0 - x, 0, x - box.x1), max(box.y0 - y, 0, y - box.y1)) - radius
+            assert gap >= 2, f"{t.get_text()!r} is {gap:.1f} px from a marker's edge"
+
+
+def test_a_noise_sized_fid_range_is_not_stretched_to_full_height(monkeypatch):
+    results, base = _scores([53.3, 54.6], 53.3)
+    fig = gd.comparison_chart(gd.comparison_rows(results, base), base)
+    ax = _quality_axes(fig)
+    low, high = ax.get_ylim()
+    assert high - low >= 0.1 * 54, f"a 1.3-point difference drawn on {high - low:.1f} points of height"
+    assert "within 1.3 of each other" in ax.get_title().replace("\n", " ")
+    spread = _quality_axes(gd.comparison_chart(gd.comparison_rows(results, base), base, fid_spread=11.1))
+    assert spread.get_ylim()[1] - spread.get_ylim()[0] >= 2 * 11.1, "the seed band in view"
+    assert "within the second seed's spread (11.1)" in spread.get_title().replace("\n", " ")
+    wide, _ = _scores([40.0, 80.0], 40.0)
+    assert "within" not in _quality_axes(gd.comparison_chart(gd.comparison_rows(wide, base), base)).get_title()
+
+
+def test_equal_fids_are_said_to_be_equal(monkeypatch):
+    results, base = _scores([1208.7, 1208.7, 1208.7], 1208.7)
+    fig = gd.comparison_chart(gd.comparison_rows(results, base), base)
+    assert "all FIDs equal (1,208.7)" in _quality_axes(fig).get_title().replace("\n", " ")
+    assert_readable(fig, monkeypatch)
+
+
+@pytest.mark.parametrize("n", [6, 10])
+def test_sample_grids_are_large_enough_to_see(n, shown, monkeypatch):
+    grids = {name: np.zeros((274, 274, 3), np.uint8) for name in NAMES[:n]}
+    gd.show_samples(grids, "samples at the end, the same noise for each")
+    fig = shown[0]
+    renderer = _boxes(fig, monkeypatch)[1]
+    sides = [min(im.get_window_extent(renderer).width, im.get_window_extent(renderer).height)
+             for ax in fig.axes for im in ax.get_images()]
+    assert len(sides) == n and min(sides) >= 200, f"grids {min(sides):.0f} px a side at {fig.dpi} dpi"
+    assert_readable(fig, monkeypatch)
+
+
+def test_grid_layout_balances_its_rows():
+    from gantools.workbook.grids import grid_layout
+
+    assert grid_layout(6, 6, 9.5, 100)[:2] == (2, 3)
+    assert grid_layout(6, 6, 9.5, 200)[:2] == (1, 6), "at twice the dpi, six fit across"
+    assert grid_layout(2, 6, 9.5, 100)[:2] == (1, 2)
+    assert grid_layout(9, 5, 9.5, 100)[:2] == (3, 3)
+
+
+PLAIN = r"^-?\d{1,3}(,\d{3})*(\.\d+)?$"  # 5,000 or 0.002 or -50: never 1e+06, 10^3 or 2x10^2
+
+
+def _log_tick_labels(fig) -> list:
+    """The tick labels a reader sees on the figure's log and symlog axes."""
+    fig.draw_without_rendering()
+    out = []
+    for ax in fig.axes:
+        for axis, k in ((ax.xaxis, 0), (ax.yaxis, 1)):
+            low, high = sorted(axis.get_view_interval())
+            if axis.get_scale() in ("log", "symlog"):
+                out += [t.get_text() for t in axis.get_ticklabels() if t.get_text() and
+                        low <= t.get_position()[k] <= high]
+    return out
+
+
+def test_every_log_axis_reads_in_plain_numbers(shown):
+    import re
+
+    loaders = {"DataLoader, 0 workers": 7730, "DataLoader, 2 workers": 11645, "data on the device": 1259955}
+    figs = [gd.speed_chart(list(loaders), list(loaders.values()))]
+    gd.compare_losses(_histories(3, "decades"))
+    gd.compare_losses(_histories(4, "mixed"))
+    labels = [label for fig in figs + shown for label in _log_tick_labels(fig)]
+    assert "1,000,000" in labels and "0.001" in labels and any(label.startswith("-") for label in labels)
+    assert not [label for label in labels if not re.match(PLAIN, label)], labels

@@ -51,14 +51,20 @@ def _tick_subs(decades: float, room: int) -> tuple:
     return (1.0,)
 
 
-def _plain(x, _pos=None) -> str:
-    return f"{x:g}"
+def plain_number(x, _pos=None) -> str:
+    """A tick as a plain number: thousands separated (5,000; 1,000,000), fractions as decimals (0.002), three
+    significant digits at most, never an exponent: every tick of an axis in one format."""
+    text = np.format_float_positional(float(x), precision=3, unique=True, fractional=False, trim="-")
+    whole, dot, frac = text.partition(".")
+    sign, digits = ("-", whole[1:]) if whole.startswith("-") else ("", whole)
+    return sign + f"{int(digits):,}" + dot + frac
 
 
 def fit_scale(ax, values, axis: str = "y", room: int = 7) -> str:
     """Scale `axis` to the data: log where positive values span more than LOG_SPAN, symmetric log (linear near
     zero) where values of both signs span decades (a critic's loss beside BCE's), else linear. Ticks are plain
-    numbers at 1, 2, 5 (or 1, 3, or 1) times powers of ten, as many as `room` allows. Returns the scale."""
+    numbers (`plain_number`) at 1, 2, 5 (or 1, 3, or 1) times powers of ten, as many as `room` allows. Returns the
+    scale."""
     from matplotlib import ticker
 
     v = np.asarray([x for x in values if x is not None], float)
@@ -82,9 +88,18 @@ def fit_scale(ax, values, axis: str = "y", room: int = 7) -> str:
                                                               subs=_tick_subs(decades, room)))
     else:
         return "linear"
-    target.set_major_formatter(ticker.FuncFormatter(_plain))
+    target.set_major_formatter(ticker.FuncFormatter(plain_number))
     target.set_minor_formatter(ticker.NullFormatter())
     return target.get_scale()
+
+
+def figure(*args, **kwargs):
+    """A figure laid out by constrained layout: titles, labels and legends get room instead of overlapping."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*args, layout="constrained", **kwargs)
+    plt.close(fig)  # displayed by the caller; this stops the inline backend from showing it a second time
+    return fig, axes
 
 
 def renderer(fig):
@@ -153,7 +168,7 @@ def _crossed(boxes, point, box) -> int:
     return sum(_hits(b, line, 0) > 0 for b in boxes)
 
 
-def _nearest_free(point, w, h, inner, obstacles, placed, step: float = 6.0):
+def _nearest_free(point, w, h, inner, obstacles, placed, step: float = 6.0, margin: float = 3.0):
     """The free spot for a w x h label nearest to `point` on a grid over `inner`, as `place_labels` takes it."""
     xs = np.arange(inner.x0 + w / 2, inner.x1 - w / 2, step)
     ys = np.arange(inner.y0 + h / 2, inner.y1 - h / 2, step)
@@ -162,7 +177,7 @@ def _nearest_free(point, w, h, inner, obstacles, placed, step: float = 6.0):
     gx, gy = (a.ravel() for a in np.meshgrid(xs, ys))
     free = np.ones(len(gx), bool)
     for px, py in obstacles:  # a point hits every centre within half the label (and a margin) of it
-        free &= ~((np.abs(gx - px) < w / 2 + 3) & (np.abs(gy - py) < h / 2 + 3))
+        free &= ~((np.abs(gx - px) < w / 2 + margin) & (np.abs(gy - py) < h / 2 + margin))
     for b in placed:
         free &= ~((np.abs(gx - (b[0] + b[2]) / 2) < w / 2 + (b[2] - b[0]) / 2) &
                   (np.abs(gy - (b[1] + b[3]) / 2) < h / 2 + (b[3] - b[1]) / 2))
@@ -173,13 +188,20 @@ def _nearest_free(point, w, h, inner, obstacles, placed, step: float = 6.0):
     return (0, dx, dy, np.hypot(dx, dy), (gx[i] - w / 2, gy[i] - h / 2, gx[i] + w / 2, gy[i] + h / 2))
 
 
+def _marker_reach(ax) -> float:
+    """Pixels from a scatter point's centre to the edge of the largest marker on `ax`: no label comes closer."""
+    sizes = [float(np.max(c.get_sizes())) for c in ax.collections if len(c.get_sizes()) and len(c.get_offsets())]
+    return math.sqrt(max(sizes, default=0.0)) / 2 * ax.figure.dpi / 72
+
+
 def place_labels(ax, points, labels, fontsize: float = 8, **text_kw) -> list:
     """Label each point (data coordinates) where its label covers no point, line or other label and stays inside
-    the axes: the nearest free spot of those tried around it, joined to it by a thin line when it had to move
-    away. Call it last: it reads the figure's final layout."""
+    the axes, clear of the markers' edges: the nearest free spot of those tried around it, joined to it by a thin
+    line when it had to move away. Call it last: it reads the figure's final layout."""
     fig = ax.figure
     r = renderer(fig)
     obstacles = _points_px(ax)
+    reach = _marker_reach(ax)
     inner = ax.bbox.padded(-2)
     to_pt = 72 / fig.dpi
     placed, texts, leaders = [], [], np.zeros((0, 2))  # leaders: points along the lines to moved labels
@@ -193,11 +215,11 @@ def place_labels(ax, points, labels, fontsize: float = 8, **text_kw) -> list:
         for dist in (5, 10, 18, 28, 42, 60, 85, 115, 150):
             for deg in (0, 180, 90, 270, 30, 150, 330, 210, 60, 120, 300, 240, 15, 165, 345, 195):
                 c, s = math.cos(math.radians(deg)), math.sin(math.radians(deg))
-                dx, dy = c * (dist + w / 2), s * (dist + h / 2)
+                dx, dy = c * (reach + dist + w / 2), s * (reach + dist + h / 2)
                 box = (cx + dx - w / 2, cy + dy - h / 2, cx + dx + w / 2, cy + dy + h / 2)
                 if box[0] < inner.x0 or box[2] > inner.x1 or box[1] < inner.y0 or box[3] > inner.y1:
                     continue
-                cost = (_hits(box, obstacles, 3) + 10 * _overlaps(box, placed) + _hits(box, leaders, 1) +
+                cost = (_hits(box, obstacles, 3 + reach) + 10 * _overlaps(box, placed) + _hits(box, leaders, 1) +
                         (10 * _crossed(placed, (cx, cy), box) if dist > 10 else 0))
                 if best is None or cost < best[0]:
                     best = (cost, dx, dy, dist, box)
@@ -206,9 +228,10 @@ def place_labels(ax, points, labels, fontsize: float = 8, **text_kw) -> list:
             if best is not None and best[0] == 0:
                 break
         if best is None or best[0] > 0:  # crowded around the point: the nearest free spot anywhere in the axes
-            best = _nearest_free((cx, cy), w, h, inner, obstacles, placed) or best
+            best = _nearest_free((cx, cy), w, h, inner, obstacles, placed, margin=3 + reach) or best
         if best is None:  # no room inside the axes at all (a tiny plot): beside the point
-            best = (0, w / 2 + 5, 0, 5, (cx + 5, cy - h / 2, cx + w + 5, cy + h / 2))
+            gap = reach + 5
+            best = (0, w / 2 + gap, 0, 5, (cx + gap, cy - h / 2, cx + w + gap, cy + h / 2))
         _, dx, dy, dist, box = best
         if dist > 10:
             leaders = np.concatenate([leaders, _segment((cx, cy), box)])

@@ -12,15 +12,11 @@ from ..speed.keep import QUALITY_TARGET
 
 from .chart_layout import (SCALE_NOTE, WIDTH_IN, fit_scale, label_line_ends, legend_below, legend_height, make_room,
     place_labels, wrap, wrap_names, wrap_to)
-
-
-def _figure(*args, **kwargs):
-    """A figure laid out by constrained layout: titles, labels and legends get room instead of overlapping."""
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(*args, layout="constrained", **kwargs)
-    plt.close(fig)  # we display it ourselves; this stops the inline backend from showing it a second time
-    return fig, axes
+from .chart_layout import figure as _figure
+from .chart_notes import (FEW_POINTS, POINT_NOTE, coinciding_note, draw_curves, penalty_note, point_style,
+    quality_range)
+from .chart_notes import line_style as _line_style
+from .grids import SAMPLES_PER_ROW, image_grid, samples_figure  # noqa: F401 (image_grid: the notebooks' import)
 
 
 def _display(obj, handle=None):
@@ -67,8 +63,8 @@ class LivePlot:
         ax.clear()
         if len(h):
             steps = h.column("step")
-            ax.plot(steps, h.column("loss_d"), label="D loss")
-            ax.plot(steps, h.column("loss_g"), label="G loss")
+            ax.plot(steps, h.column("loss_d"), label="D loss" + penalty_note([h]), **point_style(len(h)))
+            ax.plot(steps, h.column("loss_g"), label="G loss", **point_style(len(h)))
             ax.set_ylabel("loss" + SCALE_NOTE[fit_scale(ax, h.column("loss_d") + h.column("loss_g"))], fontsize=9)
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)  # off the curves
             last = h[-1]
@@ -116,16 +112,6 @@ class ProgressBar:
         self.bar.close()
 
 
-def image_grid(images, nrow: int = 8) -> np.ndarray:
-    """(N, C, H, W) uint8 or [-1, 1] float images -> one (H, W, 3) uint8 grid."""
-    import torch
-    from torchvision.utils import make_grid
-
-    x = torch.as_tensor(images)
-    x = x.float() / 255 if x.dtype == torch.uint8 else (x.float() + 1) / 2
-    return make_grid(x.clamp(0, 1), nrow=nrow).mul(255).round().byte().permute(1, 2, 0).numpy()
-
-
 def show_images(images, nrow: int = 8, title: str = ""):
     """Show a batch of images (uint8 or [-1, 1]) as one grid."""
     fig, ax = _figure(figsize=(5, 5))
@@ -135,30 +121,10 @@ def show_images(images, nrow: int = 8, title: str = ""):
     return _display(fig)
 
 
-SAMPLES_PER_ROW = 6  # grids in a row at a notebook's width, each still wide enough for its name
-
-
-def show_samples(grids: dict, title: str = "", per_row: int = 6):
-    """Sample grids side by side, e.g. {'fp32': grid, 'bf16': grid}; `per_row` of them in a row (at most
-    SAMPLES_PER_ROW: more would leave no room for their names), the row as wide as a notebook, each grid's name
-    wrapped to its width."""
-    per_row = max(1, min(per_row, SAMPLES_PER_ROW))
-    rows, cols = -(-len(grids) // per_row), min(len(grids), per_row)
-    panel = min(4.0, WIDTH_IN / cols)
-    width = max(panel * cols, 4.5)
-    names = wrap_names(grids, width=int(panel * 72 / (0.72 * 9)), lines=3)  # 0.72 em: room for capitals
-    name_in = max(name.count("\n") + 1 for name in names) * 0.17 + 0.1
-    title = wrap_to(title, width, 11) if title else ""
-    fig, axes = _figure(rows, cols, figsize=(width, rows * (panel + name_in) + 0.2 * (title.count("\n") + 1)),
-                        squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
-    for ax, name, grid in zip(axes.flat, names, grids.values()):
-        ax.imshow(grid)
-        ax.set_title(name, fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    return _display(fig)
+def show_samples(grids: dict, title: str = "", per_row: int = SAMPLES_PER_ROW):
+    """Sample grids, e.g. {'fp32': grid, 'bf16': grid}, at most `per_row` in a row and in as many rows as keep
+    each large enough to see (`grids.grid_layout`), each under its name."""
+    return _display(samples_figure(grids, title, per_row))
 
 
 def comparison_rows(results: dict, baseline: dict) -> list[dict]:
@@ -191,22 +157,27 @@ def comparison_markdown(rows: list[dict]) -> str:
                                  for r in rows])
 
 
-def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per second against the baseline"):
-    """Speed bars against the baseline; under them, speed against FID when the runs were scored for quality."""
+def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per second against the baseline",
+                     fid_spread=None):
+    """Speed bars against the baseline; under them, speed against FID when the runs were scored for quality
+    (`fid_spread`: the second seed's spread, as `speed_chart` takes it)."""
     scored = any(r.get("FID") is not None for r in rows)
     return speed_chart([r["run"] for r in rows], [r["images/s"] for r in rows],
                        notes=[f"{r['speed-up']:.2f}x" for r in rows], baseline=baseline["images_per_sec"],
                        fids=[r.get("FID") for r in rows] if scored else None, baseline_fid=baseline.get("fid"),
-                       title=title, speed_label="images / s; beside each bar: its speed-up on the baseline")
+                       title=title, speed_label="images / s; beside each bar: its speed-up on the baseline",
+                       fid_spread=fid_spread)
 
 
 def speed_chart(names: list, speeds: list, *, notes: list | None = None, baseline: float | None = None,
                 fids: list | None = None, baseline_fid: float | None = None, fid_line: tuple | None = None,
-                title: str = "", speed_label: str = "images / s", fid_label: str = "FID (lower is better)"):
+                title: str = "", speed_label: str = "images / s", fid_label: str = "FID (lower is better)",
+                fid_spread=None):
     """One bar per run, its note (e.g. the speed-up) at the bar's end, the baseline's speed a dashed line; under
     them, when `fids` are given, speed against FID, each point numbered as its bar (names would cover each other
-    and the points). `fid_line`: (FID, what it is) drawn dashed, e.g. a quality target. Log axes where values
-    span decades; at a notebook's width whatever the names."""
+    and the points). `fid_line`: (FID, what it is) drawn dashed, e.g. a quality target. `fid_spread`: the second
+    seed's spread (|FID(seed 0) - FID(seed 1)|, or a (low, high) range), a grey band around the baseline's FID.
+    Log axes where values span decades; at a notebook's width whatever the names."""
     n = len(names)
     scored = [i for i, f in enumerate(fids or []) if f is not None]
     labels = wrap_names([f"{i + 1}. {name}" if scored else name for i, name in enumerate(names)])
@@ -233,58 +204,75 @@ def speed_chart(names: list, speeds: list, *, notes: list | None = None, baselin
     ax.set_xlabel(speed_label + (f"; dashed line: the baseline, {baseline:.0f}" if baseline else "") +
                   ("; log scale" if log else ""))
     make_room(ax, texts)
-    if not scored:
-        return fig
-    ax = axes[1][0]
-    points, numbers = [], []
-    for i in scored:
-        ax.scatter(speeds[i], fids[i], color=f"C{i % 10}", s=30, zorder=3)
-        points.append((speeds[i], fids[i]))
-        numbers.append(str(i + 1))
-    if baseline and baseline_fid is not None:
-        ax.scatter(baseline, baseline_fid, color="grey", marker="x", s=40, zorder=3)
-        points.append((baseline, baseline_fid))
-        numbers.append("baseline")
-    if fid_line:
-        ax.axhline(fid_line[0], color="grey", ls="--", lw=1)
-    xlog = fit_scale(ax, [x for x, _ in points], "x") == "log"
-    ylog = fit_scale(ax, [f for _, f in points] + ([fid_line[0]] if fid_line else []), "y") == "log"
-    ax.margins(0.15)  # room around the points for their numbers
-    ax.set_xlabel("images / s (right is faster)" + (", log scale" if xlog else ""))
-    ax.set_ylabel(wrap_to(fid_label + (", log scale" if ylog else ""), quality_in - 0.8, 10), fontsize=10)
-    what = "speed against image quality: each point numbered as its bar above"
-    ax.set_title(wrap_to(what + (f"; dashed: {fid_line[1]}" if fid_line else ""), WIDTH_IN - 3, 10), fontsize=10)
-    place_labels(ax, points, numbers, fontsize=8)
+    if scored:
+        _speed_against_fid(axes[1][0], [(i, speeds[i], fids[i]) for i in scored], baseline, baseline_fid, fid_line,
+                           wrap_to(fid_label, quality_in - 0.8, 10), fid_spread)
     return fig
 
 
-def show_comparison(results: dict, baseline: dict, title: str = "images per second against the baseline"):
-    """A table and a bar chart of runs (name -> History.summary()) against the baseline summary."""
+def _speed_against_fid(ax, points, baseline, baseline_fid, fid_line, fid_label, fid_spread) -> None:
+    """`speed_chart`'s lower panel: (i, speed, FID) points numbered i + 1; the baseline a grey cross, or its
+    number on the run that is the baseline; an FID range of noise's size not stretched to the full height."""
+    xy, numbers = [(x, f) for _, x, f in points], [str(i + 1) for i, _, _ in points]
+    for i, x, f in points:
+        ax.scatter(x, f, color=f"C{i % 10}", s=30, zorder=3)
+    if baseline and baseline_fid is not None:
+        same = [k for k, p in enumerate(xy) if np.allclose(p, (baseline, baseline_fid), rtol=1e-9)]
+        if same:
+            numbers[same[0]] += " = baseline"
+        else:
+            ax.scatter(baseline, baseline_fid, color="grey", marker="x", s=40, zorder=3)
+            xy.append((baseline, baseline_fid))
+            numbers.append("baseline")
+    band = None
+    if fid_spread is not None and (np.ndim(fid_spread) or baseline_fid is not None):
+        band = tuple(fid_spread) if np.ndim(fid_spread) else (baseline_fid - fid_spread, baseline_fid + fid_spread)
+        ax.axhspan(*band, color="0.92", zorder=0)
+    if fid_line:
+        ax.axhline(fid_line[0], color="grey", ls="--", lw=1)
+    xlog = fit_scale(ax, [x for x, _ in xy], "x") == "log"
+    keep = ([fid_line[0]] if fid_line else []) + list(band or [])  # in view, whatever the points' range
+    ylog = fit_scale(ax, [f for _, f in xy] + keep, "y") == "log"
+    ax.margins(0.15)  # room around the points for their numbers
+    note = quality_range(ax, [f for _, f in xy], fid_spread, keep=keep)
+    ax.set_xlabel("images / s (right is faster)" + (", log scale" if xlog else ""))
+    ax.set_ylabel(fid_label + (", log scale" if ylog else ""), fontsize=10)
+    what = ["speed against image quality: each point numbered as its bar above"]
+    what += [f"dashed: {fid_line[1]}"] if fid_line else []
+    what += ["grey band: the baseline's FID give or take the second seed's spread"] if band else []
+    ax.set_title(wrap_to("; ".join(what + ([note] if note else [])), WIDTH_IN - 3, 10), fontsize=10)
+    place_labels(ax, xy, numbers, fontsize=8)
+
+
+def show_comparison(results: dict, baseline: dict, title: str = "images per second against the baseline",
+                    fid_spread=None):
+    """A table and a bar chart of runs (name -> History.summary()) against the baseline summary; `fid_spread`:
+    the second seed's spread of FID, where one was trained (`speed_chart`)."""
     from IPython.display import Markdown
 
     rows = comparison_rows(results, baseline)
     _display(Markdown(comparison_markdown(rows)))
-    return _display(comparison_chart(rows, baseline, title))
-
-
-def _line_style(i: int) -> dict:
-    """Run i's colour, and past ten runs another dash, so no two runs look alike."""
-    return {"color": f"C{i % 10}", "ls": ("-", "--", ":", "-.")[i // 10 % 4]}
+    return _display(comparison_chart(rows, baseline, title, fid_spread))
 
 
 def compare_losses(histories: dict, title: str = "losses"):
     """D's and G's loss curves of several runs side by side (a run the same colour in both, one legend under
-    them), e.g. {'fp32': history, 'bf16': history}; log axes where the losses span decades."""
+    them), e.g. {'fp32': history, 'bf16': history}; log axes where the losses span decades. Curves of few points
+    show them; curves on one another are dashed in turns and named in the title."""
     labels = wrap_names(histories)
     fig, axes = _figure(1, 2, figsize=(WIDTH_IN, 3.6 + legend_height(WIDTH_IN, labels)))
-    for i, h in enumerate(histories.values()):
-        axes[0].plot(h.column("step"), h.column("loss_d"), **_line_style(i))
-        axes[1].plot(h.column("step"), h.column("loss_g"), **_line_style(i))
-    for ax, what, column in zip(axes, ("discriminator loss", "generator loss"), ("loss_d", "loss_g")):
-        scale = fit_scale(ax, [v for h in histories.values() for v in h.column(column)])
+    runs = list(histories.values())
+    whats = ("discriminator loss" + penalty_note(runs), "generator loss")
+    notes = []
+    for ax, what, column in zip(axes, whats, ("loss_d", "loss_g")):
+        groups = draw_curves(ax, [(i, h.column("step"), h.column(column)) for i, h in enumerate(runs)])
+        notes.append(coinciding_note(groups, wrap_names(histories, width=40, lines=1)))
+        scale = fit_scale(ax, [v for h in runs for v in h.column(column)])
         ax.set_title(wrap_to(what + SCALE_NOTE[scale], WIDTH_IN / 2 - 0.7, 10), fontsize=10)
-        ax.set_xlabel("step")
-    fig.suptitle(wrap_to(title, WIDTH_IN, 11), fontsize=11)
+        few = min((len(h) for h in runs), default=0) <= FEW_POINTS
+        ax.set_xlabel(wrap_to("step" + (f"; {POINT_NOTE}" if few else ""), WIDTH_IN / 2 - 0.7, 10))
+    note = notes[0] if notes[0] == notes[1] else "; ".join(f"{w}: {n}" for w, n in zip("DG", notes) if n)
+    fig.suptitle("\n".join(wrap_to(t, WIDTH_IN, 11) for t in (title, note) if t), fontsize=11)
     legend_below(fig, axes[0].get_lines(), labels)
     return _display(fig)
 
@@ -294,12 +282,12 @@ def plot_column(histories: dict, column: str, title: str = "", x: str = "step"):
     a log axis where the values span decades."""
     labels = wrap_names(histories)
     fig, ax = _figure(figsize=(WIDTH_IN, 3.4 + legend_height(WIDTH_IN, labels)))
-    for i, h in enumerate(histories.values()):
-        ax.plot(h.column(x), h.column(column), **_line_style(i))
+    groups = draw_curves(ax, [(i, h.column(x), h.column(column)) for i, h in enumerate(histories.values())])
+    note = coinciding_note(groups, wrap_names(histories, width=40, lines=1))
     scale = fit_scale(ax, [v for h in histories.values() for v in h.column(column)])
     ax.set_xlabel(x)
     ax.set_ylabel(column + SCALE_NOTE[scale])
-    ax.set_title(wrap_to(title or column, WIDTH_IN - 1, 10), fontsize=10)
+    ax.set_title(wrap_to((title or column) + (f"; {note}" if note else ""), WIDTH_IN - 1, 10), fontsize=10)
     legend_below(fig, ax.get_lines(), labels)
     return _display(fig)
 
@@ -377,23 +365,25 @@ class LiveRuns:
         make_room(ax, texts)
         ax = self.ax_loss
         ax.clear()
-        ends, numbers, colors, losses = [], [], [], []
-        for i, t in enumerate(trainers.values()):
-            h = t.history
-            if len(h):
-                x = h.column("step") if unit == "generator steps" else [s * t.cfg.images_per_step
-                                                                        for s in h.column("step")]
-                ax.plot(x, h.column("loss_d"), **_line_style(i))
-                ends.append((x[-1], h[-1]["loss_d"]))
-                numbers.append(str(i + 1))
-                colors.append(_line_style(i)["color"])
-                losses += h.column("loss_d")
-        scale = fit_scale(ax, losses)  # a critic's loss (wgan-gp) lives on another scale than BCE's
+        drawn = [(i, t) for i, t in enumerate(trainers.values()) if len(t.history)]
+        curves = [(i, t.history.column("step") if unit == "generator steps" else
+                   [s * t.cfg.images_per_step for s in t.history.column("step")], t.history.column("loss_d"))
+                  for i, t in drawn]
+        groups = draw_curves(ax, curves)
+        scale = fit_scale(ax, [v for _, _, y in curves for v in y])  # a critic's loss (wgan-gp): another scale
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.2M: no offset text to look for
         ax.set_xlabel(f"{unit} trained")
-        ax.set_title(wrap_to("D loss (penalty included)" + SCALE_NOTE[scale] + ": each curve coloured and "
-                             "numbered as its bar", WIDTH_IN - 3, 10), fontsize=10)
-        label_line_ends(ax, ends, numbers, colors)
+        numbers = [str(i + 1) for i, _, _ in curves]
+        what = [f"D loss{penalty_note([t.history for _, t in drawn], numbers)}{SCALE_NOTE[scale]}: each curve "
+                "coloured and numbered as its bar"]
+        what += [POINT_NOTE] if curves and min(len(x) for _, x, _ in curves) <= FEW_POINTS else []
+        what += [coinciding_note(groups, numbers)] if groups else []
+        ax.set_title(wrap_to("; ".join(what), WIDTH_IN - 3, 10), fontsize=10)
+        hidden = {k for g in groups for k in g[1:]}  # a group's curves end at one point: one label, "1 = 2"
+        ends = {k: " = ".join(numbers[j] for j in g) for g in groups for k in g[:1]}
+        label_line_ends(ax, [(x[-1], y[-1]) for k, (_, x, y) in enumerate(curves) if k not in hidden],
+                        [ends.get(k, numbers[k]) for k in range(len(curves)) if k not in hidden],
+                        [_line_style(i)["color"] for k, (i, _, _) in enumerate(curves) if k not in hidden])
         self.handle = _display(self.fig, self.handle)
 
 
