@@ -26,7 +26,7 @@ exclude_patterns = [p.name for p in ROOT.iterdir() if p.is_dir() and p.name not 
 exclude_patterns += [f"{d}/{p.name}" for d in sorted(_PAGE_DIRS) if (ROOT / d).is_dir()
                      for p in (ROOT / d).iterdir() if p.is_dir()]
 
-extensions = ["myst_nb", "static_widgets", "open_in_jupyterlab"]
+extensions = ["myst_nb", "static_widgets", "open_in_jupyterlab", "aligned_outputs"]
 
 # The notebooks' stored outputs are the content: never run them to build the site.
 nb_execution_mode = "off"
@@ -34,6 +34,9 @@ nb_execution_mode = "off"
 # draws each widget from the state saved in the notebook instead.
 nb_ipywidgets_js = {}
 nb_merge_streams = True
+# Markdown that a cell outputs (the races' tables, the conclusions) is read as MyST, as the notebooks' own Markdown
+# cells are: myst-nb's default, plain CommonMark, has no tables and would print them as raw pipe text.
+nb_render_markdown_format = "myst"
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 

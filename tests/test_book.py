@@ -5,6 +5,11 @@ from a local HTTP server; every notebook page must show every plot stored in its
 on the page, widgets' pictures included), draw each widget from its saved state, and link to the notebook in
 JupyterLab; the contents must link every notebook and every docs page, search must find a word, and no page may ask
 for anything beyond the local server (the site works offline).
+
+Each page is also read as a reader sees it in a 1400 px wide window: every Markdown table a cell outputs is a
+<table> (no raw `|---|` text), no line of code or output is cut (each <pre> wraps, or scrolls to its end), and each
+figure is shown at its natural width (or the full reading column where it was drawn wider), never stretched. A
+screenshot of each notebook page is kept in artifacts/book/.
 """
 from __future__ import annotations
 
@@ -26,6 +31,11 @@ DOCS = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
 ARTIFACTS = ROOT / "artifacts" / "book"
 VIEW = "application/vnd.jupyter.widget-view+json"
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
+# A Markdown table's delimiter row (`|---|---:|`): how the stored notebooks' tables are counted.
+TABLE_RULE = re.compile(r"^\s*\|(\s*:?-{3,}:?\s*\|)+\s*$", re.M)
+# The narrowest a figure drawn wider may be shown: the reading column's width at the test's window, so that a
+# figure's 7-pt labels stay at least nine tenths of their drawn size.
+READABLE_WIDTH = 960
 
 
 def book_options() -> list[str]:
@@ -64,20 +74,22 @@ def site(book):
 
 
 def stored(name: str) -> dict:
-    """What the stored notebook holds that its page must show: image outputs (those inside widgets included) and
-    widget outputs."""
+    """What the stored notebook holds that its page must show: image outputs (those inside widgets included),
+    widget outputs, and Markdown tables that cells output (those inside widgets included)."""
     nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text(encoding="utf-8"))
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    images = sum(any(m in o.get("data", {}) for m in IMAGE_MIMES) for o in outputs)
+    widgets = sum(VIEW in o.get("data", {}) for o in outputs)
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    images = 0
     for model in state.values():
         if model["model_name"] == "ImageModel":
             images += any(b.get("data") for b in model.get("buffers", []))
         if model["model_name"] == "OutputModel":
             inner = model["state"].get("outputs", [])
-            inner = json.loads(inner) if isinstance(inner, str) else inner
-            images += sum(any(m in o.get("data", {}) for m in IMAGE_MIMES) for o in inner)
-    return {"images": images, "widgets": sum(VIEW in o.get("data", {}) for o in outputs)}
+            outputs += json.loads(inner) if isinstance(inner, str) else inner
+    images += sum(any(m in o.get("data", {}) for m in IMAGE_MIMES) for o in outputs)
+    tables = sum(len(TABLE_RULE.findall("".join(o.get("data", {}).get("text/markdown", "")))) for o in outputs)
+    return {"images": images, "widgets": widgets, "tables": tables}
 
 
 def new_page(browser):
@@ -123,6 +135,54 @@ def page_problems(page, name: str) -> list[str]:
     return found
 
 
+# What a reader of the page sees: raw Markdown table rules left in the text (code blocks aside), each <pre> whose
+# text runs past its box with no way to scroll to it or that sticks out of the reading column, and each figure's
+# shown and natural width.
+READ_PAGE = """() => {
+    const article = document.querySelector('article.bd-article');
+    const text = article.cloneNode(true);
+    text.querySelectorAll('pre, code, script, style').forEach(e => e.remove());
+    const column = article.getBoundingClientRect();
+    const cut = [];
+    for (const pre of article.querySelectorAll('pre')) {
+        const style = getComputedStyle(pre), box = pre.getBoundingClientRect();
+        const hidden = pre.scrollWidth > pre.clientWidth + 1 && !['auto', 'scroll'].includes(style.overflowX);
+        const outside = box.width > 0 && (box.left < column.left - 1 || box.right > column.right + 1);
+        if (hidden || outside) cut.push(pre.textContent.trim().split('\\n')[0].slice(0, 60));
+    }
+    return {
+        raw_tables: (text.textContent.match(/\\|\\s*:?-{3,}:?\\s*\\|/g) || []).length,
+        tables: article.querySelectorAll('.cell_output table').length,
+        cut: cut,
+        figures: Array.from(article.querySelectorAll('img'), i => ({src: i.currentSrc.slice(0, 80),
+            natural: i.naturalWidth, shown: i.getBoundingClientRect().width})),
+    };
+}"""
+
+
+def reading_problems(page, tables: int = 0) -> list[str]:
+    """What keeps a reader from reading the page: Markdown tables left as raw pipe text, fewer tables than the
+    notebook's outputs hold, code cut off, figures shrunk below their natural width (down to READABLE_WIDTH where
+    drawn wider) or stretched past it."""
+    seen = page.evaluate(READ_PAGE)
+    found = [f"{seen['raw_tables']} Markdown table rule(s) shown as raw pipe text"] if seen["raw_tables"] else []
+    if seen["tables"] < tables:
+        found.append(f"{tables} Markdown tables in the notebook's outputs but {seen['tables']} shown as tables")
+    found += [f"code cut off, with no way to scroll to its end: {line!r}" for line in seen["cut"]]
+    for fig in seen["figures"]:
+        if fig["natural"] and fig["shown"] < min(fig["natural"], READABLE_WIDTH) - 1:
+            found.append(f"figure {fig['src']} drawn {fig['natural']} px wide is shown at {fig['shown']:.0f} px")
+        if fig["natural"] and fig["shown"] > fig["natural"] + 1:
+            found.append(f"figure {fig['src']} drawn {fig['natural']} px wide is stretched to {fig['shown']:.0f} px")
+    return found
+
+
+def keep_screenshot(page, name: str) -> None:
+    """The whole page as a reader sees it, in artifacts/book/ (JPEG: quicker to write than a PNG this tall)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=70, timeout=60_000)
+
+
 def test_book_builds_without_warnings(book):
     """`make book`'s options, warnings as errors: the build must pass and print nothing at all."""
     done = book["build"]
@@ -141,9 +201,8 @@ def test_book_builds_without_warnings(book):
 def test_notebook_page_shows_its_plots(browser, site, name):
     page = open_page(browser, f"{site}/notebooks/{name}.html")
     try:
-        problems = page_problems(page, name)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        problems = page_problems(page, name) + reading_problems(page, stored(name)["tables"])
+        keep_screenshot(page, name)
     finally:
         page.close()
     assert not problems, f"{name}.html:\n" + "\n".join(problems)
@@ -168,6 +227,33 @@ def test_a_missing_plot_is_caught(browser, site):
     finally:
         page.close()
     assert withheld and any("did not load" in p for p in problems), problems
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_page_that_reads_badly_is_caught(browser, site):
+    """The reading checks can fail: a page whose output table is left as raw pipe text, whose code is cut at the
+    column's edge and whose figure is shrunk to 400 px is reported on each count."""
+    name = "02_mixed_precision"
+    page = open_page(browser, f"{site}/notebooks/{name}.html")
+    try:
+        assert not reading_problems(page, stored(name)["tables"])
+        page.evaluate("""() => {
+            const table = document.querySelector('.cell_output table').closest('.cell_output');
+            const raw = document.createElement('p');
+            raw.textContent = '| loop | images/s |\\n|---|---:|\\n| fp32 | 307 |';
+            table.replaceWith(raw);
+            const pre = document.querySelector('.cell_input pre');
+            pre.style.whiteSpace = 'pre';
+            pre.style.overflowX = 'hidden';
+            pre.textContent = 'x = 1  # ' + 'a comment that runs past the column '.repeat(8);
+            document.querySelector('.cell_output img').style.width = '400px';
+        }""")
+        problems = reading_problems(page, stored(name)["tables"])
+    finally:
+        page.close()
+    for kind in ("raw pipe text", "shown as tables", "code cut off", "is shown at 400 px"):
+        assert any(kind in problem for problem in problems), f"not caught: {kind}\n{problems}"
 
 
 @pytest.mark.browser
@@ -208,7 +294,8 @@ def test_search_finds_a_word(browser, site):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_docs_pages_show_their_images(browser, site):
-    """The docs pages' own pictures (the benchmark chart) load too."""
+    """The docs pages' own pictures (the benchmark chart) load too, and each docs page reads as the notebooks'
+    do: tables as tables, no code cut off, pictures at their natural width."""
     problems, shown = [], 0
     page = new_page(browser)
     try:
@@ -216,6 +303,7 @@ def test_docs_pages_show_their_images(browser, site):
             images = visit(page, f"{site}/docs/{name}.html").evaluate(
                 "() => Array.from(document.querySelectorAll('article img'), i => [i.src, i.naturalWidth])")
             problems += [f"docs/{name}: {src} did not load" for src, width in images if not width]
+            problems += [f"docs/{name}: {problem}" for problem in reading_problems(page)]
             shown += len(images)
         problems += [f"a docs page asked for {url}" for url in page.outside]
     finally:
@@ -242,3 +330,22 @@ def test_static_widgets_draw_the_saved_state(monkeypatch):
     odd = {"m": {"model_name": "ColorPickerModel", "state": {}}}
     with pytest.raises(UnknownWidget, match="ColorPickerModel"):
         Snapshot(odd).view("m")
+
+
+def test_tables_printed_as_text_keep_their_lines(monkeypatch):
+    """Output text in columns (torch.profiler's table) scrolls instead of wrapping; sentences, values padded one to a
+    line, and a report whose long lines are prose beside a short table wrap."""
+    monkeypatch.syspath_prepend(str(ROOT / "book" / "_ext"))
+    from aligned_outputs import is_aligned
+
+    rule = "-" * 55 + "  ------------" * 6
+    profiler = "\n".join([rule, f"{'Name':>55}  {'Self CPU %':>12}  {'Self CPU':>12}" + "  " + "x" * 60, rule,
+                          f"{'aten::convolution_backward':>55}  {'55.21%':>12}  {'1.201s':>12}" + "  " + "9" * 60])
+    assert is_aligned(profiler)
+    assert is_aligned("fp32        :     0.001      1e-06      1e-08\nbf16        :  0.000999   9.98e-07      1e-08")
+    assert not is_aligned(" for-loop:   3.31 ms per optimizer step\n  foreach:   2.71 ms per optimizer step")
+    report = ("  data wait      24.05 ms    6.4%\n  G forward      39.38 ms   10.5%\n"
+              "  why: autocast runs them in 16-bit (half the bytes, and the fast units of recent CPUs and GPUs) while "
+              "keeping sensitive ops in fp32")
+    assert not is_aligned(report)
+    assert not is_aligned("quality after 102400 images: FID 24.3, KID 2.389, 9 of 10 classes")
