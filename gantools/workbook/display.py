@@ -206,13 +206,14 @@ def speed_chart(names: list, speeds: list, *, notes: list | None = None, baselin
     make_room(ax, texts)
     if scored:
         _speed_against_fid(axes[1][0], [(i, speeds[i], fids[i]) for i in scored], baseline, baseline_fid, fid_line,
-                           wrap_to(fid_label, quality_in - 0.8, 10), fid_spread)
+                           (fid_label, quality_in - 0.8), fid_spread)
     return fig
 
 
 def _speed_against_fid(ax, points, baseline, baseline_fid, fid_line, fid_label, fid_spread) -> None:
     """`speed_chart`'s lower panel: (i, speed, FID) points numbered i + 1; the baseline a grey cross, or its
-    number on the run that is the baseline; an FID range of noise's size not stretched to the full height."""
+    number on the run that is the baseline; an FID range of noise's size not stretched to the full height.
+    `fid_label`: (the y-axis label, the inches it may take)."""
     xy, numbers = [(x, f) for _, x, f in points], [str(i + 1) for i, _, _ in points]
     for i, x, f in points:
         ax.scatter(x, f, color=f"C{i % 10}", s=30, zorder=3)
@@ -236,7 +237,7 @@ def _speed_against_fid(ax, points, baseline, baseline_fid, fid_line, fid_label, 
     ax.margins(0.15)  # room around the points for their numbers
     note = quality_range(ax, [f for _, f in xy], fid_spread, keep=keep)
     ax.set_xlabel("images / s (right is faster)" + (", log scale" if xlog else ""))
-    ax.set_ylabel(fid_label + (", log scale" if ylog else ""), fontsize=10)
+    ax.set_ylabel(wrap_to(fid_label[0] + (", log scale" if ylog else ""), fid_label[1], 10), fontsize=10)
     what = ["speed against image quality: each point numbered as its bar above"]
     what += [f"dashed: {fid_line[1]}"] if fid_line else []
     what += ["grey band: the baseline's FID give or take the second seed's spread"] if band else []
