@@ -11,6 +11,7 @@ from gantools.speed.profiling import ProfileReport, diagnose
 from gantools.workbook.conclusions import (DATA_BOTTLENECK, FASTER, NO_DIFFERENCE, ONE_MEASUREMENT, SLOWER,
                                            agreement, estimate_held, keep_or_leave, speed_verdict, speed_words,
                                            worth_removing)
+from gantools.workbook import conclusions
 from gantools.workbook.runs import SideBySide
 
 
@@ -116,3 +117,21 @@ def test_side_by_side_runs_give_their_paired_range_and_ratio():
     assert runs.paired("fix", "start") == (0.95, 1.2), "round by round, the warm-up round left out"
     assert runs.ratio("fix", "start") == pytest.approx(1.1)
     assert speed_verdict(runs.paired("fix", "start")) == NO_DIFFERENCE
+
+
+def test_settled_says_whether_two_measurements_reach_one_verdict():
+    agree = conclusions.settled({"race": Spread(1.02, 1.10), "runs": Spread(1.05, 1.20)})
+    assert agree.keep and "both measurements say **faster**" in agree.text
+    split = conclusions.settled({"race": Spread(1.02, 1.10), "runs": Spread(0.95, 1.20)}, "workers")
+    assert not split.keep and "race says **faster**" in split.text
+    assert "runs says **no difference measured**" in split.text
+    assert split.text.startswith("**workers**")
+
+
+def test_a_fix_measured_slower_is_called_slower_not_within_the_band():
+    one = conclusions.estimate_held("fp16", 1.5, 0.5)
+    assert "**slower**" in one.text and "made the step slower" in one.text and "within 5%" not in one.text
+    paired = conclusions.estimate_held("fp16", 1.5, 0.8, spread=(0.7, 0.9))
+    assert "**slower**" in paired.text
+    flat = conclusions.estimate_held("fp16", 1.5, 1.01)
+    assert "within 5% of 1.00x" in flat.text and "nothing measurable" in flat.text

@@ -171,14 +171,28 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
         agree = _overlap(a, b)
         return Conclusion(text + ("their paired ranges overlap: **they agree** within the noise, so the switch is "
                                   "these lines." if agree else
-                                  "their paired ranges do not overlap: **they differ** beyond the noise: the rest "
-                                  "of each loop (gantools' step does more than the plain one) makes the same change "
-                                  "weigh differently."), agree)
+                                  "their paired ranges do not overlap: **they differ** beyond each one's noise. "
+                                  "They were timed at different moments, so the machine's state may differ between "
+                                  "them; or the rest of each loop (gantools' step does more than the plain one) "
+                                  "makes the same change weigh differently."), agree)
     if gap <= tolerance:
         return Conclusion(text + f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines.", True)
     return Conclusion(text + f"they differ by {100 * gap:.0f}%: either the timings' noise (a short run's ratio moves "
                       "this much), or the rest of each loop (gantools' step does more than the plain one) makes the "
                       "same change weigh differently; time both in turns, with paired ranges, to tell.", False)
+
+
+def settled(paired: dict, change: str | None = None) -> Conclusion:
+    """Whether several measurements of one change (where -> paired range, e.g. the plain loop's race and the
+    trainer's runs) reach the same speed verdict: a verdict one of them cannot reproduce is not settled here."""
+    said = {where: speed_verdict(p) for where, p in paired.items()}
+    head = f"**{change}**: " if change else ""
+    if len(set(said.values())) == 1:
+        return Conclusion(f"{head}{'both' if len(said) == 2 else 'all'} measurements say "
+                          f"**{next(iter(said.values()))}**.", True)
+    return Conclusion(head + " and ".join(f"{where} says **{v}**" for where, v in said.items()) + ": the "
+                      "measurements do not settle on one verdict, so this change's speed is not settled on this "
+                      "machine; time them longer to tell.", False)
 
 
 def estimate_held(change: str, estimate: float | None, measured: float, spread: tuple | None = None,
@@ -203,12 +217,14 @@ def estimate_held(change: str, estimate: float | None, measured: float, spread: 
     noise = "the whole paired range above it" if paired else f"more than {100 * SPEED_BAND:.0f}% above it"
     if beyond:
         return Conclusion(f"{text}: **more than the estimate allowed** ({noise}): the assumption behind the "
-                          "estimate was too modest on this machine; the measurement is the figure to trust.", False)
+                          "estimate was too modest on this machine, so the bound does not limit this fix here.", False)
     within = "within the bound" if measured <= estimate else "above the bound by less than the noise"
     if not gained:
-        said = verdict if paired else f"within {100 * SPEED_BAND:.0f}% of 1.00x"
+        slower = verdict == SLOWER if paired else measured <= 1 - SPEED_BAND
+        said = verdict if paired else ("slower" if slower else f"within {100 * SPEED_BAND:.0f}% of 1.00x")
+        gave = "it made the step slower" if slower else "it gave nothing measurable"
         return Conclusion(f"{text}: {within}, but **{said}**: an estimate says what a fix could give at most, and "
-                          "here it gave nothing measurable.", True)
+                          f"here {gave}.", True)
     share = (measured - 1) / (estimate - 1) if estimate > 1 else 1.0
     return Conclusion(f"{text}: {within}: **the estimate held**, and the fix gave {100 * min(share, 1):.0f}% of the "
                       "gain it allowed.", True)
