@@ -43,7 +43,7 @@ def held_bytes(holders, device: torch.device) -> int:
     """Bytes of the storages on `device` of the tensors `holders` keep (`held_tensors`), each storage once."""
     storages = {}
     for t in held_tensors(*holders):
-        if _on(t, device):
+        if t.layout == torch.strided and _on(t, device):
             storage = t.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
@@ -69,8 +69,8 @@ class LiveTensorBytes(TorchDispatchMode):
             self._count(t)
 
     def _count(self, tensor) -> None:
-        if not isinstance(tensor, torch.Tensor) or not _on(tensor, self.device):
-            return
+        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided or not _on(tensor, self.device):
+            return  # a sparse tensor has no one storage to count
         storage = tensor.untyped_storage()
         key, size = id(storage), storage.nbytes()
         ref = self._refs.get(key)
