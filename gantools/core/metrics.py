@@ -3,7 +3,10 @@ real dataset, and per-class mode coverage from the same classifier.
 
 Inception features are the usual choice, but their weights are a download; a classifier trained here in a minute
 on the dataset itself needs nothing from the network and sees exactly the classes the GAN must cover. Its scores
-are comparable between runs on the same dataset and size, not with published Inception FIDs. Inception FID is
+are comparable between runs on the same dataset and size, not with published Inception FIDs. On datasets of strokes
+or items on a plain ground the classifier first sets each image's ground to black (`set_ground`), so its features
+see the shapes, and a ground every sample shares (a GAN's grey) does not swamp them; the ground is measured on its
+own (`background_check`). Inception FID is
 offered too (`features="inception"`) when torch-fidelity and its weights file are already on this machine
 (`inception_weights()` says where it looked); nothing is downloaded unless you call `download_inception_weights()`.
 """
@@ -25,7 +28,9 @@ from ..errors import QualityError
 from ..measuring.hardware import resolve_device, seeded
 from ..quick import QUICK
 
-CLASSIFIER_VERSION = 1
+CLASSIFIER_VERSION = 2  # part of the cache's file name: a changed feature space retrains the cached classifiers
+PLAIN_GROUND = ("glyphs", "glyphs-color", "mnist", "fashion-mnist")  # shapes on a plain ground, seen at the border
+MAX_GROUND_STRETCH = 8.0  # a nearly white ground is no ground: its image is stretched at most this much
 MIN_SAMPLES = 2048  # FID's default sample count, and the fewest it is trusted from (docs/benchmark.md)
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's FID Inception (TF port)
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
@@ -59,11 +64,22 @@ def _inception_problem(root=None) -> str | None:
     return None
 
 
-class Classifier(nn.Module):
-    """A small CNN: three conv blocks, a 128-d feature layer (the FID/KID feature space), then class logits."""
+def set_ground(x: torch.Tensor) -> torch.Tensor:
+    """Images in [-1, 1], each shifted and stretched (per channel, white kept white) so that its ground, the median of
+    its border pixels, lies at -1: the same shapes whatever the grey of their ground. Identity on a black ground."""
+    border = torch.cat([x[..., 0, :], x[..., -1, :], x[..., 1:-1, 0], x[..., 1:-1, -1]], dim=-1)
+    ground = border.median(dim=-1).values[..., None, None]
+    stretch = (2 / (1 - ground)).clamp(max=MAX_GROUND_STRETCH)
+    return (-1 + (x - ground) * stretch).clamp(-1, 1)
 
-    def __init__(self, channels: int = 1, classes: int = 10, width: int = 16):
+
+class Classifier(nn.Module):
+    """A small CNN: three conv blocks, a 128-d feature layer (the FID/KID feature space), then class logits. With
+    `plain_ground` every image's ground is set to black first (`set_ground`), in training and in scoring alike."""
+
+    def __init__(self, channels: int = 1, classes: int = 10, width: int = 16, plain_ground: bool = False):
         super().__init__()
+        self.plain_ground = plain_ground
         self.body = nn.Sequential(
             nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(), nn.MaxPool2d(2),
@@ -72,10 +88,10 @@ class Classifier(nn.Module):
         self.head = nn.Linear(128, classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        return self.body(set_ground(x) if self.plain_ground else x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x))
+        return self.head(self.features(x))
 
 
 class ClassifierFeatures(nn.Module):
@@ -114,7 +130,7 @@ def load_classifier(dataset: str = "glyphs", image_size: int = 32, channels: int
     train = make_dataset(dataset, image_size, channels, "train", root)
     classes = int(train.labels.max()) + 1
     with seeded(0):  # the same classifier (and feature space) whatever ran before; the caller's RNG untouched
-        model = Classifier(channels, classes)
+        model = Classifier(channels, classes, plain_ground=dataset in PLAIN_GROUND)
     if path.is_file():
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -248,8 +264,9 @@ def with_background(images: torch.Tensor, level: float) -> torch.Tensor:
 def background_check(meter: QualityMeter, fake: torch.Tensor) -> dict:
     """How much of a score is the background alone: the fakes' background level and mean pixel beside the real
     images', and FID and classes covered before and after the fakes' background is set to the real one
-    (`with_background`). The feature classifier (like Inception) never saw a grey ground, so glyphs on one land far
-    from the real features: a FID that falls steeply when only the ground changes was measuring the ground."""
+    (`with_background`). The classifier's features set each image's ground first (`set_ground`), so there the two
+    FIDs agree and the ground shows only in the pixel columns; Inception's features see the ground, and a FID that
+    falls steeply when only the ground changes was measuring it."""
     real = meter.real
     before, after = meter.score(fake), meter.score(with_background(fake, background_level(real)))
     return {"background": background_level(fake), "real_background": background_level(real),

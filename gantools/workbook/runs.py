@@ -84,7 +84,7 @@ class SideBySide(dict):
 
 def train_side_by_side(configs: dict, images: int | None = None, chunk_images: int | None = None,
                        quality: bool = True, plot: bool = True, *, steps: int | None = None,
-                       chunk_steps: int | None = None, quality_points: int = 1) -> dict:
+                       chunk_steps: int | None = None, quality_points: int = 1, start=None) -> dict:
     """Train several configs to the same budget, taking turns: to the same number of real `images` (each run
     trains `chunk_images` real images, d_steps x batch_size per G step, then the next, round after round), or with
     `steps` to the same number of generator steps (`chunk_steps` per turn), the budget for runs that read different
@@ -92,8 +92,9 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
     alike, so their images/s compare fairly (each run's figure: the median over its chunks after the first, which
     holds warm-up). One live figure, updated in place, shows them all. With `quality`, every run is scored (FID,
     KID, coverage; a conditional run also `label_match`) at the end, and with `quality_points` > 1 also at evenly
-    spaced rounds before it (`quality_curve(trainer)`: FID over the run). Returns name -> Trainer, as a
-    `SideBySide` (`.ratio`, `.paired`: the figures a conclusion reads)."""
+    spaced rounds before it (`quality_curve(trainer)`: FID over the run). With `start` (a `warm.warm_start()`), every
+    run starts from its own copy of that generator and discriminator. Returns name -> Trainer, as a `SideBySide`
+    (`.ratio`, `.paired`: the figures a conclusion reads)."""
     if (images is None) == (steps is None):
         raise ConfigError("give the budget as images (real images, with chunk_images) or as steps (generator "
                           "steps, with chunk_steps), not both")
@@ -113,6 +114,9 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
         rounds, unit, chunk = images // chunk_images, "real images", chunk_images
     trainers = {name: Trainer(cfg.replace(steps=10**9, log_interval=per_turn[name], sample_interval=0,
                                           checkpoint_interval=0)) for name, cfg in configs.items()}
+    if start is not None:
+        for trainer in trainers.values():
+            start.load_into(trainer)
     points = max(1, min(quality_points, rounds))
     scored_rounds = {round(rounds * (i + 1) / points) for i in range(points)}  # the last round among them
     if quality:
