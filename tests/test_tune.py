@@ -121,6 +121,8 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
         result.quality["note"]
     assert result.quality["spread"] == 1.0 and "a second seed of the start moved FID 1.00x" in result.quality["note"]
     assert "(backed off: quality)" in result.markdown() and result.speedup is not None
+    low, high = result.speedup_spread  # the final check's paired range, which a speed verdict on it reads
+    assert low <= result.speedup <= high and result.to_dict()["speedup_spread"] == result.speedup_spread
 
 
 @pytest.mark.slow

@@ -55,6 +55,8 @@ class TuneResult:
         ended: why the search ended.
         now: what tune is doing now (for a live view).
         speedup: final over start, measured interleaved at the end; None until then.
+        speedup_spread: the lowest and highest of that measurement's paired ratios (a `turns.Spread`), the range a
+            speed verdict reads; None until then, and when nothing was kept.
         date: the day tune ran (YYYY-MM-DD).
     """
 
@@ -70,6 +72,7 @@ class TuneResult:
     ended: str = ""       # why the search ended
     now: str = ""         # what tune is doing now (for a live view)
     speedup: float | None = None  # final over start, measured interleaved at the end
+    speedup_spread: tuple | None = None  # its paired ratios' (lowest, highest)
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     @property
@@ -139,8 +142,8 @@ class TuneResult:
             return {**p, "config": p["config"].to_dict()}
 
         return {"start": point(self.start), "final": point(self.final), "path": [s.to_dict() for s in self.path],
-                "speedup": self.speedup, "quality": self.quality, "skipped": self.skipped, "ended": self.ended,
-                "stopped": self.stopped, "device": self.device, "minutes": self.minutes,
+                "speedup": self.speedup, "speedup_spread": self.speedup_spread, "quality": self.quality,
+                "skipped": self.skipped, "ended": self.ended, "stopped": self.stopped, "device": self.device, "minutes": self.minutes,
                 "elapsed_s": self.elapsed_s, "date": self.date}
 
     def save_json(self, path) -> Path:

@@ -322,6 +322,7 @@ class Tuner:
         r.final["images_per_sec"] = measured["final"].images_per_sec
         start_runs, final_runs = measured["start"].images_per_sec_runs, measured["final"].images_per_sec_runs
         _, r.speedup, spread, _ = keep.decide(start_runs, final_runs)
+        r.speedup_spread = spread
         self.trials.discard(measured["start"].subject)
         self._say(f"final against start, interleaved: {r.start['images_per_sec']:.0f} -> "
                   f"{r.final['images_per_sec']:.0f} images/s, {r.speedup:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})")
