@@ -3,7 +3,7 @@ step spent waiting for data."""
 import pytest
 from torch.utils.data import DataLoader
 
-from gantools.workbook.conclusions import SPEED_BAND, worth_removing
+from gantools.workbook.conclusions import DATA_BOTTLENECK, worth_removing
 from gantools.core.loaders import DeviceLoader, loader_images_per_sec
 
 
@@ -44,9 +44,8 @@ def test_a_large_share_of_waiting_is_a_bottleneck_and_names_the_bound(share):
     assert f"{1 / (1 - share):.3f}x" in found.text
 
 
-def test_the_line_between_the_two_is_the_speed_band():
-    edge = 1 - 1 / (1 + SPEED_BAND)  # removing this share gives exactly the smallest speed-up that counts
-    assert not worth_removing(edge * 0.99).keep and worth_removing(edge * 1.01).keep
+def test_the_line_between_the_two_is_the_data_bottleneck_share():
+    assert not worth_removing(DATA_BOTTLENECK * 0.99).keep and worth_removing(DATA_BOTTLENECK).keep
 
 
 def test_a_share_measured_below_zero_is_noise_and_read_as_none():

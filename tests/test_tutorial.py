@@ -8,7 +8,7 @@ import torch
 
 from gantools.speed.keep import QUALITY_TARGET
 from gantools.workbook import tutorial
-from gantools.workbook.conclusions import (SPEED_BAND, agreement, estimate_held, keep_or_leave, still_learning,
+from gantools.workbook.conclusions import (agreement, estimate_held, keep_or_leave, still_learning,
                                            worth_removing)
 
 TINY = dict(nz=8, ngf=8, ndf=8, batch_size=16)
@@ -77,6 +77,9 @@ def test_the_race_takes_turns_and_tells_the_slow_loop_from_the_fast(glyphs64):
     low, high = result.spread("fast")
     assert low <= result.images_per_sec["fast"] <= high and result.spread("fast").share_of(high) >= 0
     assert "| fast |" in result._repr_markdown_() and "vs fast" in result._repr_markdown_()
+    chunk_ratios = [s / f for s, f in zip(result.measured["slow"].images_per_sec_runs,
+                                           result.measured["fast"].images_per_sec_runs)]
+    assert result.paired("slow", "fast") == (min(chunk_ratios), max(chunk_ratios)), "paired chunk by chunk"
 
 
 def test_a_race_too_short_to_time_is_refused(gan):
@@ -96,29 +99,30 @@ def test_source_shows_the_loop():
     assert "def train_step" in tutorial.source(tutorial.train_step).data
 
 
-@pytest.mark.parametrize("speedup, fid, keep, words", [
-    (1.6, 25.0, True, "keep it"),
-    (1.6, 24.0 * QUALITY_TARGET * 1.01, False, "FID rose"),
-    (1 + SPEED_BAND / 2, 24.0, False, "no gain"),
-    (0.7, 24.0, False, "slower"),
+@pytest.mark.parametrize("speedup, paired, fid, keep, words", [
+    (1.6, (1.4, 1.8), 25.0, True, "keep it"),
+    (1.6, (1.4, 1.8), 24.0 * QUALITY_TARGET * 1.3, False, "quality fell"),
+    (1.02, (0.95, 1.1), 24.0, False, "no difference measured"),
+    (0.7, (0.6, 0.8), 24.0, False, "slower"),
 ])
-def test_the_verdict_follows_the_numbers(speedup, fid, keep, words):
-    c = keep_or_leave("bf16", "fp32", speedup, fid, 24.0)
+def test_the_verdict_follows_the_numbers(speedup, paired, fid, keep, words):
+    c = keep_or_leave("bf16", "fp32", speedup, fid, 24.0, paired=paired, fid_spread=24.0 * 0.2)
     assert c.keep is keep and words in c.text and f"{speedup:.2f}x" in c.text
     assert c._repr_markdown_() == str(c) == c.text
 
 
 def test_a_verdict_without_quality_judges_speed_alone():
-    assert keep_or_leave("fused Adam", "for-loop Adam", 1.2).keep
-    assert "FID" not in keep_or_leave("fused Adam", "for-loop Adam", 1.2).text
+    assert keep_or_leave("fused Adam", "for-loop Adam", 1.2, paired=(1.1, 1.3)).keep
+    assert "FID" not in keep_or_leave("fused Adam", "for-loop Adam", 1.2, paired=(1.1, 1.3)).text
 
 
 def test_early_fids_are_shown_but_not_judged():
     short, learned = {"classes_covered": 3, "classes": 10}, {"classes_covered": 7, "classes": 10}
     assert still_learning(short, learned) and not still_learning(learned, learned)
-    c = keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0, early=True)
-    assert c.keep and "900.0" in c.text and "not judged" in c.text and "rose" not in c.text
-    assert not keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0).keep, "judged, the same FIDs fail"
+    c = keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0, early=True, paired=(1.3, 1.7), fid_spread=10.0)
+    assert c.keep and "900.0" in c.text and "not judged" in c.text and "fell" not in c.text
+    judged = keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0, paired=(1.3, 1.7), fid_spread=10.0)
+    assert not judged.keep, "judged against a second seed, the same FIDs fail"
 
 
 def test_a_share_inside_the_noise_is_not_judged():
@@ -138,8 +142,8 @@ def test_a_measured_speedup_is_read_against_the_doctors_upper_bound():
     assert held.keep and "the estimate held" in held.text and "50% of the gain" in held.text
     beyond = estimate_held("autocast", 1.2, 1.6, (1.5, 1.7))
     assert not beyond.keep and "more than the estimate allowed" in beyond.text
-    assert estimate_held("autocast", 1.2, 1.6, (1.0, 2.4)).keep, "a spread this wide holds the bound within the noise"
+    assert estimate_held("autocast", 1.2, 1.6, (1.0, 2.4)).keep, "a range this wide holds the bound within the noise"
     nothing = estimate_held("workers", 1.3, 1.01, (0.97, 1.04))
-    assert nothing.keep and "no gain beyond the noise" in nothing.text
-    unestimated = estimate_held("D frozen", None, 1.3)
-    assert unestimated.keep and "no estimate" in unestimated.text and "a gain" in unestimated.text
+    assert nothing.keep and "no difference measured" in nothing.text
+    unestimated = estimate_held("D frozen", None, 1.3, (1.2, 1.4))
+    assert unestimated.keep and "no estimate" in unestimated.text and "**faster**" in unestimated.text

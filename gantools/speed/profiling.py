@@ -45,8 +45,10 @@ COMPUTE_OPS = ("conv", "mm", "gemm", "cudnn", "xmma", "cutlass", "linear", "matm
 
 @dataclass
 class Verdict:
-    """The bottleneck, the numbers that decided it, what to try and where it is taught, and the most removing
-    the bottleneck could gain (Amdahl: the step minus the bottleneck's share)."""
+    """The bottleneck, the numbers that decided it, what to try and where it is taught, and the most the fix could
+    gain (`estimated_speedup`: Amdahl's law, 1 / (1 - `removed_share`), on the share of the step the fix is assumed
+    to remove, `removed`: all of it where the fix removes the bottleneck outright, half the operations it speeds up
+    where it only makes them faster). A bound only as good as that assumption: a fix that does better beats it."""
 
     bottleneck: str
     evidence: dict
@@ -54,14 +56,19 @@ class Verdict:
     notebook: str
     fix: dict
     estimated_speedup: float | None
+    removed_share: float | None = None
+    removed: str = "the bottleneck's time"
 
     def __str__(self):
         ev = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in self.evidence.items())
-        gain = (f"up to {self.estimated_speedup:.2f}x" if self.estimated_speedup
-                else "no estimate (already in 16-bit; measure it)")
+        if self.estimated_speedup is None:
+            gain = "estimated gain: no estimate (already in 16-bit; measure it)"
+        else:
+            share = "" if self.removed_share is None else f", {100 * self.removed_share:.0f}% of the step"
+            gain = (f"upper bound on the gain if the fix removed {self.removed}{share} (Amdahl's law): "
+                    f"up to {self.estimated_speedup:.2f}x")
         return (f"verdict: {self.bottleneck}\n  evidence: {ev}\n  try next: {self.technique} "
-                f"(notebook {self.notebook}; config {self.fix})\n"
-                f"  estimated gain if this bottleneck were removed: {gain}")
+                f"(notebook {self.notebook}; config {self.fix})\n  {gain}")
 
 
 @dataclass
@@ -219,26 +226,31 @@ def diagnose(report: ProfileReport, cfg: TrainConfig) -> Verdict:
     where = techniques.Where(device=device, validated=lambda name: validated(name, device),
                              workers=suggested_workers(), host_syncs=report.host_syncs_per_step)
     fix = techniques.fix(verdict, cfg, where)
-    evidence, removable = _evidence(verdict, report, compute)
-    return Verdict(verdict, evidence, fix.text, _taught(fix.change), fix.change,
-                   amdahl(step, removable) if fix.bounded else None)  # unbounded: no model of its gain, measure it
+    evidence, removable, removed = _evidence(verdict, report, compute)
+    if not fix.bounded:  # no model of its gain: measure it
+        return Verdict(verdict, evidence, fix.text, _taught(fix.change), fix.change, None)
+    return Verdict(verdict, evidence, fix.text, _taught(fix.change), fix.change, amdahl(step, removable),
+                   min(removable / step, 1.0), removed)
 
 
-def _evidence(verdict: str, report: ProfileReport, compute: float) -> tuple[dict, float]:
-    """The numbers that decided `verdict`, and the milliseconds per step removing its bottleneck would save: all the
-    data wait, all the GPU's idle time, half the convolutions and matmuls (16-bit at best halves them), or half the
-    other ops (fused)."""
+def _evidence(verdict: str, report: ProfileReport, compute: float) -> tuple[dict, float, str]:
+    """The numbers that decided `verdict`, the milliseconds per step its fix is assumed to save, and what they are:
+    all the data wait, all the GPU's idle time, half the convolutions and matmuls (16-bit is assumed to halve
+    them), or half the other ops (fused)."""
     step, wait = report.step_time_ms, report.phases_ms.get("data wait", 0.0)
     if verdict == "data-bound":
-        return {"data wait ms": wait, "step ms": step, "data wait share": wait / step}, wait
+        return {"data wait ms": wait, "step ms": step, "data wait share": wait / step}, wait, "all the data wait"
     if verdict == "host-overhead-bound":
         return ({"GPU busy ms": report.device_busy_ms, "step ms": step,
                  "GPU idle share": 1 - report.device_busy_ms / step,
-                 "host syncs per step": report.host_syncs_per_step}, step - report.device_busy_ms)
+                 "host syncs per step": report.host_syncs_per_step}, step - report.device_busy_ms,
+                "all the GPU's idle time")
     busy = max(report.device_busy_ms, 1e-9)
     heaviest = ", ".join(name for name, _ in report.top_ops[:3])
     evidence = {"busy ms": busy, "conv/matmul share of busy": compute / busy, "heaviest ops": heaviest}
-    return evidence, (compute if verdict == "compute-bound" else busy - compute) / 2
+    if verdict == "compute-bound":
+        return evidence, compute / 2, "half the convolutions' and matmuls' time"
+    return evidence, (busy - compute) / 2, "half the other ops' time"
 
 
 def _taught(fix: dict) -> str:

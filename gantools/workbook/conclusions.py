@@ -1,14 +1,26 @@
 """Conclusions computed from a notebook's own numbers, so the sentence under a result stays true on any machine (a
-GPU included): "here bf16 ran 1.62x as fast as fp32 and FID moved 1.03x: keep it". What counts as faster in one
-run's ratio is decided here (`SPEED_BAND`); what counts as quality kept is tune's and doctor --try's rule
-(`speed.keep.judge_fid`)."""
+GPU included): "here bf16 ran 1.62x as fast as fp32 (paired 1.41x-1.80x), FID 24.1 and 24.9: keep it". One rule
+per kind of claim, shared by every notebook:
+
+- speed (`speed_verdict`): "faster" or "slower" only when the paired range of round-by-round ratios
+  (`measuring.turns.Spread`, from `Measured.ratios`) lies wholly on one side of 1.0, "no difference measured"
+  otherwise; a single figure with no paired range is one measurement and gets no verdict;
+- quality (`quality_words`): judged only against a second seed's spread, by tune's and doctor --try's rule
+  (`speed.keep.judge_fid`); with no second seed the FIDs are shown and quality is not judged;
+- a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..speed.keep import QUALITY_TARGET, judge_fid
+from ..errors import ConfigError
+from ..measuring.turns import Spread
+from ..speed.keep import judge_fid
 
-SPEED_BAND = 0.05  # a speed ratio within 5% of 1 reads as "no faster": timed chunks on a busy machine spread this much
+SPEED_BAND = 0.05  # only where no paired range exists: a single ratio within 5% of 1 is read as no change
+DATA_BOTTLENECK = 0.05  # a step waiting for data this share of its time or more has a data bottleneck
+
+FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no difference measured"
+ONE_MEASUREMENT = "one measurement, no verdict"
 
 
 @dataclass
@@ -24,11 +36,44 @@ class Conclusion:
         return self.text
 
 
-def speed_words(ratio: float, start: str) -> str:
-    """'1.62x as fast as fp32', 'no faster than fp32 (1.02x, ...)' or 'slower than fp32 (0.80x)'."""
-    if abs(ratio - 1) < SPEED_BAND:
-        return f"no faster than {start} ({ratio:.2f}x, within {100 * SPEED_BAND:.0f}%)"
-    return f"{ratio:.2f}x as fast as {start}" if ratio > 1 else f"slower than {start} ({ratio:.2f}x)"
+def _paired(paired) -> Spread | None:
+    """`paired` as a `Spread` (a (low, high) pair read back from JSON included), or None."""
+    if paired is None:
+        return None
+    low, high = paired
+    if not 0 < low <= high:
+        raise ConfigError(f"a paired range is (low, high) with 0 < low <= high, not {tuple(paired)}")
+    return Spread(float(low), float(high))
+
+
+def speed_verdict(paired) -> str:
+    """FASTER when the paired range (round-by-round ratios, change over start) lies wholly above 1.0, SLOWER when
+    wholly below, NO_DIFFERENCE when it holds 1.0, ONE_MEASUREMENT when there is no range (None): noise common to
+    both arms cancels in each paired ratio, so only a range that excludes 1.0 says which ran faster."""
+    spread = _paired(paired)
+    if spread is None:
+        return ONE_MEASUREMENT
+    return FASTER if spread.low > 1 else SLOWER if spread.high < 1 else NO_DIFFERENCE
+
+
+def paired_text(paired) -> str:
+    """'paired 1.41x-1.80x'."""
+    spread = _paired(paired)
+    return f"paired {spread.low:.2f}x-{spread.high:.2f}x"
+
+
+def speed_words(ratio: float, start: str, paired=None) -> str:
+    """The speed phrase, reading after "ran": '1.62x as fast as fp32 (paired 1.41x-1.80x)', 'with no difference
+    measured against fp32 (1.03x, paired 0.91x-1.12x)', 'slower than fp32 (0.80x, paired 0.74x-0.86x)', or with no
+    paired range 'at 1.45x the speed of fp32 (one measurement, no verdict)'."""
+    verdict = speed_verdict(paired)
+    if verdict == FASTER:
+        return f"{ratio:.2f}x as fast as {start} ({paired_text(paired)})"
+    if verdict == SLOWER:
+        return f"slower than {start} ({ratio:.2f}x, {paired_text(paired)})"
+    if verdict == NO_DIFFERENCE:
+        return f"with no difference measured against {start} ({ratio:.2f}x, {paired_text(paired)})"
+    return f"at {ratio:.2f}x the speed of {start} ({ONE_MEASUREMENT})"
 
 
 def still_learning(*scores: dict) -> bool:
@@ -38,12 +83,54 @@ def still_learning(*scores: dict) -> bool:
     return any(2 * s["classes_covered"] < s["classes"] for s in scores)
 
 
+def seed_fid(fid_start: float, fid_spread) -> float:
+    """The start's FID with a second seed, as `keep.judge_fid` reads it, from `fid_spread`: the two seeds' FIDs
+    apart (|FID(seed 0) - FID(seed 1)|, read as the second seed above the start), or their (low, high) pair (the
+    same factor apart as those two)."""
+    if isinstance(fid_spread, (tuple, list)):
+        low, high = sorted(fid_spread)
+        if low <= 0:
+            raise ConfigError(f"fid_spread as (low, high) holds two seeds' FIDs, both above 0, not {fid_spread}")
+        return fid_start * high / low
+    return fid_start + abs(fid_spread)
+
+
+def quality_words(fid: float, fid_start: float, early: bool = False, fid_spread=None) -> tuple[str, bool | None]:
+    """The quality clause of a conclusion and whether quality fell (None where it is not judged): judged only
+    against a second seed's spread (`seed_fid`), by `keep.judge_fid`; `early` (see `still_learning`) or no second
+    seed: the FIDs are shown and not judged."""
+    fids = f"FID {fid_start:.1f} and {fid:.1f}"
+    if early:
+        return f"; {fids} come from generators still early in training, so they are not judged here", None
+    if fid_spread is None:
+        return f"; {fids}: quality not judged (no second seed)", None
+    judged = judge_fid(fid, fid_start, seed_fid(fid_start, fid_spread))
+    text = (f"; FID went from {fid_start:.1f} to {fid:.1f} ({judged.moved:.2f}x), where a second seed of the start "
+            f"moves it {judged.spread:.2f}x (limit {judged.limit:.2f}x)")
+    if judged.worse:
+        return f"{text}: **quality fell** beyond that", True
+    return text + (": **better** beyond that" if judged.better else ": quality kept"), False
+
+
+def _decision(verdict: str, worse: bool | None) -> str:
+    """What to do, from the speed verdict and whether quality fell (None: not judged)."""
+    if verdict == FASTER:
+        return ("keep it" if not worse else "faster, but quality fell beyond a second seed's spread: a trade, "
+                "not a free gain; leave it off unless the time matters more than these images")
+    if verdict == SLOWER:
+        return "slower here: leave it off on this machine"
+    if verdict == NO_DIFFERENCE:
+        return ("no difference measured, and quality fell: leave it off" if worse else
+                "no difference measured (the paired range holds 1.0): nothing to keep on this machine; time it "
+                "longer to tell a small gain from none")
+    return "one measurement, no verdict: time it in turns against the start (a paired range) before keeping it"
+
+
 def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = None,
-                  fid_start: float | None = None, early: bool = False) -> Conclusion:
-    """Whether to keep `change` over `start`, from the speed-up measured in one run and, where the change can
-    affect images, the two FIDs at the same number of training images, judged by `keep.judge_fid` (with no second
-    seed: the notebook's sentence asks for one where FID rose). `early` (see `still_learning`): the FIDs are shown
-    but not judged, and the decision rests on speed.
+                  fid_start: float | None = None, early: bool = False, paired=None,
+                  fid_spread=None) -> Conclusion:
+    """Whether to keep `change` over `start`: "keep it" only when it ran faster on the paired range
+    (`speed_verdict`) and quality is not judged worse (`quality_words`).
 
     Args:
         change: the change's name, as the sentence shows it.
@@ -51,69 +138,75 @@ def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = N
         speedup: the change's images/s over the start's.
         fid: the change's FID, or None where it cannot affect images.
         fid_start: the start's, at the same number of training images.
-        early: whether the generators are still early in training.
+        early: whether the generators are still early in training (FIDs shown, not judged).
+        paired: the (low, high) of the round-by-round ratios (`Race.paired`, `SideBySide.paired`); None: one
+            measurement, no verdict.
+        fid_spread: a second seed's spread of the start's FID (see `seed_fid`); None: quality not judged.
 
     Returns:
         The `Conclusion`: the sentence, and whether to keep the change."""
-    text = f"Here **{change}** ran {speed_words(speedup, f'**{start}**')}"
-    quality_kept = True
-    if fid is not None and fid_start is not None and early:
-        text += (f"; FID {fid_start:.1f} and {fid:.1f} come from generators still early in training, so they "
-                 "are not judged here")
-    elif fid is not None and fid_start is not None:
-        judged = judge_fid(fid, fid_start)
-        quality_kept = not judged.worse
-        text += f", and FID went from {fid_start:.1f} to {fid:.1f} ({judged.moved:.2f}x)"
-    faster = speedup >= 1 + SPEED_BAND
-    if faster and quality_kept:
-        decision = "keep it"
-    elif faster:
-        decision = (f"faster, but FID rose by more than {100 * (QUALITY_TARGET - 1):.0f}%: look at the samples and "
-                    "try a second seed before keeping it")
-    elif speedup > 1 - SPEED_BAND:
-        decision = ("no gain on this machine: the time goes elsewhere (01 finds where)" if quality_kept else
-                    "no gain, and quality fell: leave it off")
-    else:
-        decision = "slower here: leave it off on this machine"
-    return Conclusion(f"{text}: **{decision}**.", faster and quality_kept)
+    verdict = speed_verdict(paired)
+    text = f"Here **{change}** ran {speed_words(speedup, f'**{start}**', paired)}"
+    worse = None
+    if fid is not None and fid_start is not None:
+        clause, worse = quality_words(fid, fid_start, early, fid_spread)
+        text += clause
+    keep = verdict == FASTER and not worse
+    return Conclusion(f"{text}: **{_decision(verdict, worse)}**.", keep)
 
 
-def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: float = 0.10) -> Conclusion:
-    """Whether the plain loop's measured `what` and gantools' switch's agree within `tolerance` (a share)."""
+def _overlap(a: Spread, b: Spread) -> bool:
+    return a.low <= b.high and b.low <= a.high
+
+
+def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: float = 0.10,
+              plain_paired=None, switch_paired=None) -> Conclusion:
+    """Whether the plain loop's measured `what` and gantools' switch's agree: where both come with paired ranges,
+    when the ranges overlap; otherwise within `tolerance` (a share) of each other."""
+    a, b = _paired(plain_paired), _paired(switch_paired)
+    shown = [f"{x:.2f}x" + (f" ({paired_text(p)})" if p else "") for x, p in ((plain, a), (switch, b))]
+    text = f"The lines in your own loop gave a {what} of {shown[0]}, gantools' switch {shown[1]}: "
     gap = abs(plain / switch - 1)
-    text = f"The lines in your own loop gave a {what} of {plain:.2f}x, gantools' switch {switch:.2f}x: "
+    if a is not None and b is not None:
+        agree = _overlap(a, b)
+        return Conclusion(text + ("their paired ranges overlap: **they agree** within the noise, so the switch is "
+                                  "these lines." if agree else
+                                  "their paired ranges do not overlap: **they differ** beyond the noise: the rest "
+                                  "of each loop (gantools' step does more than the plain one) makes the same change "
+                                  "weigh differently."), agree)
     if gap <= tolerance:
-        text += f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines."
-    else:
-        text += (f"they differ by {100 * gap:.0f}%: either the timings' noise (a short run's ratio moves this much), "
-                 "or the rest of each loop (gantools' step does more than the plain one) makes the same change weigh "
-                 "differently; time both longer to tell.")
-    return Conclusion(text, gap <= tolerance)
+        return Conclusion(text + f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines.", True)
+    return Conclusion(text + f"they differ by {100 * gap:.0f}%: either the timings' noise (a short run's ratio moves "
+                      "this much), or the rest of each loop (gantools' step does more than the plain one) makes the "
+                      "same change weigh differently; time both in turns, with paired ranges, to tell.", False)
 
 
 def estimate_held(change: str, estimate: float | None, measured: float, spread: tuple | None = None) -> Conclusion:
-    """Whether a speed-up measured on the code itself (`doctor --try`'s paired repeats: `measured`, with the lowest and
-    highest paired ratios in `spread`) bears out the doctor's estimate for that fix: an upper bound ("up to 1.30x",
-    Amdahl's law on a profiled share under an assumption such as "autocast halves the convolutions' time"), or None
-    where it made none ("measure it"). The noise is the wider of `SPEED_BAND` and the spread's half-width. `keep` is
-    True when the measurement stayed within the bound, noise allowed: the estimate held (a bound promises no gain,
-    so a fix that gave none within it does not contradict it)."""
-    noise = max(SPEED_BAND, (spread[1] - spread[0]) / 2 / measured if spread else 0.0)
-    shown = f"{measured:.2f}x" + (f" (paired {spread[0]:.2f}x-{spread[1]:.2f}x)" if spread else "")
-    gained = measured >= 1 + noise
+    """Whether a speed-up measured on the code itself (`doctor --try`'s paired repeats: `measured`, with the lowest
+    and highest paired ratios in `spread`; None: one measurement) bears out the doctor's estimate for that fix: an
+    upper bound ("up to 1.30x", Amdahl's law on a profiled share under an assumption such as "autocast halves the
+    convolutions' time"), or None where it made none ("measure it"). Beyond the bound means the whole paired range
+    above it (one measurement: more than `SPEED_BAND` above it). `keep` is True when the measurement stayed within
+    the bound: the estimate held (a bound promises no gain, so a fix that gave none does not contradict it)."""
+    paired = _paired(spread)
+    verdict = speed_verdict(paired)
+    shown = f"{measured:.2f}x ({paired_text(paired) if paired else 'one measurement'})"
+    gained = verdict == FASTER if paired else measured >= 1 + SPEED_BAND
     text = f"**{change}**: measured {shown}"
     if estimate is None:
         return Conclusion(f"{text}; the doctor made no estimate (\"measure it\"), so the measurement is the only "
-                          f"figure: **{'a gain' if gained else 'no gain beyond the noise'}** here.", True)
+                          f"figure: **{verdict}** here.", True)
     text += f" against the doctor's estimate of up to {estimate:.2f}x"
-    if measured > estimate * (1 + noise):
-        return Conclusion(f"{text}: **more than the estimate allowed**, beyond the noise (±{100 * noise:.0f}%): the "
-                          "assumption behind the estimate was too modest on this machine; the measurement is the "
-                          "figure to trust.", False)
+    beyond = paired.low > estimate if paired else measured > estimate * (1 + SPEED_BAND)
+    noise = "the whole paired range above it" if paired else f"more than {100 * SPEED_BAND:.0f}% above it"
+    if beyond:
+        return Conclusion(f"{text}: **more than the estimate allowed** ({noise}): the assumption behind the "
+                          "estimate was too modest on this machine; the measurement is the figure to trust.", False)
     within = "within the bound" if measured <= estimate else "above the bound by less than the noise"
     if not gained:
-        return Conclusion(f"{text}: {within}, but **no gain beyond the noise** (±{100 * noise:.0f}%): an estimate "
-                          "says what a fix could give at most, and here it gave nothing measurable.", True)
+        said = verdict if paired else f"within {100 * SPEED_BAND:.0f}% of 1.00x"
+        return Conclusion(f"{text}: {within}, but **{said}**: an estimate says what a fix could give at most, and "
+                          "here it gave nothing measurable.", True)
     share = (measured - 1) / (estimate - 1) if estimate > 1 else 1.0
     return Conclusion(f"{text}: {within}: **the estimate held**, and the fix gave {100 * min(share, 1):.0f}% of the "
                       "gain it allowed.", True)
@@ -137,10 +230,10 @@ def same_story(a: dict, b: dict, a_name: str, b_name: str, tolerance: float = 0.
 
 def worth_removing(share: float, what: str = "waiting for data", fix: str = "feed the device faster",
                    noise: float = 0.0) -> Conclusion:
-    """Whether `what`, taking `share` (0-1) of each step, is worth making faster: removing it entirely makes the
-    step at most 1 / (1 - share) as fast (Amdahl's law), so a share whose bound stays inside the speed band is not
-    this machine's bottleneck, however much faster it could be made. `.keep` is True when it is worth the work.
-    `noise`: the spread of the timings the share was computed from; a share below it is not a measurement."""
+    """Whether `what`, taking `share` (0-1) of each step, is a bottleneck worth the work: at least `DATA_BOTTLENECK`
+    of the step. Removing it entirely makes the step at most 1 / (1 - share) as fast (Amdahl's law), the bound the
+    sentence shows. `.keep` is True when it is a bottleneck. `noise`: the spread of the timings the share was
+    computed from; a share below it is not a measurement."""
     share = min(max(share, 0.0), 1.0)  # a share measured as a difference of two speeds can fall below zero: noise
     text = f"Here the step spent **{100 * share:.1f}%** of its time {what}"
     if share < noise:
@@ -148,9 +241,9 @@ def worth_removing(share: float, what: str = "waiting for data", fix: str = "fee
                           "measurement to tell from nothing**; time the wait directly to judge it.", False)
     if share >= 1:
         return Conclusion(f"{text}: it did nothing else: **this is the bottleneck: {fix}**.", True)
-    bound = 1 / (1 - share)
-    text += f", so removing that entirely would make the step at most {bound:.3f}x as fast"
-    if bound >= 1 + SPEED_BAND:
-        return Conclusion(f"{text}: **a bottleneck here: {fix}**.", True)
-    return Conclusion(f"{text}, less than the {100 * SPEED_BAND:.0f}% a speed-up needs to count: **not this "
+    text += f", so removing that entirely would make the step at most {1 / (1 - share):.3f}x as fast"
+    if share >= DATA_BOTTLENECK:
+        return Conclusion(f"{text}: at least the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck: **a "
+                          f"bottleneck here: {fix}**.", True)
+    return Conclusion(f"{text}: under the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck: **not this "
                       "machine's bottleneck**; the step's time goes to compute.", False)

@@ -12,7 +12,7 @@ from ..core.config import TrainConfig, preset
 from .display import LiveRuns
 from ..errors import ConfigError
 from ..measuring.hardware import machine_info, resolve_device
-from ..measuring.turns import SAME, Contender, take_turns
+from ..measuring.turns import SAME, Contender, Spread, take_turns
 from ..core.history import History
 from ..core.metrics import QualityCurve
 from ..quick import QUICK
@@ -66,6 +66,22 @@ def baseline(path=None) -> dict:
     return results["baseline"]["summary"]
 
 
+class SideBySide(dict):
+    """What `train_side_by_side` returns: name -> Trainer, with the same accessors as `tutorial.Race` for the
+    figures a conclusion reads."""
+
+    def ratio(self, name: str, against: str) -> float:
+        """How many times as fast `name` ran as `against` (each run's median images/s, as its summary gives it)."""
+        return self[name].history.summary()["images_per_sec"] / self[against].history.summary()["images_per_sec"]
+
+    def paired(self, name: str, against: str) -> Spread | None:
+        """The lowest and highest of the round-by-round ratios (`reconcile.paired_ratios`, warm-up left out): the
+        range `conclusions.speed_verdict` reads; None where fewer than two rounds ran."""
+        from .reconcile import paired_ratios
+
+        return Spread.of(paired_ratios(self[name], self[against]))
+
+
 def train_side_by_side(configs: dict, images: int | None = None, chunk_images: int | None = None,
                        quality: bool = True, plot: bool = True, *, steps: int | None = None,
                        chunk_steps: int | None = None, quality_points: int = 1) -> dict:
@@ -76,7 +92,8 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
     alike, so their images/s compare fairly (each run's figure: the median over its chunks after the first, which
     holds warm-up). One live figure, updated in place, shows them all. With `quality`, every run is scored (FID,
     KID, coverage; a conditional run also `label_match`) at the end, and with `quality_points` > 1 also at evenly
-    spaced rounds before it (`quality_curve(trainer)`: FID over the run). Returns name -> Trainer."""
+    spaced rounds before it (`quality_curve(trainer)`: FID over the run). Returns name -> Trainer, as a
+    `SideBySide` (`.ratio`, `.paired`: the figures a conclusion reads)."""
     if (images is None) == (steps is None):
         raise ConfigError("give the budget as images (real images, with chunk_images) or as steps (generator "
                           "steps, with chunk_steps), not both")
@@ -114,7 +131,7 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
 
     take_turns({name: Contender(subject=name, turn=turn) for name in trainers}, rounds, order=SAME,
                after_round=after_round)
-    return trainers
+    return SideBySide(trainers)
 
 
 def quality_curve(trainer) -> History:

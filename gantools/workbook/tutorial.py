@@ -113,6 +113,11 @@ class Race:
         """How many times as fast `name` ran as `against` (images/s over images/s)."""
         return self.images_per_sec[name] / self.images_per_sec[against]
 
+    def paired(self, name: str, against: str) -> Spread:
+        """The lowest and highest of `name`'s chunk-by-chunk images/s over `against`'s (`Measured.ratios`): each pair
+        ran back to back, so noise common to both cancels; `conclusions.speed_verdict` reads the verdict from it."""
+        return Spread.of(self.measured[name].ratios(self.measured[against]))
+
     def spread(self, name: str) -> Spread:
         """The lowest and highest of a contender's timed chunks (`.share_of(median)`: the noise in its figure)."""
         return self.measured[name].spread

@@ -1,0 +1,117 @@
+"""One rule per kind of claim (gantools/workbook/conclusions.py): speed verdicts from paired ranges, quality only
+against a second seed's spread, one data-bottleneck threshold, and the profiler's estimate named as what it computes."""
+from types import SimpleNamespace
+
+import pytest
+
+from gantools import ConfigError, TrainConfig
+from gantools.measuring.turns import Spread
+from gantools.speed.keep import QUALITY_TARGET
+from gantools.speed.profiling import ProfileReport, diagnose
+from gantools.workbook.conclusions import (DATA_BOTTLENECK, FASTER, NO_DIFFERENCE, ONE_MEASUREMENT, SLOWER,
+                                           agreement, estimate_held, keep_or_leave, speed_verdict, speed_words,
+                                           worth_removing)
+from gantools.workbook.runs import SideBySide
+
+
+@pytest.mark.parametrize("paired, verdict", [((1.02, 1.15), FASTER), ((0.95, 1.20), NO_DIFFERENCE),
+                                             ((0.80, 1.00), NO_DIFFERENCE), ((0.74, 0.86), SLOWER),
+                                             (None, ONE_MEASUREMENT)])
+def test_speed_is_judged_on_the_paired_range_alone(paired, verdict):
+    assert speed_verdict(paired) == verdict
+
+
+def test_a_ratio_whose_paired_range_holds_one_reads_no_difference():
+    straddles = keep_or_leave("bf16", "fp32", 1.08, paired=(0.95, 1.20))
+    assert not straddles.keep and "no difference measured" in straddles.text
+    assert "keep it" not in straddles.text and "faster" not in straddles.text
+    excludes = keep_or_leave("bf16", "fp32", 1.08, paired=(1.02, 1.15))
+    assert excludes.keep and "1.08x as fast as **fp32** (paired 1.02x-1.15x)" in excludes.text
+
+
+def test_one_measurement_gets_no_verdict():
+    single = keep_or_leave("bf16", "fp32", 1.45)
+    assert not single.keep and "one measurement, no verdict" in single.text and "faster" not in single.text
+    assert speed_words(1.45, "fp32") == "at 1.45x the speed of fp32 (one measurement, no verdict)"
+
+
+def test_speed_words_show_the_ratio_and_its_paired_range():
+    assert speed_words(0.80, "fp32", Spread(0.74, 0.86)) == "slower than fp32 (0.80x, paired 0.74x-0.86x)"
+    assert speed_words(1.03, "fp32", (0.91, 1.12)) == ("with no difference measured against fp32 (1.03x, paired "
+                                                       "0.91x-1.12x)")
+
+
+def test_a_paired_range_upside_down_is_refused():
+    with pytest.raises(ConfigError, match="low <= high"):
+        speed_verdict((1.2, 1.1))
+
+
+def test_quality_without_a_second_seed_is_not_judged():
+    c = keep_or_leave("bf16", "fp32", 1.5, 30.0, 24.0, paired=(1.3, 1.7))  # FID 25% worse
+    assert c.keep and "24.0" in c.text and "30.0" in c.text and "quality not judged (no second seed)" in c.text
+    assert "fell" not in c.text and "kept" not in c.text
+
+
+@pytest.mark.parametrize("fid_spread", [6.0, (24.0, 30.0)])
+def test_a_rise_within_the_second_seeds_spread_is_kept_and_beyond_it_not(fid_spread):
+    within = keep_or_leave("bf16", "fp32", 1.5, 29.0, 24.0, paired=(1.3, 1.7), fid_spread=fid_spread)
+    assert within.keep and "quality kept" in within.text and "1.25x" in within.text  # the seeds' 30 / 24
+    beyond = keep_or_leave("bf16", "fp32", 1.5, 31.0, 24.0, paired=(1.3, 1.7), fid_spread=fid_spread)
+    assert not beyond.keep and "quality fell" in beyond.text
+
+
+def test_a_second_seed_closer_than_the_quality_target_still_allows_it():
+    """tune's rule (`keep.judge_fid`): the limit is the wider of QUALITY_TARGET and the seeds' spread."""
+    c = keep_or_leave("bf16", "fp32", 1.5, 24.0 * (QUALITY_TARGET - 0.01), 24.0, paired=(1.3, 1.7), fid_spread=0.5)
+    assert c.keep and "quality kept" in c.text
+
+
+def test_no_difference_and_worse_quality_is_left_off():
+    c = keep_or_leave("bf16", "fp32", 1.01, 40.0, 24.0, paired=(0.9, 1.1), fid_spread=1.0)
+    assert not c.keep and "no difference measured, and quality fell" in c.text
+
+
+def test_under_the_data_bottleneck_share_is_no_bottleneck():
+    assert DATA_BOTTLENECK == 0.05
+    short = worth_removing(0.049)  # 03's 4.9% of a step waiting
+    assert not short.keep and "not this machine's bottleneck" in short.text and "**4.9%**" in short.text
+    assert worth_removing(DATA_BOTTLENECK).keep and "a bottleneck here" in worth_removing(0.051).text
+
+
+def test_agreement_reads_paired_ranges_where_both_have_one():
+    overlap = agreement(1.2, 1.5, plain_paired=(1.0, 1.4), switch_paired=(1.3, 1.7))
+    assert overlap.keep and "agree" in overlap.text, "20% apart, but within each other's noise"
+    apart = agreement(1.2, 1.28, plain_paired=(1.18, 1.22), switch_paired=(1.25, 1.3))
+    assert not apart.keep and "differ" in apart.text
+
+
+def test_a_fix_measured_above_the_profilers_bound_is_noticed():
+    """01's numbers: the verdict's bound 1.69x, the profiled fix 1.80x (one measurement)."""
+    beyond = estimate_held("bf16", 1.69, 1.80)
+    assert not beyond.keep and "more than the estimate allowed" in beyond.text and "one measurement" in beyond.text
+    assert estimate_held("bf16", 1.69, 1.80, (1.60, 2.00)).keep, "a paired range that reaches below the bound"
+    assert not estimate_held("bf16", 1.69, 1.80, (1.72, 1.90)).keep
+
+
+def test_the_profilers_estimate_is_amdahl_on_the_share_it_removes_and_says_so():
+    """Convolutions 82% of a 100 ms step: 16-bit assumed to halve them removes 41% of the step, so 1 / (1 - 0.41)."""
+    report = ProfileReport("cpu", 5, 64, 100.0, 100.0, {"data wait": 0.0}, 100.0, 0.0, 0.0,
+                           [("aten::convolution", 82.0), ("aten::native_batch_norm", 18.0)])
+    v = diagnose(report, TrainConfig())
+    assert v.removed_share == pytest.approx(0.41) and v.estimated_speedup == pytest.approx(1 / (1 - 0.41))
+    text = str(v)
+    assert "upper bound" in text and "half the convolutions' and matmuls' time, 41% of the step" in text
+    assert "up to 1.69x" in text and "if this bottleneck were removed" not in text
+
+
+def _trainer(speeds):
+    return SimpleNamespace(history=SimpleNamespace(
+        records=[{"images_per_sec": v} for v in speeds],
+        summary=lambda: {"images_per_sec": sorted(speeds[1:])[len(speeds[1:]) // 2]}))
+
+
+def test_side_by_side_runs_give_their_paired_range_and_ratio():
+    runs = SideBySide({"start": _trainer([1, 100, 100, 100]), "fix": _trainer([9, 110, 95, 120])})
+    assert runs.paired("fix", "start") == (0.95, 1.2), "round by round, the warm-up round left out"
+    assert runs.ratio("fix", "start") == pytest.approx(1.1)
+    assert speed_verdict(runs.paired("fix", "start")) == NO_DIFFERENCE
