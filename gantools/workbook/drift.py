@@ -19,6 +19,12 @@ import torch
 from .display import markdown_table
 from ..measuring.hardware import seeded
 
+# What the notebooks call rounding and what they call grown, so a sentence under a measured gap says the same thing
+# in every run: float32's eps is its rounding unit, and a few dozen roundings in another order stay within this many.
+ROUNDING_EPS = 100
+GROWN = 10  # a gap this many times its size after the first step was magnified by the game, not merely carried along
+ROUNDING_GAP = 1e-4  # an `accumulation_gap` below this is rounding: orders of magnitude below a statistics difference
+
 
 def relative_gap(a, b) -> float:
     """The largest |difference| between two lists of tensors, each tensor's difference relative to its largest
