@@ -27,7 +27,7 @@ from .runs import runs_dir
 
 MIN_CLASSES = 8  # of 10: the generator draws most classes, so a FID compares shapes, not which classes exist
 CHECK_EVERY = 100  # steps between coverage checks
-MAX_STEPS = 3000  # the cap: a start that has not got there by then is returned with a warning
+MAX_STEPS = 3000  # the cap, well past what the tutorial's size needs (docs/api.md); short of it: a warning
 QUICK_STEPS = 4
 _ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW)  # the same moments (exp_avg, exp_avg_sq, step)
 
