@@ -36,13 +36,16 @@ def test_a_second_call_does_not_train_and_loads_equal_tensors(start, monkeypatch
                                                                           moments))
 
 
-def test_another_seed_is_another_cache_entry(start, monkeypatch):
-    calls = []
-    real_step = tutorial.train_step
-    monkeypatch.setattr(tutorial, "train_step", lambda gan, x: calls.append(1) or real_step(gan, x))
-    reseeded = warm.warm_start("cpu", seed=1, folder=start.path.parent, **TINY)
-    assert len(calls) == warm.QUICK_STEPS and reseeded.path != start.path and start.path.is_file()
-    assert not torch.equal(_tensors(start.state["G"])[0], _tensors(reseeded.state["G"])[0])
+def test_whatever_determines_a_start_names_another_cache_file(monkeypatch):
+    args = dict(device=torch.device("cpu"), seed=0, d_norm="batch", min_classes=8, max_steps=4, folder="f",
+                size=TINY)
+    key, path = warm.cache_entry(**args)
+    assert warm.cache_entry(**args) == (key, path) and key["torch"] == torch.__version__.split("+")[0]
+    changed = [dict(seed=1), dict(d_norm="layer"), dict(max_steps=5), dict(size={**TINY, "ngf": 16}),
+               dict(device=torch.device("meta"))]
+    assert len({path, *(warm.cache_entry(**{**args, **c})[1] for c in changed)}) == 1 + len(changed)
+    monkeypatch.setattr(warm, "GLYPHS_VERSION", -1)  # other data: the same readable name, another digest
+    assert warm.cache_entry(**args)[1] != path
 
 
 def test_each_arm_gets_its_own_copy_and_training_one_leaves_the_other_and_the_start_alone(start, glyphs64):

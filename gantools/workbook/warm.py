@@ -27,7 +27,7 @@ from .runs import runs_dir
 
 MIN_CLASSES = 8  # of 10: the generator draws most classes, so a FID compares shapes, not which classes exist
 CHECK_EVERY = 100  # steps between coverage checks
-MAX_STEPS = 3000  # the cap: a start that has not got there by then is returned with a warning
+MAX_STEPS = 3000  # the cap, well past what the tutorial's size needs (docs/api.md); short of it: a warning
 QUICK_STEPS = 4
 _ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW)  # the same moments (exp_avg, exp_avg_sq, step)
 
@@ -116,13 +116,7 @@ def warm_start(device="auto", seed: int = 0, d_norm: str = "batch", min_classes:
     size = {**tutorial.tutorial_size(), **size}
     device = resolve_device(device) if isinstance(device, str) else device
     max_steps = max_steps or (QUICK_STEPS if QUICK else MAX_STEPS)
-    key = {"data": f"glyphs-v{GLYPHS_VERSION}-32px-1ch", **{k: size[k] for k in ("nz", "ngf", "ndf", "batch_size")},
-           "d_norm": d_norm, "seed": seed, "device": device.type, "torch": torch.__version__.split("+")[0],
-           "min_classes": min_classes, "max_steps": max_steps, "check_every": CHECK_EVERY, "judged": not QUICK,
-           "classifier": CLASSIFIER_VERSION}
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    path = Path(folder or runs_dir() / "warm") / (f"dcgan-nz{size['nz']}-ngf{size['ngf']}-ndf{size['ndf']}-"
-                                                  f"b{size['batch_size']}-seed{seed}-{device.type}-{digest}.pt")
+    key, path = cache_entry(device, seed, d_norm, min_classes, max_steps, folder, size)
     cached = _read(path, key)
     if cached is not None:
         return cached
@@ -140,6 +134,19 @@ def warm_start(device="auto", seed: int = 0, d_norm: str = "batch", min_classes:
                       f"of 10 classes (wanted {min_classes}): quality compared from it is not judged; give it more "
                       f"steps (warm_start(max_steps=...)) or a GPU", stacklevel=2)
     return start
+
+
+def cache_entry(device: torch.device, seed: int, d_norm: str, min_classes: int, max_steps: int, folder,
+                size: dict) -> tuple[dict, Path]:
+    """What determines a warm start (its key, stored in the file and checked on reading) and the file it is cached
+    in: a readable name with a digest of the whole key."""
+    key = {"data": f"glyphs-v{GLYPHS_VERSION}-32px-1ch", **{k: size[k] for k in ("nz", "ngf", "ndf", "batch_size")},
+           "d_norm": d_norm, "seed": seed, "device": device.type, "torch": torch.__version__.split("+")[0],
+           "min_classes": min_classes, "max_steps": max_steps, "check_every": CHECK_EVERY, "judged": not QUICK,
+           "classifier": CLASSIFIER_VERSION}
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    name = f"dcgan-nz{size['nz']}-ngf{size['ngf']}-ndf{size['ndf']}-b{size['batch_size']}-seed{seed}-{device.type}"
+    return key, Path(folder or runs_dir() / "warm") / f"{name}-{digest}.pt"
 
 
 def _train(gan: tutorial.PlainGAN, seed: int, min_classes: int, max_steps: int, judge: bool,
