@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import math
 
+import torch
+
 from . import recovery
 from ..measuring.memory import step_peak_bytes
 
@@ -56,6 +58,9 @@ class StepMemory:
         if self._steps != 2:
             trainer.train_step(*reals)
         elif trainer.device.type == "cuda" and not trainer.stepper.cuda_graphs or trainer.cfg.compile == "off":
+            if trainer.device.type != "cuda":  # a process's first op under a dispatch mode imports torch._dynamo
+                with trainer.clock.excluded():
+                    step_peak_bytes(lambda: torch.empty(1), trainer.device)
             self.peak_mb = step_peak_bytes(lambda: trainer.train_step(*reals), trainer.device, holders(trainer)) / 2**20
         else:
             trainer.train_step(*reals)
