@@ -94,8 +94,9 @@ def _names(source: str) -> tuple[set[str], set[str]]:
 
 
 def cells_to_run(notebook: dict) -> tuple[list[int], list[int]] | None:
-    """(the cells whose stored outputs hold a widget, those and every earlier cell that sets or changes a name they
-    read, and so on back), as indexes into the notebook's cells; None for a notebook with no stored widget."""
+    """(the cells whose stored outputs hold a widget, the cells to run: those, every earlier cell that sets or changes
+    a name they read, and so on back, and the later cells that use what the widget cells set and need no other
+    cell), as indexes into the notebook's cells; None for a notebook with no stored widget."""
     cells = notebook["cells"]
     code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
     widgets = [i for i in code if any(WIDGET in out.get("data", {}) for out in cells[i]["outputs"])]
@@ -109,6 +110,11 @@ def cells_to_run(notebook: dict) -> tuple[list[int], list[int]] | None:
             if j < i and j not in needed and names[j][0] & names[i][1]:
                 needed.add(j)
                 todo.append(j)
+    shown = set().union(*(names[i][0] for i in widgets))  # e.g. a panel the notebook goes on to use
+    for j in code:
+        if j > widgets[0] and j not in needed and names[j][1] & shown and all(
+                k in needed for k in code if k < j and names[k][0] & names[j][1]):
+            needed.add(j)
     return widgets, sorted(needed)
 
 
@@ -254,8 +260,7 @@ def check_panel(nb: Notebook) -> None:
 
     plot, status = panel.locator("img.widget-image"), panel.locator(".widget-html").first
     assert plot.count() == 1
-    before_status = status.inner_text()
-    before_png = _png(page, plot) if plot.evaluate("img => img.naturalWidth") else None  # empty before a run
+    before_status, before_png = status.inner_text(), _png(page, plot)
     rows_before = panel.locator(".widget-output table tbody tr").count()
     cell_outputs = page.locator(".jp-OutputArea-output:not(.jupyter-widgets *)")  # not those inside widgets
     outputs_before = cell_outputs.count()
@@ -287,8 +292,7 @@ def check_panel(nb: Notebook) -> None:
     assert page.locator("img.widget-image[data-watched='yes']").count() == 1, "the plot's <img> was replaced"
     assert cell_outputs.count() == outputs_before, "the run added or removed cell outputs"
     after_png = _png(page, plot)
-    assert before_png is None or after_png.shape != before_png.shape or \
-        np.abs(after_png - before_png).mean() > 0.5, \
+    assert after_png.shape != before_png.shape or np.abs(after_png - before_png).mean() > 0.5, \
         "the plot shows the same picture as before the run"
     width = after_png.shape[1]
     loss, grid = after_png[:, : width // 2], after_png[:, int(width * 0.62):]
@@ -390,10 +394,11 @@ def test_a_failing_cell_is_caught(browser, lab):
 
 def test_the_cells_run_in_part_are_the_widget_cells_and_all_they_need():
     sources = ["import math", "unused = 1", "x = [math.pi]", "x.append(2)  # changes x", "y, z = len(x), 5",
-               "%time w = 3", "def f():\n    return y\nshow(f())", "after = x"]
+               "%time w = 3", "def f():\n    return y\nshow(f())", "after = x", "f()  # uses the widget cell's f",
+               "g = f() + unused  # and a cell not run"]
     cells = [{"cell_type": "code", "source": src, "outputs": []} for src in sources]
     cells[6]["outputs"] = [{"output_type": "display_data", "data": {WIDGET: {"model_id": "m"}}}]
     cells.insert(1, {"cell_type": "markdown", "source": "text"})
-    assert cells_to_run({"cells": cells}) == ([7], [0, 3, 4, 5, 7])
+    assert cells_to_run({"cells": cells}) == ([7], [0, 3, 4, 5, 7, 9])
     cells[7]["outputs"] = []
     assert cells_to_run({"cells": cells}) is None  # no stored widget: the notebook is run in full
