@@ -254,7 +254,7 @@ class OutOfMemoryAbove(BatchFreeG):
 @pytest.mark.slow
 @pytest.mark.parametrize("error", [None, RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED")],
                          ids=["OutOfMemoryError", "cuDNN's allocation failure"])
-def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
+def test_your_own_networks_and_candidates_that_raise(tiny, small_pngs, error):
     """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory (as torch
     says it, or as cuDNN does), the device loader on a folder of files (an invalid combination): both rejected with
     their reasons, and the loop goes on."""
@@ -262,7 +262,7 @@ def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
     if error is not None:
         g.error = error
     before = weights(g), weights(d)
-    cfg = tiny.replace(dataset="folder", data_path=str(big_images), sync_every_step=True)
+    cfg = tiny.replace(dataset="folder", data_path=str(small_pngs), sync_every_step=True)
     result = tune(cfg, minutes=5, generator=g, discriminator=d, plan=RULE_REPLACED,
                   progress=None, quality=lambda c: {"fid": 1.0}, space=("batch_size", "loader", "sync_every_step"))
     batch, device, sync = result.path  # the verdict's fix (workers) is outside this space: the space's own order
