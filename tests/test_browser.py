@@ -1,13 +1,15 @@
 """The workbook as a reader meets it: JupyterLab in headless Chromium, driven by Playwright.
 
-nbval proves that the cells execute; this proves what a reader sees. Every notebook (quick mode, copied to a
-temporary folder so the stored outputs are never touched) is opened in JupyterLab and run with Run > Run All Cells;
-no cell may show an error and every widget must render. In 01-04 the notebook's own try-it widget is pressed and
-must finish a run reported against the baseline that notebook measured. In 05_all_together a control is changed with
-the mouse and Run pressed: the run's loss plot and sample grid must update in place and its result must reach the
-comparison table; then Tune is pressed with a budget of seconds, its path must appear in the panel, and Load tuned
-must take its result.
-Screenshots land in artifacts/browser/ for a person to look at.
+nbval proves that every cell executes; this proves what a reader sees, where only a browser can: the widgets. Each
+notebook (quick mode, copied to a temporary folder so the stored outputs are never touched) is opened in JupyterLab.
+The first (the baseline) is run with Run > Run All Cells; in the others the cells whose stored outputs hold a widget
+are run with the cells they need (`cells_to_run`: the names they read, traced back to the cells that set or change
+them), since nbval runs the rest. No cell run may show an error and every widget must render. In 01-04 and 07 the
+notebook's own try-it widget is pressed and must finish a run reported against the baseline that notebook measured.
+In 05_all_together a control is changed with the mouse and Run pressed: the run's loss plot and sample grid must
+update in place and its result must reach the comparison table; then Tune is pressed with a budget of seconds, its
+path must appear in the panel, and Load tuned must take its result.
+Screenshots land in artifacts/browser/ for a person to look at (of a notebook run in part, the cells that ran).
 
 Needs Chromium (Debian's `chromium`; `make test` installs it where it can) or $GANTOOLS_CHROMIUM: the `browser`
 fixture in conftest.py, shared with tests/test_book.py. Playwright's own browser download is not used: it does not
@@ -15,6 +17,7 @@ work offline.
 """
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import json
@@ -24,6 +27,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import symtable
 import sys
 import time
 import urllib.request
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 from PIL import Image
 from playwright.sync_api import expect
 
@@ -46,6 +51,7 @@ LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "non
 APP = "window.jupyterapp?.shell?.currentWidget"  # the open notebook panel (the app is exposed for tests; undefined
 # while the page is still loading, so every step is optional: a predicate that throws ends wait_for_function)
 RUN_TIMEOUT_S = 240
+WIDGET = "application/vnd.jupyter.widget-view+json"
 BASE = workbook_config("default")  # what 05's panel starts from; its run names list what differs from this
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -55,6 +61,61 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """The top-level names a cell sets or changes, and those it reads (in its functions too). A name is changed by
+    `x[k] = v`, `x.a = v`, `x += v` and a method call whose result is dropped (`x.fit()`, `x.append(v)`)."""
+    code = TransformerManager().transform_cell(source)  # IPython's magics and shell escapes as Python
+    table = symtable.symtable(code, "<cell>", "exec")
+    sets = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+    reads = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+    scopes = list(table.get_children())
+    while scopes:
+        scope = scopes.pop()
+        scopes.extend(scope.get_children())
+        reads |= {s.get_name() for s in scope.get_symbols() if s.is_referenced() and (s.is_global() or s.is_free())}
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            targets = [node.value.func]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, (ast.Attribute, ast.Subscript)):
+                while isinstance(target, (ast.Attribute, ast.Subscript, ast.Call)):
+                    target = target.func if isinstance(target, ast.Call) else target.value
+                if isinstance(target, ast.Name):
+                    sets.add(target.id)
+    return sets, reads
+
+
+def cells_to_run(notebook: dict) -> tuple[list[int], list[int]] | None:
+    """(the cells whose stored outputs hold a widget, the cells to run: those, every earlier cell that sets or changes
+    a name they read, and so on back, and the later cells that use what the widget cells set and need no other
+    cell), as indexes into the notebook's cells; None for a notebook with no stored widget."""
+    cells = notebook["cells"]
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    widgets = [i for i in code if any(WIDGET in out.get("data", {}) for out in cells[i]["outputs"])]
+    if not widgets:
+        return None
+    names = {i: _names("".join(cells[i]["source"])) for i in code}
+    needed, todo = set(widgets), list(widgets)
+    while todo:
+        i = todo.pop()
+        for j in code:
+            if j < i and j not in needed and names[j][0] & names[i][1]:
+                needed.add(j)
+                todo.append(j)
+    shown = set().union(*(names[i][0] for i in widgets))  # e.g. a panel the notebook goes on to use
+    for j in code:
+        if j > widgets[0] and j not in needed and names[j][1] & shown and all(
+                k in needed for k in code if k < j and names[k][0] & names[j][1]):
+            needed.add(j)
+    return widgets, sorted(needed)
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +177,20 @@ class Notebook:
         self.page.evaluate("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
         self.page.click('.lm-MenuBar-itemLabel:text-is("Run")')
         self.page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+        return self._finished()
+
+    def run_cells(self, indexes: list[int]) -> dict:
+        """Clear the stored outputs, select these cells and run them (the Run menu's Run Selected Cell, as a
+        command: the selection is not contiguous); wait and return as `run_all` does."""
+        self.page.evaluate("""(indexes) => { const app = window.jupyterapp, nb = app.shell.currentWidget.content;
+            app.commands.execute('notebook:clear-all-cell-outputs');
+            nb.activeCellIndex = indexes[0];
+            nb.deselectAll();
+            for (const i of indexes) nb.select(nb.widgets[i]);
+            return app.commands.execute('notebook:run-cell'); }""", indexes)
+        return self._finished()
+
+    def _finished(self) -> dict:
         self.page.wait_for_function(
             f"{APP}.context.model.toJSON().cells.some(c => c.execution_count) && "
             "!Array.from(document.querySelectorAll('.jp-InputPrompt')).some(e => e.textContent.includes('*')) && "
@@ -123,17 +198,20 @@ class Notebook:
         self.page.wait_for_timeout(500)  # let the last widget views attach
         return self.page.evaluate(f"{APP}.context.model.toJSON()")
 
-    def problems(self, notebook: dict) -> list[str]:
-        """Everything a reader would see go wrong: error outputs, cells that never ran, widgets that did not render."""
+    def problems(self, notebook: dict, ran: list[int] | None = None) -> list[str]:
+        """Everything a reader would see go wrong: error outputs, cells that never ran (of those run: `ran`, indexes
+        into the cells; None: all), widgets that did not render."""
         found = []
-        for i, cell in enumerate(c for c in notebook["cells"] if c["cell_type"] == "code"):
+        code = [i for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "code"]
+        for n, i in enumerate(code):
+            cell = notebook["cells"][i]
             head = "".join(cell["source"]).strip().splitlines()[:1]
             for out in cell["outputs"]:
                 if out["output_type"] == "error":
-                    found.append(f"code cell {i + 1} ({head}) shows {out['ename']}: {out['evalue']}")
-            if cell["execution_count"] is None and "".join(cell["source"]).strip():
-                found.append(f"code cell {i + 1} ({head}) never ran")
-        wanted = sum("application/vnd.jupyter.widget-view+json" in out.get("data", {})
+                    found.append(f"code cell {n + 1} ({head}) shows {out['ename']}: {out['evalue']}")
+            if cell["execution_count"] is None and "".join(cell["source"]).strip() and (ran is None or i in ran):
+                found.append(f"code cell {n + 1} ({head}) never ran")
+        wanted = sum(WIDGET in out.get("data", {})
                      for c in notebook["cells"] if c["cell_type"] == "code" for out in c["outputs"])
         shown = self.page.locator(".jp-OutputArea-output:has(.jupyter-widgets)").count()
         if shown < wanted:
@@ -276,11 +354,15 @@ def check_try_it(nb: Notebook, button: str) -> None:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_in_browser(browser, lab, name):
+    part = None if name == NOTEBOOKS[0] else cells_to_run(json.loads((ROOT / "notebooks" / name).read_text()))
     nb = Notebook(browser, lab, name)
     try:
-        notebook = nb.run_all()
+        notebook = nb.run_all() if part is None else nb.run_cells(part[1])
         nb.screenshot(ARTIFACTS / f"{Path(name).stem}.png")
-        problems = nb.problems(notebook)
+        problems = nb.problems(notebook, None if part is None else part[1])
+        for i in part[0] if part else []:
+            if not any(WIDGET in out.get("data", {}) for out in notebook["cells"][i]["outputs"]):
+                problems.append(f"cell {i + 1} held a widget when the notebook was stored, and holds none now")
         assert not problems, f"{name} in JupyterLab:\n" + "\n".join(problems)
         if name == "05_all_together.ipynb":
             check_panel(nb)
@@ -300,7 +382,23 @@ def test_a_failing_cell_is_caught(browser, lab):
     nb = Notebook(browser, lab, "broken.ipynb")
     try:
         problems = nb.problems(nb.run_all())
+        part = nb.run_cells([0, 2])  # a run in part: these two only
+        in_part, as_if_whole = nb.problems(part, [0, 2]), nb.problems(part)
     finally:
         nb.close()
     assert any("ZeroDivisionError" in p for p in problems), problems
     assert any("cell 3" in p and "never ran" in p for p in problems), problems
+    assert [c["execution_count"] is not None for c in part["cells"]] == [True, False, True]
+    assert in_part == [] and len(as_if_whole) == 1 and "cell 2" in as_if_whole[0] and "never ran" in as_if_whole[0]
+
+
+def test_the_cells_run_in_part_are_the_widget_cells_and_all_they_need():
+    sources = ["import math", "unused = 1", "x = [math.pi]", "x.append(2)  # changes x", "y, z = len(x), 5",
+               "%time w = 3", "def f():\n    return y\nshow(f())", "after = x", "f()  # uses the widget cell's f",
+               "g = f() + unused  # and a cell not run"]
+    cells = [{"cell_type": "code", "source": src, "outputs": []} for src in sources]
+    cells[6]["outputs"] = [{"output_type": "display_data", "data": {WIDGET: {"model_id": "m"}}}]
+    cells.insert(1, {"cell_type": "markdown", "source": "text"})
+    assert cells_to_run({"cells": cells}) == ([7], [0, 3, 4, 5, 7, 9])
+    cells[7]["outputs"] = []
+    assert cells_to_run({"cells": cells}) is None  # no stored widget: the notebook is run in full

@@ -252,11 +252,33 @@ def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, small_pn
 
 def run_copy(script: Path, folder: Path, pngs: Path) -> list:
     """Run a script (a patched copy) for one epoch, as its user would; the losses it printed."""
-    out = subprocess.run([sys.executable, str(folder / script.name), *flags(script, pngs, epochs=1)], cwd=folder,
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr
-    losses = [float(v) for pair in LOSSES.findall(out.stdout) for v in pair]
-    assert losses, out.stdout
+    return run_copies({script.name: (script, folder)}, pngs)[script.name]
+
+
+def run_copies(copies: dict, pngs: Path) -> dict:
+    """name -> (script, folder): each copy run as `run_copy` does, on one thread, as many at a time as there are
+    cores; name -> its losses."""
+    losses, waiting, running = {}, list(copies.items()), {}
+    while waiting or running:
+        while waiting and len(running) < (os.cpu_count() or 1):
+            name, (script, folder) = waiting.pop(0)
+            out = open(folder / f"{script.stem}.out", "w+")
+            running[name] = out, subprocess.Popen(
+                [sys.executable, str(folder / script.name), *flags(script, pngs, epochs=1)], cwd=folder, stdout=out,
+                stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        name = next(iter(running))
+        out, run = running.pop(name)
+        try:
+            run.wait(timeout=120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        out.seek(0)
+        printed = out.read()
+        out.close()
+        assert run.returncode == 0, (name, printed[-3000:])
+        losses[name] = [float(v) for pair in LOSSES.findall(printed) for v in pair]
+        assert losses[name], (name, printed[-3000:])
     return losses
 
 
@@ -272,6 +294,7 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
     parts = {fix.name: fix.parts for fix in fixes}
     if script == WGAN_GP:
         parts.setdefault(FREEZE_D, (FREEZE_D,))
+    copies = {}
     for name, fix_parts in parts.items():
         patch = make_patch(fix_parts, report, ctx, root=SCRIPTS)
         assert patch and not patch.by_hand and patch.files == [script.name], (name, patch.by_hand)
@@ -288,7 +311,8 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
         applied = subprocess.run(["patch", "-p1"], input=patch.diff, cwd=folder, capture_output=True, text=True)
         assert applied.returncode == 0, applied.stdout + applied.stderr
         assert (folder / script.name).read_text() != script.read_text()
-        losses = run_copy(script, folder, small_pngs)
+        copies[name] = script, folder
+    for name, losses in run_copies(copies, small_pngs).items():
         assert all(math.isfinite(v) for v in losses), (name, losses)
 
 

@@ -247,27 +247,35 @@ def test_every_gpu_command_is_one_gantools_accepts(tmp_path):
     ladder = {"rows": [{"variant": "reference (tutorial loop)", "images_per_sec": 4000.0, "warmup_s": 2.0},
                        {"variant": "all together", "images_per_sec": 20000.0, "warmup_s": 10.0}]}
     run.evidence["parts"].append({"name": "ladder", "result": ladder})
-    parser = build_parser()
+    parser, scripts = build_parser(), []
     for part in ("check", "check-autotune", "ladder", "doctor-dcgan", "doctor-wgan-gp", "quality"):
         built = evidence.BUILDERS[part](run, 100)
         for command in built.commands:
             assert command[1:3] == ["-m", "gantools"], command
             namespace, unknown = parser.parse_known_args(command[3:])
             assert not unknown, (part, unknown)
-            if namespace.command == "doctor":  # the script's own flags, parsed by the script's own parser
-                script = Path(namespace.script)
-                assert script.is_file()
-                done = subprocess.run([sys.executable, "-c", (
-                    "import argparse, sys; sys.argv = [sys.argv[0], *sys.argv[1:]]; "
-                    f"src = open({str(script)!r}).read(); src = src[:src.index('args = parser.parse_args()') "
-                    "if 'args = parser.parse_args()' in src else src.index('opt = parser.parse_args()')]; "
-                    "exec(src); parser.parse_args()"), *namespace.args], capture_output=True, text=True)
-                assert done.returncode == 0, (part, done.stderr[-500:])
+            if namespace.command == "doctor":  # the script's own flags, parsed by the script's own parser (below)
+                assert Path(namespace.script).is_file()
+                scripts.append((part, namespace.script, namespace.args))
             if namespace.command == "check":  # every row once, between the two parts
                 assert namespace.device == "cuda" and (namespace.only, namespace.skip) in (
                     (None, [evidence.AUTOTUNE]), ([evidence.AUTOTUNE], None))
             if namespace.command == "bench":
                 assert namespace.size == "gpu" and namespace.device == "cuda"
+    # each script's source up to its parse_args(), run in a namespace of its own, in one interpreter for all
+    done = subprocess.run([sys.executable, "-c", (
+        "import json, sys\n"
+        "for part, script, args in json.loads(sys.argv[1]):\n"
+        "    src = open(script).read()\n"
+        "    src = src[:src.index('args = parser.parse_args()') if 'args = parser.parse_args()' in src\n"
+        "              else src.index('opt = parser.parse_args()')]\n"
+        "    sys.argv, scope = [script, *args], {'__name__': '__main__'}\n"
+        "    print(part, flush=True)\n"
+        "    exec(src, scope)\n"
+        "    scope['parser'].parse_args()\n"), json.dumps(scripts)], capture_output=True, text=True)
+    assert [p for p, _, _ in scripts] == ["doctor-dcgan", "doctor-wgan-gp"]
+    assert done.returncode == 0 and done.stdout.split() == ["doctor-dcgan", "doctor-wgan-gp"], \
+        done.stdout + done.stderr[-500:]
 
 
 def test_a_report_of_failed_and_missing_parts_is_still_drawn():

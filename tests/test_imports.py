@@ -134,9 +134,21 @@ def test_the_layer_rule_catches_an_import_upward_and_one_beside():
 
 EACH_ALONE = """
 import importlib, os, sys, traceback
-import torch  # the slow third-party import, done once; each gantools module is then imported in a fork with none
-failed = []
+import torch, libcst  # the slow third-party imports, done once; each gantools module is then imported in a fork with
+# no gantools module in it, as many forks at a time as there are cores
+failed, running = [], {}
+
+
+def wait_one():
+    pid, status = os.wait()
+    if status:
+        failed.append(running[pid])
+    del running[pid]
+
+
 for name in sys.argv[1:]:
+    if len(running) >= (os.cpu_count() or 1):
+        wait_one()
     pid = os.fork()
     if pid == 0:
         try:
@@ -145,9 +157,10 @@ for name in sys.argv[1:]:
             traceback.print_exc()
             os._exit(1)
         os._exit(0)
-    if os.waitpid(pid, 0)[1]:
-        failed.append(name)
-print("failed:", " ".join(failed))
+    running[pid] = name
+while running:
+    wait_one()
+print("failed:", " ".join(sorted(failed)))
 """
 
 

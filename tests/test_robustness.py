@@ -97,14 +97,23 @@ def _cli(args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+CLI_RUN = ["--steps", "150", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8", "--batch-size", "16",
+           "--log-interval", "5", "--checkpoint-interval", "10", "--sample-interval", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_cli_run(tmp_path_factory):
+    """The CLI run both interruptions are compared with, trained once: its checkpoint."""
+    out = tmp_path_factory.mktemp("full")
+    full = _cli([*CLI_RUN, "--out-dir", str(out)])
+    assert full.wait(timeout=300) == 0, full.stderr.read()
+    return out / "checkpoint.pt"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill -9", "ctrl-c"])
-def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
-    args = ["--steps", "150", "--loader", "device", "--nz", "8", "--ngf", "8", "--ndf", "8", "--batch-size", "16",
-            "--log-interval", "5", "--checkpoint-interval", "10", "--sample-interval", "0", "--quiet"]
-    full = _cli([*args, "--out-dir", str(tmp_path / "full")])
-    assert full.wait(timeout=300) == 0, full.stderr.read()
-    cut = _cli([*args, "--out-dir", str(tmp_path / "cut")])
+def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig, uninterrupted_cli_run):
+    cut = _cli([*CLI_RUN, "--out-dir", str(tmp_path / "cut")])
     checkpoint = tmp_path / "cut" / "checkpoint.pt"
     deadline = time.time() + 120
     while not checkpoint.is_file() and time.time() < deadline and cut.poll() is None:
@@ -118,7 +127,7 @@ def test_a_killed_cli_run_resumes_to_the_same_weights(tmp_path, sig):
     assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 0)
     resumed = _cli(["--resume", str(checkpoint), "--steps", "150", "--out-dir", str(tmp_path / "cut"), "--quiet"])
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
-    a, b = load_checkpoint(tmp_path / "full" / "checkpoint.pt"), load_checkpoint(checkpoint)
+    a, b = load_checkpoint(uninterrupted_cli_run), load_checkpoint(checkpoint)
     assert b["step"] == 150
     for net in ("generator", "discriminator"):
         assert all(torch.equal(a[net][k], b[net][k]) for k in a[net])

@@ -19,6 +19,8 @@ from gantools.tuning.space import describe, search_space
 from conftest import BatchFreeD, BatchFreeG, weights
 
 PLAN = dict(warmup_images=64, images_per_repeat=512, repeats=3)  # tiny models: chunks of a few tenths of a second
+# where keep's rule is replaced (or never reached) the chunks only have to run: what is decided does not rest on them
+RULE_REPLACED = dict(PLAN, images_per_repeat=64)
 DATA_KNOBS = {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "transform", "loader"}
 
 
@@ -107,7 +109,7 @@ def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64,
         return {"fid": 20.0 if c.optimizer_impl == "for-loop" else 10.0, "kid": 0.01}
 
     cfg = tiny.replace(loader="device", sync_every_step=True)
-    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=PLAN, progress=None,
+    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=RULE_REPLACED, progress=None,
                   space=("sync_every_step", "optimizer_impl"))
     assert [describe(s.change) for s in result.path] == ["sync_every_step=False", "optimizer_impl=fused",
                                                          "optimizer_impl=foreach", "optimizer_impl=for-loop"], \
@@ -135,7 +137,7 @@ def test_a_fid_rise_within_a_second_seeds_spread_is_not_backed_off(tiny, glyphs6
         return {"fid": 20.0 if c.seed == 1 else 10.0}
 
     cfg = tiny.replace(loader="device", sync_every_step=True)
-    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=PLAN, progress=None,
+    result = tune(cfg, minutes=5, dataset=glyphs64, quality=quality, plan=RULE_REPLACED, progress=None,
                   space=("sync_every_step", "optimizer_impl"))
     assert not any(s.backed_off for s in result.path) and result.final_config.optimizer_impl == "for-loop"
     assert result.quality["seed_fid"] == 20.0 and result.quality["limit"] == 2.0
@@ -152,7 +154,7 @@ def test_a_close_call_is_measured_again_and_decided_on_all_its_repeats(tiny, gly
 
     monkeypatch.setattr(keep, "decide", rule)  # the rule tune applies, through keep.decide_in_two
     result = tune(tiny.replace(loader="device", sync_every_step=True), minutes=5, dataset=glyphs64,
-                  quality=lambda c: {"fid": 1.0}, plan=PLAN, progress=None, space=("sync_every_step",))
+                  quality=lambda c: {"fid": 1.0}, plan=RULE_REPLACED, progress=None, space=("sync_every_step",))
     assert calls[:2] == [(3, 3, False), (6, 6, True)], "the same pairs measured again: 3 + 3 repeats decide"
     assert [s.accepted for s in result.path] == [True] and result.path[0].why == "kept (test)"
 
@@ -253,7 +255,7 @@ class OutOfMemoryAbove(BatchFreeG):
 @pytest.mark.slow
 @pytest.mark.parametrize("error", [None, RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED")],
                          ids=["OutOfMemoryError", "cuDNN's allocation failure"])
-def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
+def test_your_own_networks_and_candidates_that_raise(tiny, small_pngs, error):
     """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory (as torch
     says it, or as cuDNN does), the device loader on a folder of files (an invalid combination): both rejected with
     their reasons, and the loop goes on."""
@@ -261,8 +263,8 @@ def test_your_own_networks_and_candidates_that_raise(tiny, big_images, error):
     if error is not None:
         g.error = error
     before = weights(g), weights(d)
-    cfg = tiny.replace(dataset="folder", data_path=str(big_images), sync_every_step=True)
-    result = tune(cfg, minutes=5, generator=g, discriminator=d, plan=dict(PLAN, images_per_repeat=64),
+    cfg = tiny.replace(dataset="folder", data_path=str(small_pngs), sync_every_step=True)
+    result = tune(cfg, minutes=5, generator=g, discriminator=d, plan=RULE_REPLACED,
                   progress=None, quality=lambda c: {"fid": 1.0}, space=("batch_size", "loader", "sync_every_step"))
     batch, device, sync = result.path  # the verdict's fix (workers) is outside this space: the space's own order
     assert batch.change == {"batch_size": 32, "lr_g": pytest.approx(2e-4 * math.sqrt(2)),
@@ -284,7 +286,7 @@ def test_ctrl_c_ends_tune_between_measurements_with_the_path_so_far(tiny, glyphs
         if result.path and not sent:
             sent.append(os.kill(os.getpid(), signal.SIGINT))  # what Ctrl-C sends, once
 
-    result = tune(tiny.replace(loader="device"), minutes=5, dataset=glyphs64, plan=PLAN, progress=None,
+    result = tune(tiny.replace(loader="device"), minutes=5, dataset=glyphs64, plan=RULE_REPLACED, progress=None,
                   quality=False, on_update=interrupt)
     assert result.stopped and len(result.path) == 1 and result.ended == "stopped"
     assert "not checked" in result.quality["note"]

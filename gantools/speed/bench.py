@@ -276,9 +276,10 @@ class BenchResult(TypedDict):
 def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = False, compile: bool | None = None,
         repeats: int | None = None, out_dir="runs/bench", quality_samples: int = 2048, overrides=None,
         plan=None, progress=print) -> BenchResult:
-    """Run the ladder (or the named `variants` of it): machine, protocol and one `BenchRow` per variant."""
+    """Run the ladder (or the named `variants` of it): machine, protocol and one `BenchRow` per variant. In quick mode
+    the quick plan's one-step chunks measure the `size`'s networks."""
     dev = resolve_device(device)
-    plan = {**PLAN[size], **(plan or {})}
+    plan = {**(QUICK_PLAN if QUICK else PLAN[size]), **(plan or {})}
     if repeats:
         plan["repeats"] = repeats
     base = preset("reference", device=str(dev), **SIZES[size]).replace(**(overrides or {}))
