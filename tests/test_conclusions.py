@@ -119,6 +119,13 @@ def test_side_by_side_runs_give_their_paired_range_and_ratio():
     assert speed_verdict(runs.paired("fix", "start")) == NO_DIFFERENCE
 
 
+def test_one_timed_round_is_one_measurement_not_a_range():
+    runs = SideBySide({"start": _trainer([1, 100]), "fix": _trainer([9, 150])})
+    assert runs.paired("fix", "start") is None, "one ratio is no range: a verdict cannot read it"
+    assert speed_verdict(runs.paired("fix", "start")) == ONE_MEASUREMENT
+    assert Spread.of_rounds([1.2, 1.3]) == (1.2, 1.3)
+
+
 def test_settled_says_whether_two_measurements_reach_one_verdict():
     agree = conclusions.settled({"race": Spread(1.02, 1.10), "runs": Spread(1.05, 1.20)})
     assert agree.keep and "both measurements say **faster**" in agree.text

@@ -31,6 +31,13 @@ class Spread(NamedTuple):
         values = list(values)
         return cls(min(values), max(values)) if values else None
 
+    @classmethod
+    def of_rounds(cls, ratios) -> "Spread | None":
+        """The range of round-by-round ratios, or None with fewer than two rounds: one ratio is one measurement,
+        not a range a verdict could read (`conclusions.speed_verdict` then says "one measurement, no verdict")."""
+        ratios = list(ratios)
+        return cls.of(ratios) if len(ratios) >= 2 else None
+
     def share_of(self, median: float) -> float:
         """Half the range as a share of `median`: the noise in that figure (e.g. 0.05 for +-5%)."""
         return (self.high - self.low) / 2 / median

@@ -79,7 +79,7 @@ class SideBySide(dict):
         range `conclusions.speed_verdict` reads; None where fewer than two rounds ran."""
         from .reconcile import paired_ratios
 
-        return Spread.of(paired_ratios(self[name], self[against]))
+        return Spread.of_rounds(paired_ratios(self[name], self[against]))
 
 
 def train_side_by_side(configs: dict, images: int | None = None, chunk_images: int | None = None,

@@ -113,10 +113,11 @@ class Race:
         """How many times as fast `name` ran as `against` (images/s over images/s)."""
         return self.images_per_sec[name] / self.images_per_sec[against]
 
-    def paired(self, name: str, against: str) -> Spread:
+    def paired(self, name: str, against: str) -> Spread | None:
         """The lowest and highest of `name`'s chunk-by-chunk images/s over `against`'s (`Measured.ratios`): each pair
-        ran back to back, so noise common to both cancels; `conclusions.speed_verdict` reads the verdict from it."""
-        return Spread.of(self.measured[name].ratios(self.measured[against]))
+        ran back to back, so noise common to both cancels; `conclusions.speed_verdict` reads the verdict from it.
+        None where fewer than two rounds were timed."""
+        return Spread.of_rounds(self.measured[name].ratios(self.measured[against]))
 
     def spread(self, name: str) -> Spread:
         """The lowest and highest of a contender's timed chunks (`.share_of(median)`: the noise in its figure)."""
