@@ -32,6 +32,20 @@ def test_run_trains_with_the_controls_and_adds_a_row(panel):
     assert len(RUNS) == 2, "a second run with the same settings gets its own row"
 
 
+def test_every_run_starts_from_the_panels_warm_start(panel):
+    loaded = []
+
+    class Start:  # what ControlPanel asks of a warm.WarmStart
+        def load_into(self, trainer):
+            assert trainer.step == 0, "loaded before the run trains"
+            loaded.append(trainer.cfg.precision)
+
+    panel.start = Start()
+    panel.set(loader="device", precision="bf16").run()
+    panel.set(precision="fp32").run()
+    assert loaded == ["bf16", "fp32"], "each Run gets its own copy of the start"
+
+
 def test_a_bad_combination_is_reported_not_run(panel):
     assert panel.set(loader="device", num_workers=2).run() is None
     assert "Cannot run" in panel.status.value and "DataLoader knobs" in panel.status.value

@@ -64,16 +64,18 @@ class ControlPanel(_Panel):
     of runs against the baseline. `run()` is what the Run button does, `tune()` the Tune button (the auto-tuner on
     the controls' config, its path drawn live) and `load()` the Load button (the tuned config into the controls),
     all blocking: notebooks and tests call them. With a few `techniques` and `tune=False` it is a notebook's "try
-    it" widget: that notebook's technique alone, against the baseline it measured."""
+    it" widget: that notebook's technique alone, against the baseline it measured. With `start` (a
+    `warm.warm_start()`, the one the baseline started from), every Run starts from its own copy of it, so its FID
+    compares with the baseline's."""
 
     def __init__(self, base: TrainConfig, baseline: dict, techniques=CONTROL_FIELDS, quality: bool = True,
-                 tune_minutes: float | None = None, tune: bool = True):
+                 tune_minutes: float | None = None, tune: bool = True, start=None):
         import ipywidgets as W
 
 
         stop_active_run()
         tune_minutes = tune_minutes or (0.25 if QUICK else 15.0)  # quick mode (tests): seconds
-        self.base, self.baseline, self.quality, self.tuned = base, baseline, quality, None
+        self.base, self.baseline, self.quality, self.tuned, self.start = base, baseline, quality, None, start
         self.controls = {}
         for name in techniques:
             w = _widget(name, knobs()[name], getattr(base, name))
@@ -138,6 +140,8 @@ class ControlPanel(_Panel):
         try:
             callbacks = [Progress(), LivePlot(name, widget=self.plot), StopWhen(stop)]
             trainer = Trainer(cfg, callbacks=callbacks + ([QualityCallback()] if self.quality else []))
+            if self.start is not None:
+                self.start.load_into(trainer)
             _ACTIVE["trainer"] = trainer
             history = trainer.fit(0 if stop.is_set() else None)
         except GantoolsError as e:
