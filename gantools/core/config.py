@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from .lr_schedule import SCHEDULES
 from .validation import value_problems
 
 __all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags", "differences",
@@ -207,6 +208,9 @@ class TrainConfig:
     lr_d: float = _f(2e-4, "discriminator learning rate")
     betas: tuple = _f((0.5, 0.999), "Adam betas (DCGAN: 0.5, 0.999)", metavar=("BETA1", "BETA2"))
     weight_decay: float = _f(0.0, "weight decay (L2 for adam, decoupled for adamw)")
+    lr_schedule: str = _f("constant", "both learning rates over the run, after any warm-up: constant, or cosine "
+                          "(decaying to 0 at `steps`)", SCHEDULES)
+    warmup_steps: int = _f(0, "steps over which both learning rates rise linearly to lr_g and lr_d (0: none)")
     loss: str = _f("bce", "bce: non-saturating BCE with logits; hinge; bce-sigmoid: the tutorial's "
                    "Sigmoid + BCELoss (fp32 only); lsgan: least squares; wgan-gp: Wasserstein with a gradient "
                    "penalty (with d_norm='auto' the built-in D then uses layer norm, not BatchNorm)", LOSSES)
