@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from .activation_checkpointing import NETWORKS as CHECKPOINTED
 from .lr_schedule import SCHEDULES
 from .validation import value_problems
 
@@ -196,6 +197,9 @@ class TrainConfig:
                       COMPILE_MODES, speed=True)
     cudnn_benchmark: bool = _f(False, "let cuDNN time and pick convolution algorithms (during this run's fit() "
                                "only)", speed=True)
+    activation_checkpointing: str = _f("off", "recompute the built-in networks' activations in backward instead of "
+                                       "keeping them, block by block: off, g, d or both (less memory, more compute)",
+                                       CHECKPOINTED)
     freeze_d: bool = _f(True, "stop gradients into D's weights during the generator step", speed=True)
     sync_every_step: bool = _f(False, "read losses with .item() every step, as the PyTorch tutorial does (slow)",
                                speed=True)

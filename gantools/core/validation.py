@@ -166,6 +166,10 @@ def _numerics_problems(p: _Problems, c, device) -> None:
                  "set it False (each process then normalises over its own share of the batch)")
     if p.choice("compile") and c.compile == "reduce-overhead" and device is not None and device.type != "cuda":
         p.add("compile='reduce-overhead' uses CUDA graphs: on the CPU use compile='default'")
+    if p.choice("activation_checkpointing") and c.activation_checkpointing != "off" and c.compile != "off":
+        p.add(f"activation_checkpointing={c.activation_checkpointing!r} with compile={c.compile!r}: torch.compile "
+              "chooses what to recompute itself and supports a checkpoint's own recomputation context only for "
+              "selective checkpointing (pytorch/pytorch#143176): use one of the two")
 
 
 def _optimisation_problems(p: _Problems, c) -> None:
