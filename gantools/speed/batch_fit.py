@@ -17,6 +17,7 @@ from ..core.config import TrainConfig
 from ..core.trainer import Trainer
 from ..errors import ConfigError, OutOfMemory
 from ..measuring.hardware import resolve_device
+from ..measuring.results import megabytes
 
 MARGIN = 0.9  # of a GPU's free memory: what the allocator's fragmentation and cuDNN's workspaces may need beside
 TRIES = 8  # batches tried after the prediction: bisection from the largest that fitted to the smallest that did not
@@ -39,9 +40,9 @@ class BatchFit:
     def describe(self) -> str:
         (b1, m1), (b2, m2) = list(self.measured.items())[:2]
         tried = f" ({', '.join(map(str, self.backed_off))} did not fit)" if self.backed_off else ""
-        return (f"batch {self.batch}: {self.peak_mb:.0f} MB of a {self.budget_mb:.0f} MB budget, limited by "
-                f"{self.limit}{tried}; predicted from batch {b1} ({m1:.0f} MB) and {b2} ({m2:.0f} MB): "
-                f"{self.per_image_mb:.2f} MB per image on top of {self.fixed_mb:.0f} MB")
+        return (f"batch {self.batch}: {megabytes(self.peak_mb)} of a {megabytes(self.budget_mb)} budget, limited "
+                f"by {self.limit}{tried}; predicted from batch {b1} ({megabytes(m1)}) and {b2} ({megabytes(m2)}): "
+                f"{self.per_image_mb:.3f} MB per image on top of {megabytes(self.fixed_mb)}")
 
     def _repr_markdown_(self) -> str:
         return self.describe()

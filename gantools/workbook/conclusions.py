@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..measuring.results import megabytes
 from ..measuring.turns import Spread
 from ..speed.keep import judge_fid
 
@@ -282,7 +283,7 @@ def memory_verdict(mb: float, start_mb: float) -> str:
 
 def memory_words(mb: float, start_mb: float, start: str) -> str:
     """'**62 MB**, 0.62x the 99 MB of fp32: **less memory**'."""
-    return (f"**{mb:.0f} MB**, {mb / start_mb:.2f}x the {start_mb:.0f} MB of {start}: "
+    return (f"**{megabytes(mb)}**, {mb / start_mb:.2f}x the {megabytes(start_mb)} of {start}: "
             f"**{memory_verdict(mb, start_mb)}**")
 
 
