@@ -28,7 +28,8 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
     names = [r["technique"] for r in result["rows"]]
     expected = ["fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
                 "accumulation, 2 micro-batches", "channels_last", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
-                "conditional", "DDP, 2 processes (gloo, CPU)"]
+                "conditional", "warm-up + cosine schedule", "activation checkpointing",
+                "DDP, 2 processes (gloo, CPU)"]
     assert [n for n in names if n != "compile default"] == expected
     assert result["ok"] is True and set(result) >= {"machine", "device", "torch", "date", "rows"}
     for row in result["rows"]:

@@ -142,3 +142,21 @@ def test_a_fix_measured_slower_is_called_slower_not_within_the_band():
     assert "**slower**" in paired.text
     flat = conclusions.estimate_held("fp16", 1.5, 1.01)
     assert "within 5% of 1.00x" in flat.text and "nothing measurable" in flat.text
+
+
+def test_memory_is_less_or_more_only_beyond_the_rounding_band():
+    assert conclusions.memory_verdict(98.5, 100) == conclusions.SAME_MEMORY
+    assert conclusions.memory_verdict(97.0, 100) == conclusions.LESS
+    assert conclusions.memory_verdict(103.0, 100) == conclusions.MORE
+    assert "0.62x the 100 MB of fp32: **less memory**" in conclusions.memory_words(62, 100, "fp32")
+
+
+def test_a_memory_saving_that_costs_speed_is_a_trade_not_a_default():
+    trade = conclusions.memory_trade("checkpointing", "off", 60, 100, 0.8, paired=Spread(0.75, 0.85))
+    assert not trade.keep and "a trade: use it where memory limits the batch" in trade.text
+    free = conclusions.memory_trade("bf16", "fp32", 60, 100, 1.5, paired=Spread(1.4, 1.6))
+    assert free.keep and "keep it" in free.text
+    nothing = conclusions.memory_trade("set_to_none", "zeros", 99, 100, 1.0, paired=Spread(0.9, 1.1))
+    assert not nothing.keep and "no memory saved" in nothing.text
+    unjudged = conclusions.memory_trade("checkpointing", "off", 60, 100, 0.8)
+    assert not unjudged.keep and "not judged" in unjudged.text

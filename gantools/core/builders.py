@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from ..measuring import hardware
+from ..errors import ConfigError
+from .activation_checkpointing import switch_on
 from .config import TrainConfig, discriminator_norm
 from .models import build_dcgan
 
@@ -45,6 +47,12 @@ def build_networks(cfg: TrainConfig, generator: nn.Module | None, discriminator:
             generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
                                                    sigmoid=(cfg.loss == "bce-sigmoid"),
                                                    d_norm=discriminator_norm(cfg), classes=classes)
+    try:
+        switch_on(generator, discriminator, cfg.activation_checkpointing)
+    except ValueError as e:
+        raise ConfigError(f"activation_checkpointing={cfg.activation_checkpointing!r}: {e}. It cuts the built-in "
+                          "DCGAN into blocks; in your own network's forward, wrap each block as "
+                          "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)") from None
     if cfg.sync_batchnorm:  # same parameters and buffers, so checkpoints stay interchangeable
         generator = nn.SyncBatchNorm.convert_sync_batchnorm(generator)
         discriminator = nn.SyncBatchNorm.convert_sync_batchnorm(discriminator)

@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
+from .activation_checkpointing import NETWORKS as CHECKPOINTED
+from .lr_schedule import SCHEDULES
 from .validation import value_problems
 
 __all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags", "differences",
@@ -195,6 +197,9 @@ class TrainConfig:
                       COMPILE_MODES, speed=True)
     cudnn_benchmark: bool = _f(False, "let cuDNN time and pick convolution algorithms (during this run's fit() "
                                "only)", speed=True)
+    activation_checkpointing: str = _f("off", "recompute the built-in networks' activations in backward instead of "
+                                       "keeping them, block by block: off, g, d or both (less memory, more compute)",
+                                       CHECKPOINTED)
     freeze_d: bool = _f(True, "stop gradients into D's weights during the generator step", speed=True)
     sync_every_step: bool = _f(False, "read losses with .item() every step, as the PyTorch tutorial does (slow)",
                                speed=True)
@@ -207,6 +212,9 @@ class TrainConfig:
     lr_d: float = _f(2e-4, "discriminator learning rate")
     betas: tuple = _f((0.5, 0.999), "Adam betas (DCGAN: 0.5, 0.999)", metavar=("BETA1", "BETA2"))
     weight_decay: float = _f(0.0, "weight decay (L2 for adam, decoupled for adamw)")
+    lr_schedule: str = _f("constant", "both learning rates over the run, after any warm-up: constant, or cosine "
+                          "(decaying to 0 at `steps`)", SCHEDULES)
+    warmup_steps: int = _f(0, "steps over which both learning rates rise linearly to lr_g and lr_d (0: none)")
     loss: str = _f("bce", "bce: non-saturating BCE with logits; hinge; bce-sigmoid: the tutorial's "
                    "Sigmoid + BCELoss (fp32 only); lsgan: least squares; wgan-gp: Wasserstein with a gradient "
                    "penalty (with d_norm='auto' the built-in D then uses layer norm, not BatchNorm)", LOSSES)

@@ -13,6 +13,8 @@ import math
 import torch
 from torch import nn
 
+from .activation_checkpointing import run
+
 
 def _layout(image_size: int) -> tuple[int, int]:
     """(first feature-map side, number of 2x up/down-samplings) for a supported image size."""
@@ -53,12 +55,13 @@ class Generator(nn.Module):
             width //= 2
         layers += [nn.ConvTranspose2d(width, channels, 4, 2, 1, bias=False), nn.Tanh()]
         self.main = nn.Sequential(*layers)
+        self.checkpointed = False  # activation checkpointing of its blocks (activation_checkpointing.py)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         z = z.view(z.shape[0], -1)
         if self.embed is not None:
             z = torch.cat([z, self.embed(y).to(z.dtype)], 1)
-        return self.main(z.view(z.shape[0], -1, 1, 1))
+        return run(self.main, z.view(z.shape[0], -1, 1, 1), self.checkpointed)
 
 
 NORMS = ("batch", "layer", "none")
@@ -100,14 +103,15 @@ class Discriminator(nn.Module):
         if sigmoid:
             layers.append(nn.Sigmoid())
         self.main = nn.Sequential(*layers)
+        self.checkpointed = False  # activation checkpointing of its blocks (activation_checkpointing.py)
         self.embed = nn.Embedding(classes, width) if classes else None  # the projection head
         if self.embed is not None:  # as small as the convolutions' weights: a projection of N(0, 1) embeddings
             nn.init.normal_(self.embed.weight, 0.0, 0.02)  # onto summed features would swamp the logit at first
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         if self.embed is None:
-            return self.main(x).view(-1)
-        features = self.main[:-1](x)  # phi(x); a conditional D has no final Sigmoid (validation refuses it)
+            return run(self.main, x, self.checkpointed).view(-1)
+        features = run(self.main[:-1], x, self.checkpointed)  # phi(x); no final Sigmoid here (validation refuses it)
         projection = (self.embed(y).to(features.dtype) * features.sum((2, 3))).sum(1)
         return self.main[-1](features).view(-1) + projection
 

@@ -39,6 +39,7 @@ from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
 from .process import CHECKPOINT_FORMAT, RunStreams, on_interrupt
 from .step import MetricSums, StepParts, TrainStep
 from ..measuring.clock import StepClock
+from .lr_schedule import ScheduledRates
 from .step_memory import StepMemory
 
 
@@ -147,6 +148,7 @@ class Trainer:
                            self.loss, self.penalties)
         self.opt_g = make_optimizer(self.generator.parameters(), cfg, cfg.lr_g)
         self.opt_d = make_optimizer(self.discriminator.parameters(), cfg, cfg.lr_d)
+        self.rates = ScheduledRates.of(cfg, {self.opt_g: cfg.lr_g, self.opt_d: cfg.lr_d})
         self.scaler_g, self.scaler_d, self.autocast = build_precision(cfg, self.device)
         self.stepper = self._build_step()
         self._start_run_state(callbacks)
@@ -202,10 +204,8 @@ class Trainer:
         record_function, so a profile names the phases), and with `sync_data_wait` the device is synchronised around
         every data wait (see StepClock.data_wait). None leaves a setting as it is; both are put back after."""
         saved = self.label_phase, self.sync_data_wait
-        if label_phase is not None:
-            self.label_phase = label_phase
-        if sync_data_wait is not None:
-            self.sync_data_wait = sync_data_wait
+        self.label_phase = saved[0] if label_phase is None else label_phase
+        self.sync_data_wait = saved[1] if sync_data_wait is None else sync_data_wait
         try:
             yield self
         finally:
@@ -214,6 +214,7 @@ class Trainer:
     def train_step(self, *batches) -> None:
         """One training step on `batches` (`cfg.d_steps` of them: one per D step), as fit() runs it; outside fit()
         the step count, data position and history do not move (wrap it in `unchanged()` to leave no trace at all)."""
+        self.rates.set(self.step)
         self.stepper(*batches, first_d_index=self.batches_seen)
 
     def unchanged(self):

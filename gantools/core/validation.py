@@ -166,6 +166,10 @@ def _numerics_problems(p: _Problems, c, device) -> None:
                  "set it False (each process then normalises over its own share of the batch)")
     if p.choice("compile") and c.compile == "reduce-overhead" and device is not None and device.type != "cuda":
         p.add("compile='reduce-overhead' uses CUDA graphs: on the CPU use compile='default'")
+    if p.choice("activation_checkpointing") and c.activation_checkpointing != "off" and c.compile != "off":
+        p.add(f"activation_checkpointing={c.activation_checkpointing!r} with compile={c.compile!r}: torch.compile "
+              "chooses what to recompute itself and supports a checkpoint's own recomputation context only for "
+              "selective checkpointing (pytorch/pytorch#143176): use one of the two")
 
 
 def _optimisation_problems(p: _Problems, c) -> None:
@@ -179,6 +183,10 @@ def _optimisation_problems(p: _Problems, c) -> None:
         p.add(f"betas={tuple(c.betas)}: each beta must be in [0, 1)")
     if not (math.isfinite(c.weight_decay) and c.weight_decay >= 0):
         p.add(f"weight_decay={c.weight_decay}: must be >= 0")
+    p.choice("lr_schedule")
+    if p.at_least("warmup_steps", 0) and c.steps >= 1 and c.warmup_steps >= c.steps:
+        p.add(f"warmup_steps={c.warmup_steps} is as long as the run (steps={c.steps}): the learning rates would "
+              "never reach lr_g and lr_d; warm up for fewer steps than the run has")
     if p.choice("loss") and c.loss == "bce-sigmoid" and c.precision != "fp32":
         p.add("loss='bce-sigmoid' (Sigmoid + BCELoss) is unsafe under autocast: use loss='bce' "
                  "(BCE with logits) with fp16/bf16")

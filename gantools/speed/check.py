@@ -92,6 +92,8 @@ def techniques(device: torch.device, compile_ok: bool, fast_bf16: bool | None = 
     rows["WGAN-GP, 2 D steps"] = {"loss": "wgan-gp", "d_steps": 2}
     rows["R1 lazy + EMA"] = {"r1_gamma": 1.0, "r1_interval": 2, "ema_decay": 0.9}
     rows["conditional"] = {"conditional": True}
+    rows["warm-up + cosine schedule"] = {"lr_schedule": "cosine", "warmup_steps": 2}  # rates set each step, resumed
+    rows["activation checkpointing"] = {"activation_checkpointing": "both"}  # recomputed blocks, BatchNorm exact
     if cuda:  # the penalty's AMP recipe (scaled input gradients), and its eager D beside CUDA graphs
         rows["WGAN-GP, fp16 + GradScaler"] = {"loss": "wgan-gp", "precision": "fp16"}
         rows["WGAN-GP + compile reduce-overhead"] = {"loss": "wgan-gp", "compile": "reduce-overhead"}

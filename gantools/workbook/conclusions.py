@@ -7,19 +7,26 @@ per kind of claim, shared by every notebook:
   otherwise; a single figure with no paired range is one measurement and gets no verdict;
 - quality (`quality_words`): judged only against a second seed's spread, by tune's and doctor --try's rule
   (`speed.keep.judge_fid`); with no second seed the FIDs are shown and quality is not judged;
-- a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`."""
+- a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`;
+- memory (`memory_verdict`): a step's peak tensor memory (`measuring.memory`) is "less" or "more" only beyond
+  `MEMORY_SAME` of the start's; a memory-for-speed trade (`memory_trade`) is worth it only where memory limits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..measuring.results import megabytes
 from ..measuring.turns import Spread
 from ..speed.keep import judge_fid
 
 SPEED_BAND = 0.05  # only where no paired range exists: a single ratio within 5% of 1 is read as no change
 DATA_BOTTLENECK = 0.05  # a step waiting for data this share of its time or more has a data bottleneck
+# Peak tensor memory repeats to the byte on a CPU (counted op by op); on a GPU the allocator rounds each block and
+# cuDNN may pick another workspace, so within 2% of the start's is read as the same memory
+MEMORY_SAME = 0.02
 
 FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no difference measured"
+LESS, MORE, SAME_MEMORY = "less memory", "more memory", "the same memory"
 ONE_MEASUREMENT = "one measurement, no verdict"
 
 
@@ -265,3 +272,31 @@ def worth_removing(share: float, what: str = "waiting for data", fix: str = "fee
                           f"bottleneck here: {fix}**.", True)
     return Conclusion(f"{text}: under the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck: **not this "
                       "machine's bottleneck**; the step's time goes to compute.", False)
+
+
+def memory_verdict(mb: float, start_mb: float) -> str:
+    """LESS or MORE when a step's peak tensor memory differs from the start's by more than `MEMORY_SAME` of it,
+    else SAME_MEMORY."""
+    ratio = mb / start_mb
+    return LESS if ratio < 1 - MEMORY_SAME else MORE if ratio > 1 + MEMORY_SAME else SAME_MEMORY
+
+
+def memory_words(mb: float, start_mb: float, start: str) -> str:
+    """'**62 MB**, 0.62x the 99 MB of fp32: **less memory**'."""
+    return (f"**{megabytes(mb)}**, {mb / start_mb:.2f}x the {megabytes(start_mb)} of {start}: "
+            f"**{memory_verdict(mb, start_mb)}**")
+
+
+def memory_trade(change: str, start: str, mb: float, start_mb: float, speedup: float, paired=None) -> Conclusion:
+    """A change that saves memory, judged by both rules: its peak tensor memory (`memory_verdict`) and its speed
+    (`speed_verdict`). Less memory at no speed cost: keep it. Less memory, slower: a trade, worth it only where
+    memory limits the batch (`.keep` False: not by default). No saving: leave it."""
+    memory, speed = memory_verdict(mb, start_mb), speed_verdict(paired)
+    text = (f"**{change}** held {memory_words(mb, start_mb, start)}; it ran {speed_words(speedup, start, paired)}")
+    if memory != LESS:
+        return Conclusion(f"{text}: **no memory saved here: leave it off**.", False)
+    if speed == SLOWER:
+        return Conclusion(f"{text}: **a trade: use it where memory limits the batch**, not by default.", False)
+    if speed == ONE_MEASUREMENT:
+        return Conclusion(f"{text}: **less memory; what it costs in speed is not judged here**.", False)
+    return Conclusion(f"{text}: **keep it** (less memory, no speed lost that this run could measure).", True)

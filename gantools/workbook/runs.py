@@ -112,8 +112,9 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
                                   f"({per_step}), and images={images} a multiple of chunk_images")
             per_turn[name] = chunk_images // per_step
         rounds, unit, chunk = images // chunk_images, "real images", chunk_images
-    trainers = {name: Trainer(cfg.replace(steps=10**9, log_interval=per_turn[name], sample_interval=0,
-                                          checkpoint_interval=0)) for name, cfg in configs.items()}
+    # each run's steps: its whole budget, so a learning-rate schedule spans the run
+    trainers = {name: Trainer(cfg.replace(steps=rounds * per_turn[name], log_interval=per_turn[name],
+                                          sample_interval=0, checkpoint_interval=0)) for name, cfg in configs.items()}
     if start is not None:
         for trainer in trainers.values():
             start.load_into(trainer)
