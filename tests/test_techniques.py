@@ -198,13 +198,14 @@ def test_checks_rows_are_pinned():
     assert list(check.techniques(CPU, True)) == [
         "fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
         "accumulation, 2 micro-batches", "channels_last", "compile default", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
-        "conditional"]
+        "conditional", "warm-up + cosine schedule", "activation checkpointing"]
     assert list(check.techniques(CUDA, False, fast_bf16=False)) == [
         "fp32", "fp16 autocast + GradScaler", "device loader", "DataLoader, 2 workers, pinned", "Adam fused",
         "Adam foreach", "fp16 + Adam fused", "fp16 + Adam foreach", "fp16 + Adam for-loop",
         "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
-        "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "WGAN-GP, fp16 + GradScaler",
-        "WGAN-GP + compile reduce-overhead", check.CUDA_TENSORS]
+        "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "warm-up + cosine schedule",
+        "activation checkpointing", "WGAN-GP, fp16 + GradScaler", "WGAN-GP + compile reduce-overhead",
+        check.CUDA_TENSORS]
 
 
 @pytest.mark.parametrize("device, wait, busy, syncs, ops, cfg, fix, text", [
