@@ -15,7 +15,7 @@ TECHNIQUE_LINES = {
     "01_profiling.ipynb": [r"torch\.profiler\.profile\(", r"record_function\(", r"key_averages\(\)"],
     "02_mixed_precision.ipynb": [r"torch\.autocast\(", r"GradScaler\(", r"\.scale\("],
     "03_data_loading.ipynb": [r"DataLoader\(", r"num_workers=", r"pin_memory=", r"non_blocking=True"],
-    "04_optimizers_and_accumulation.ipynb": [r"fused=True", r"AdamW\("],
+    "04_optimizers_and_accumulation.ipynb": [r"fused=True", r"AdamW\(", r"LambdaLR\("],
     "07_gan_variants.ipynb": [r"autograd\.grad\(", r"create_graph=True", r"chunk\(n_critic\)"],
     "08_memory.ipynb": [r"checkpoint\(block, x, use_reentrant=False\)", r"torch\.no_grad\(\)", r"torch\.autocast\("],
 }

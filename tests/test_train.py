@@ -528,7 +528,7 @@ def test_reduce_overhead_marks_each_step_and_refuses_a_background_thread(tiny, g
 
 def test_graphs_compiled_after_warm_up_and_skipped_cuda_graphs_are_recorded_and_said(tiny, glyphs64,
                                                                                      monkeypatch):
-    from gantools.core.recovery import CompileStats
+    from gantools.measuring.compile_counts import CompileStats
 
     counts = iter([(0, 0), (3, 0), (3, 0), (4, 0), (4, 2)])  # counters read at fit start and each log
     monkeypatch.setattr(CompileStats, "_now", staticmethod(lambda: dict(zip(("compiled_graphs", "cudagraph_skips"),

@@ -153,36 +153,3 @@ def check_compiles(records: list, step: int, compile_mode: str, warn) -> None:
         warn(f"step {step}: torch.compile skipped CUDA graphs for {skipped} graph(s), which then run "
              f"without them (no launch-overhead saving). TORCH_LOGS=cudagraphs says why (e.g. a mutated "
              f"input, a CPU tensor, dynamic shapes).", stacklevel=4)
-
-
-class CompileStats:
-    """How many graphs torch.compile built, and how many it kept out of CUDA graphs, while this trainer trained.
-
-    torch counts both process-wide in `torch._dynamo.utils.counters` (a private API: `stats.unique_graphs`, bumped in
-    dynamo's output_graph for every graph it compiles, and `inductor.cudagraph_skips`, bumped by
-    `log_cudagraph_skip_and_bump_counter` whenever CUDA graphs are skipped for a graph). So this reads the counters
-    around this trainer's own fit() calls and adds up the differences; both read as 0 on a torch that has no such
-    counters."""
-
-    def __init__(self):
-        self.totals = {"compiled_graphs": 0, "cudagraph_skips": 0}
-        self._last = None
-
-    @staticmethod
-    def _now() -> dict:
-        try:
-            from torch._dynamo.utils import counters
-        except ImportError:
-            return {"compiled_graphs": 0, "cudagraph_skips": 0}
-        return {"compiled_graphs": counters["stats"].get("unique_graphs", 0),
-                "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
-
-    def start(self) -> None:
-        self._last = self._now()
-
-    def read(self) -> dict:
-        now = self._now()
-        for key in self.totals:
-            self.totals[key] += max(0, now[key] - self._last[key])
-        self._last = now
-        return dict(self.totals)

@@ -34,11 +34,12 @@ from ..errors import ConfigError, OutOfMemory
 from .history import METRICS, History
 from .losses import LOSSES, penalties
 from .network_checks import check_networks, dataset_classes
-from .recovery import CompileStats, Rollback
+from .recovery import Rollback
 from .sampling import fixed_noise, generate, grid, save_png, seeded_noise
 from .process import CHECKPOINT_FORMAT, RunStreams, on_interrupt
 from .step import MetricSums, StepParts, TrainStep
 from ..measuring.clock import StepClock
+from ..measuring.compile_counts import CompileStats
 from .lr_schedule import ScheduledRates
 from .step_memory import StepMemory
 

@@ -9,7 +9,9 @@ per kind of claim, shared by every notebook:
   (`speed.keep.judge_fid`); with no second seed the FIDs are shown and quality is not judged;
 - a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`;
 - memory (`memory_verdict`): a step's peak tensor memory (`measuring.memory`) is "less" or "more" only beyond
-  `MEMORY_SAME` of the start's; a memory-for-speed trade (`memory_trade`) is worth it only where memory limits."""
+  `MEMORY_SAME` of the start's; a memory-for-speed trade (`memory_trade`) is worth it only where memory limits;
+- compile time (`compile_payback`): paid back only by steps the race measured faster, after compile time over the
+  time each saves."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -300,3 +302,21 @@ def memory_trade(change: str, start: str, mb: float, start_mb: float, speedup: f
     if speed == ONE_MEASUREMENT:
         return Conclusion(f"{text}: **less memory; what it costs in speed is not judged here**.", False)
     return Conclusion(f"{text}: **keep it** (less memory, no speed lost that this run could measure).", True)
+
+
+def compile_payback(compile_s: float, step_s: float, compiled_step_s: float, paired=None,
+                    start: str = "eager") -> Conclusion:
+    """When compiling pays for itself: the seconds its first call spent compiling (`compile_s`, beyond a step's own
+    time) come back only from the time each compiled step saves (`step_s - compiled_step_s`), so after
+    compile_s / saved steps, and only where the steps measured faster (`speed_verdict` of the race's `paired`
+    range). `.keep` True when they did: then a run longer than that many steps gains."""
+    verdict, speedup = speed_verdict(paired), step_s / compiled_step_s
+    text = (f"Compiling took **{compile_s:.1f} s** before the first step; then the compiled step ran "
+            f"{speed_words(speedup, start, paired)}")
+    if verdict != FASTER:
+        return Conclusion(f"{text}: **it does not pay back here**: without faster steps the compile time is "
+                          "never returned on this machine.", False)
+    steps = compile_s / (step_s - compiled_step_s)
+    return Conclusion(f"{text}, saving {1e3 * (step_s - compiled_step_s):.1f} ms a step: **it pays back after "
+                      f"{steps:,.0f} steps** ({steps * step_s / 60:.1f} min of {start} training); a shorter run is "
+                      "faster without it.", True)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ class WarmStart:
     took, its cache file, and whether this call read it from there (`loaded`). Each `gan()` or `load_into()` gets
     its own copy: arms never share a tensor."""
     key: dict
-    state: dict
+    state: dict = field(repr=False)  # megabytes of tensors: never printed
     steps: int
     classes_covered: int | None
     fid: float | None

@@ -1,0 +1,96 @@
+"""What torch.compile did while some code ran: the graphs it compiled, the recompiles (a guard failed: a new shape,
+dtype, `requires_grad`, `training` flag or Python number, and the frame is compiled again, seconds each time), the
+graph breaks (code dynamo cannot capture: the graph is cut there and Python runs between the pieces) and the graphs
+kept out of CUDA graphs. torch keeps all four process-wide in dynamo's own records, private but what its
+troubleshooting guide reads: `torch._dynamo.utils.counters` (`stats.unique_graphs`, bumped for every graph compiled;
+`graph_break`, one entry per break reason; `inductor.cudagraph_skips`) and `torch._dynamo.utils.guard_failures` (one
+reason per failed guard that sent a frame to be compiled again, what TORCH_LOGS=recompiles prints). So counts are
+differences of those records around the code measured; on a torch without them every count reads 0."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+KEYS = ("compiled_graphs", "recompiles", "graph_breaks", "cudagraph_skips")
+
+
+def _records() -> tuple[dict, list[str], list[str]]:
+    """The process-wide counts (KEYS), every recompile reason so far and every graph-break reason so far."""
+    try:
+        from torch._dynamo.utils import counters, guard_failures
+    except ImportError:
+        return dict.fromkeys(KEYS, 0), [], []
+    recompile_reasons = [reason for reasons in list(guard_failures.values()) for reason in reasons]
+    breaks = counters["graph_break"]
+    break_reasons = [reason for reason, n in breaks.items() for _ in range(n)]
+    counts = {"compiled_graphs": counters["stats"].get("unique_graphs", 0), "recompiles": len(recompile_reasons),
+              "graph_breaks": len(break_reasons), "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
+    return counts, recompile_reasons, break_reasons
+
+
+def compile_counters() -> dict:
+    """The process-wide counts now, one per KEYS name."""
+    return _records()[0]
+
+
+@dataclass
+class CompileCount:
+    """What `counting()` saw: graphs compiled, recompiles, graph breaks, CUDA-graph skips, and the reasons dynamo
+    gave for each recompile (the guard that failed) and each break."""
+    compiled_graphs: int = 0
+    recompiles: int = 0
+    graph_breaks: int = 0
+    cudagraph_skips: int = 0
+    recompile_reasons: list = field(default_factory=list)
+    break_reasons: list = field(default_factory=list)
+
+
+@contextmanager
+def counting():
+    """`with counting() as count: ...`: `count` holds what torch.compile did inside the block once it ends."""
+    before, recompiled, broke = _records()
+    count = CompileCount()
+    try:
+        yield count
+    finally:
+        after, recompiled_now, broke_now = _records()
+        for key in KEYS:
+            setattr(count, key, max(0, after[key] - before[key]))
+        count.recompile_reasons = recompiled_now[len(recompiled):]
+        count.break_reasons = _added(broke, broke_now)
+
+
+def _added(before: list, after: list) -> list:
+    """The reasons in `after` beyond those in `before`, each as often as it was added (break reasons are counted by
+    reason, so a reason seen before may be seen again)."""
+    left = list(before)
+    added = []
+    for reason in after:
+        if reason in left:
+            left.remove(reason)
+        else:
+            added.append(reason)
+    return added
+
+
+class CompileStats:
+    """The trainer's running totals of graphs compiled and CUDA-graph skips, over its own fit() calls only: the
+    counters are read at each fit's start and at each log, and the differences added up."""
+
+    def __init__(self):
+        self.totals = {"compiled_graphs": 0, "cudagraph_skips": 0}
+        self._last = None
+
+    @staticmethod
+    def _now() -> dict:
+        return compile_counters()
+
+    def start(self) -> None:
+        self._last = self._now()
+
+    def read(self) -> dict:
+        now = self._now()
+        for key in self.totals:
+            self.totals[key] += max(0, now[key] - self._last[key])
+        self._last = now
+        return dict(self.totals)
