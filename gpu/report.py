@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 REPORT, EVIDENCE, LOG = "report.md", "evidence.json", "log.txt"
+SHOWN_ROWS = 4  # a headline names the check rows that passed up to this many; beyond, the report names them
 
 
 def device_name(evidence: dict) -> str:
@@ -84,7 +85,8 @@ def headline_markdown(evidence: dict, source: str) -> str:
         partial = ((_part(evidence, "check") or {}).get("result") or {}).get("partial")
         lines += ["", f"`gantools check`{' (stopped before its last row)' if partial else ''}: "
                       f"{len(passed)} of {len(h['check'])} rows ok"
-                      + (f" ({', '.join(passed)})" if passed else "") + "."]
+                      + (f" ({', '.join(passed)})" if 0 < len(passed) <= SHOWN_ROWS else
+                         " (each named in the report)" if passed else "") + "."]
         lines += [f"FAILED: {c['row']}: {c['reason']}" for c in failed]
     return "\n".join(lines)
 

@@ -18,13 +18,15 @@ TECHNIQUE_LINES = {
     "04_optimizers_and_accumulation.ipynb": [r"fused=True", r"AdamW\(", r"LambdaLR\("],
     "07_gan_variants.ipynb": [r"autograd\.grad\(", r"create_graph=True", r"chunk\(n_critic\)"],
     "08_memory.ipynb": [r"checkpoint\(block, x, use_reentrant=False\)", r"torch\.no_grad\(\)", r"torch\.autocast\("],
+    "09_compiler.ipynb": [r"torch\.compile\(gan\.G\)", r"torch\.compile\(gan\.D\)", r"cudagraph_mark_step_begin\(\)"],
 }
 # 01's technique is the profiler, which has no speed of its own: its fix is trained in turns with the trainer, and
 # its agreement is the plain loop's profile telling the same story as gantools' (time shares)
 MEASURED = {"01_profiling.ipynb": (r"\btrain_side_by_side\(", r"\bsame_story\(")}
 TRY_IT = {"01_profiling.ipynb": r"ProfilePanel\(", "02_mixed_precision.ipynb": r"ControlPanel\(",
           "03_data_loading.ipynb": r"ControlPanel\(", "04_optimizers_and_accumulation.ipynb": r"ControlPanel\(",
-          "07_gan_variants.ipynb": r"ControlPanel\(", "08_memory.ipynb": r"ControlPanel\("}
+          "07_gan_variants.ipynb": r"ControlPanel\(", "08_memory.ipynb": r"ControlPanel\(",
+          "09_compiler.ipynb": r"ControlPanel\("}
 
 
 def cells(name: str, kind: str) -> list[str]:
