@@ -11,6 +11,7 @@ CPU = MachineFacts(cuda=False, bf16=True, workers=2, cpus=2)
 A100 = MachineFacts(cuda=True, compute_capability=(8, 0), bf16=True, workers=4, cpus=16, cudnn_benchmark=False,
                     tf32=False, gpu="NVIDIA A100")
 T4 = dataclasses.replace(A100, compute_capability=(7, 5), bf16=False, gpu="Tesla T4")
+BY_NAME = {rule.__name__: rule for rule in RULES}
 
 
 def loader(per_image_work=None, num_workers=0, pin_memory=False):
@@ -45,6 +46,9 @@ def test_a_clean_loop_has_no_findings():
     assert kinds(report()) == [] and kinds(report("cuda:0"), dataclasses.replace(A100, cudnn_benchmark=True)) == []
 
 
+# what torch.compile did in a loop that compiled its models once and kept them (analysis._compiler's fields)
+COMPILED = {"graphs": 3, "graph_breaks": 0, "break_reasons": [], "recompiles_after_warmup": 0,
+            "iterations_after_warmup": 10, "recompile_reasons": []}
 FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case where it must not
     "per-sample-transforms": (report(phases={"data wait": 40.0},
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
@@ -68,6 +72,10 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
     "cudnn-benchmark": (report("cuda:0", compute_share=0.8), A100),
     "tf32": (report("cuda:0", settings={"conv_linear_outputs": {"float32": 10.0}, "autocast": False}),
              dataclasses.replace(A100, cudnn_benchmark=True)),
+    "recompiles": (report(settings={"compiler": {**COMPILED, "recompiles_after_warmup": 2,
+                                                 "recompile_reasons": ["0/0: GLOBAL_STATE changed: grad_mode"]}}), CPU),
+    "graph-breaks": (report(settings={"compiler": {**COMPILED, "graph_breaks": 1, "graphs": 4,
+                                                   "break_reasons": ["Unsupported Tensor.item() call"]}}), CPU),
 }
 NOT_FIRING = {
     "per-sample-transforms": (report(phases={"data wait": 2.0},  # waiting under 5% of the step: not worth it
@@ -89,6 +97,8 @@ NOT_FIRING = {
     "channels-last": (report(compute_share=0.3, settings={"conv_input_formats": {"contiguous (NCHW)": 5.0}}), CPU),
     "cudnn-benchmark": (report("cuda:0", compute_share=0.8), dataclasses.replace(A100, cudnn_benchmark=True)),
     "tf32": (FIRES["tf32"][0], dataclasses.replace(T4, cudnn_benchmark=True)),  # no TF32 before Ampere
+    "recompiles": (report(settings={"compiler": COMPILED}), CPU),  # compiled in the warm-up, never again
+    "graph-breaks": (report(settings={"compiler": COMPILED}), CPU),
 }
 
 
@@ -99,7 +109,7 @@ def test_every_rule_is_covered():
 @pytest.mark.parametrize("kind", sorted(FIRES))
 def test_rule_fires(kind):
     r, facts = FIRES[kind]
-    rule = getattr(rules, kind.replace("-", "_"))
+    rule = BY_NAME[kind.replace("-", "_")]
     found = rule(r, facts)
     assert found is not None and found.kind == kind and found.seen and found.change and found.notebook
     assert kind in kinds(r, facts)
@@ -108,7 +118,7 @@ def test_rule_fires(kind):
 @pytest.mark.parametrize("kind", sorted(NOT_FIRING))
 def test_rule_does_not_fire(kind):
     r, facts = NOT_FIRING[kind]
-    assert getattr(rules, kind.replace("-", "_"))(r, facts) is None
+    assert BY_NAME[kind.replace("-", "_")](r, facts) is None
     assert kind not in kinds(r, facts)
 
 

@@ -131,6 +131,7 @@ class Technique:
 MIXED_PRECISION, DATA_LOADING = "02_mixed_precision.ipynb", "03_data_loading.ipynb"
 OPTIMIZERS, ALL_TOGETHER = "04_optimizers_and_accumulation.ipynb", "05_all_together.ipynb"
 YOUR_OWN_GAN = "06_your_own_gan.ipynb"  # the doctor's findings about a hand-written loop (host syncs, D's grads)
+COMPILER = "09_compiler.ipynb"
 
 OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches
 GRAPH_MODES = ("max-autotune", "reduce-overhead")  # torch.compile's modes that use CUDA graphs on CUDA
@@ -331,7 +332,7 @@ TECHNIQUES = (
               ladder=(Row("channels_last", {"channels_last": True}),),
               checks=(Row("channels_last", {"channels_last": True}),),
               panel=("channels_last",)),
-    Technique("compile", "torch.compile", ALL_TOGETHER, (1.10, 1.2), candidates=_compile, fix=_fix_compile,
+    Technique("compile", "torch.compile", COMPILER, (1.10, 1.2), candidates=_compile, fix=_fix_compile,
               ladder=(Row("torch.compile", {"compile": "default"}, needs="compile"),),
               checks=(Row("compile default", {"compile": "default"}, needs="compile"),
                       Row("compile reduce-overhead", {"compile": "reduce-overhead"}, ("cuda",)),

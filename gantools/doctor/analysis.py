@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..measuring import hardware
+from ..measuring.compile_counts import first_lines
 from ..measuring.protocol import OWN_SYNC, code_syncs, spans
 from ..measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
 from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
@@ -309,6 +310,7 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     s["d_last_module"] = d.last_module if d else None
     s["d_final_sigmoid"] = d.sigmoid_path if d else None
     s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
+    s["compiler"] = _compiler(obs.compiler)
     s["lightning"] = lightning_settings(obs)
     s["dataloaders"] = [dict(describe_loader(loader), built_at=_at(obs.built_at.get(id(loader))),
                              epoch_start_ms=_median(obs.epoch_starts.get(id(loader))),
@@ -319,6 +321,17 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     if facts.cuda:
         s["cudnn_benchmark"], s["tf32"], s["gpu"] = facts.cudnn_benchmark, facts.tf32, facts.gpu
     return s
+
+
+def _compiler(counts: dict) -> dict | None:
+    """What torch.compile did while the doctor watched, as plain values (None where the run did not finish)."""
+    if not counts:
+        return None
+    whole, after = counts["whole run"], counts["after warm-up"]
+    return {"graphs": whole.compiled_graphs, "graph_breaks": whole.graph_breaks,
+            "break_reasons": first_lines(whole.break_reasons), "recompiles_after_warmup": after.recompiles,
+            "iterations_after_warmup": counts["iterations after warm-up"],
+            "recompile_reasons": first_lines(after.recompile_reasons)}
 
 
 def _median(values) -> float | None:

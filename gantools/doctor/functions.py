@@ -113,8 +113,10 @@ class FunctionWatch(TorchFunctionMode):
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         h = self.hooks
-        if (h.stepping or h.in_data or h.in_sync or h.depth or not h.full or (self.decided and not self.found)
-                or compiling() or not h.mine()):
+        # compiling() first: while dynamo traces this mode it reads it as True and stops here, guarding on none of
+        # the doctor's own state (a dict keyed by code objects cannot even be guarded)
+        if (compiling() or h.stepping or h.in_data or h.in_sync or h.depth or not h.full
+                or (self.decided and not self.found) or not h.mine()):
             return func(*args, **kwargs)
         frames = self._your_frames(sys._getframe(1))
         if frames is None:  # gantools' own code

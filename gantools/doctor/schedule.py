@@ -9,6 +9,7 @@ from collections import Counter
 
 from ..measuring import hardware
 from ..errors import ScriptMeasured
+from ..measuring.compile_counts import since, snapshot
 from ..measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .observations import Observations, Optimizer
@@ -37,6 +38,9 @@ class Schedule:
         self.clock: IterationClock | None = None
         self.session: ProfilerSession | None = None
         self.syncs: SyncWatch | None = None  # while profiling on CUDA: the syncs the Tensor patches do not see
+        # torch.compile's records, read at the stage changes: the doctor's own hooks are guarded by dynamo, so taking
+        # them off for the timed window recompiles every graph once; that first timed iteration is left out
+        self.compiler = {"start": snapshot()}
 
     @property
     def done(self) -> bool:
@@ -56,6 +60,7 @@ class Schedule:
         device = self.obs.device_in_use()
         if b == w:  # warm-up over: the profiler's warm-up iteration starts
             self.stage = "profiling"
+            self.compiler["warm"] = snapshot()
             self.session = ProfilerSession(device, self.steps)
             self.session.start()
             self.hooks.profiling = True
@@ -77,14 +82,19 @@ class Schedule:
             self.stop_profiler()
             self.obs.close_window()
             # time `timed` iterations with nothing installed but the marks
+            self.compiler["profiled"] = since(self.compiler["warm"])
             self.hooks.set_full(False)
             self.stage = "timed"
             self.clock = IterationClock(device)
             self.clock.start()
         elif b > w + 1 + n:  # one timed iteration ends: synchronised, so its GPU work is inside it
             self.clock.lap()
+            if b == w + 2 + n:
+                self.compiler["timed"] = snapshot()
             if b == w + 1 + n + t:
                 self.stage = "done"
+                self.obs.compiler = {"whole run": since(self.compiler["start"]), "iterations after warm-up": n + t,
+                                     "after warm-up": self.compiler["profiled"] + since(self.compiler["timed"])}
 
     def stop_profiler(self) -> None:
         self.hooks.profiling = False

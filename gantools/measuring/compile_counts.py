@@ -8,6 +8,7 @@ reason per failed guard that sent a frame to be compiled again, what TORCH_LOGS=
 differences of those records around the code measured; on a torch without them every count reads 0."""
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -15,7 +16,10 @@ KEYS = ("compiled_graphs", "recompiles", "graph_breaks", "cudagraph_skips")
 
 
 def _records() -> tuple[dict, list[str], list[str]]:
-    """The process-wide counts (KEYS), every recompile reason so far and every graph-break reason so far."""
+    """The process-wide counts (KEYS), every recompile reason so far and every graph-break reason so far; all empty
+    where dynamo was never imported (nothing compiled yet: importing it here would cost seconds for nothing)."""
+    if "torch._dynamo" not in sys.modules:
+        return dict.fromkeys(KEYS, 0), [], []
     try:
         from torch._dynamo.utils import counters, guard_failures
     except ImportError:
@@ -35,8 +39,8 @@ def compile_counters() -> dict:
 
 @dataclass
 class CompileCount:
-    """What `counting()` saw: graphs compiled, recompiles, graph breaks, CUDA-graph skips, and the reasons dynamo
-    gave for each recompile (the guard that failed) and each break."""
+    """What the compiler did between two moments (`since`, `counting`): graphs compiled, recompiles, graph breaks,
+    CUDA-graph skips, and the reasons dynamo gave for each recompile (the guard that failed) and each break."""
     compiled_graphs: int = 0
     recompiles: int = 0
     graph_breaks: int = 0
@@ -44,20 +48,34 @@ class CompileCount:
     recompile_reasons: list = field(default_factory=list)
     break_reasons: list = field(default_factory=list)
 
+    def __add__(self, other: "CompileCount") -> "CompileCount":
+        """Two stretches' counts together (the reasons of both, in order)."""
+        return CompileCount(**{key: getattr(self, key) + getattr(other, key) for key in KEYS},
+                            recompile_reasons=self.recompile_reasons + other.recompile_reasons,
+                            break_reasons=self.break_reasons + other.break_reasons)
+
+
+def snapshot() -> tuple:
+    """The records now, for `since`."""
+    return _records()
+
+
+def since(before: tuple) -> CompileCount:
+    """What the compiler did after `before` (a `snapshot()`)."""
+    counts, recompiled, broke = before
+    after, recompiled_now, broke_now = _records()
+    return CompileCount(**{key: max(0, after[key] - counts[key]) for key in KEYS},
+                        recompile_reasons=recompiled_now[len(recompiled):], break_reasons=_added(broke, broke_now))
+
 
 @contextmanager
 def counting():
     """`with counting() as count: ...`: `count` holds what torch.compile did inside the block once it ends."""
-    before, recompiled, broke = _records()
-    count = CompileCount()
+    before, count = snapshot(), CompileCount()
     try:
         yield count
     finally:
-        after, recompiled_now, broke_now = _records()
-        for key in KEYS:
-            setattr(count, key, max(0, after[key] - before[key]))
-        count.recompile_reasons = recompiled_now[len(recompiled):]
-        count.break_reasons = _added(broke, broke_now)
+        vars(count).update(vars(since(before)))
 
 
 def _added(before: list, after: list) -> list:
@@ -94,3 +112,9 @@ class CompileStats:
             self.totals[key] += max(0, now[key] - self._last[key])
         self._last = now
         return dict(self.totals)
+
+
+def first_lines(reasons: list, most: int = 5) -> list[str]:
+    """Dynamo's reasons as one line each (the first: the rest is a stack), each once, at most `most` of them."""
+    lines = list(dict.fromkeys(reason.splitlines()[0].strip() for reason in reasons if reason.strip()))
+    return lines[:most] + ([f"... and {len(lines) - most} more"] if len(lines) > most else [])

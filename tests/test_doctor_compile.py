@@ -1,0 +1,94 @@
+"""The doctor on loops that use torch.compile: graphs compiled again after the warm-up (a preview through the compiled
+G under `no_grad`) and graph breaks (a logged `.item()` inside compiled code) are findings with dynamo's own reasons,
+and the doctor's own hooks, which dynamo guards, are never blamed on the loop. The models compile with dynamo's
+"eager" backend: dynamo's guards and breaks are the same, and no C++ compiler is needed."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from gantools import doctor
+from gantools.doctor.compile_rules import graph_breaks, recompiles
+from gantools.doctor.report import DoctorReport
+
+from conftest import BatchFreeD, BatchFreeG
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def compiled_loop(preview_at=None, log_item=False):
+    """A plain GAN step over compiled G and D; `preview_at`: the call that also samples through the compiled G in
+    eval mode under no_grad; `log_item`: D's loss read with .item() inside a compiled function."""
+    torch.manual_seed(0)
+    G, D = BatchFreeG(), BatchFreeD()
+    cG, cD = torch.compile(G, backend="eager"), torch.compile(D, backend="eager")
+    opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+    bce = nn.BCEWithLogitsLoss()
+    calls = [0]
+
+    def d_loss(real, fake):
+        out_real, out_fake = cD(real), cD(fake)
+        loss = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
+        if log_item:
+            print("D loss", loss.item())
+        return loss
+
+    d_loss_fn = torch.compile(d_loss, backend="eager") if log_item else d_loss
+
+    def train_step(batch):
+        real = batch[0].float() / 127.5 - 1
+        fake = cG(torch.randn(real.shape[0], 8))
+        loss_d = d_loss_fn(real, fake.detach())
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        out = cD(fake)
+        loss_g = bce(out, torch.ones_like(out))
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+        calls[0] += 1
+        if calls[0] == preview_at:
+            cG.eval()
+            with torch.no_grad():
+                cG(torch.randn(4, 8))
+            cG.train()
+
+    return train_step
+
+
+def test_a_compiled_loop_that_keeps_its_graphs_gets_no_compile_finding(glyphs64):
+    report = doctor.run(compiled_loop(), DataLoader(glyphs64, batch_size=16), steps=2, warmup=1)
+    assert report.complete and report.settings["compiler"]["graphs"] >= 3
+    assert report.settings["compiler"]["recompiles_after_warmup"] == 0  # the doctor's hooks are not blamed
+    assert not {"recompiles", "graph-breaks"} & set(report.kinds())
+
+
+def test_a_preview_through_the_compiled_g_is_a_recompile_with_its_guard_and_fix(glyphs64):
+    # call 4 is a profiled iteration (warm-up 1, the profiler's warm-up 1, then 2 profiled)
+    report = doctor.run(compiled_loop(preview_at=4), DataLoader(glyphs64, batch_size=16), steps=2, warmup=1)
+    finding = next(f for f in report.findings if f.kind == "recompiles")
+    assert report.settings["compiler"]["recompiles_after_warmup"] >= 1
+    assert "grad_mode" in finding.seen and "_orig_mod" in finding.change and finding.estimated_speedup is None
+    assert finding.notebook == "09_compiler"
+
+
+def test_an_item_inside_compiled_code_is_a_graph_break_with_dynamos_reason(glyphs64, capsys):
+    report = doctor.run(compiled_loop(log_item=True), DataLoader(glyphs64, batch_size=16), steps=2, warmup=1)
+    finding = next(f for f in report.findings if f.kind == "graph-breaks")
+    assert report.settings["compiler"]["graph_breaks"] >= 1 and "item()" in finding.seen
+    assert "fullgraph=True" in finding.change
+
+
+def test_each_failed_guard_gets_the_change_that_keeps_it():
+    report = DoctorReport(source="loop", device="cpu")
+    report.settings["compiler"] = {"recompiles_after_warmup": 3, "iterations_after_warmup": 9, "graphs": 5,
+                                   "graph_breaks": 0, "break_reasons": [],
+                                   "recompile_reasons": ["1/0: tensor 'x' size mismatch at index 0. expected 128, "
+                                                         "actual 96", "2/0: std == 0.1"]}
+    finding = recompiles(report, None)
+    assert "3 recompile(s) in the 9 iterations" in finding.seen and "0.33 per iteration" in finding.seen
+    assert "drop_last=True" in finding.change and "torch.tensor(value" in finding.change
+    assert "_orig_mod" not in finding.change and graph_breaks(report, None) is None
+    report.settings["compiler"] = None  # a run that never finished its timed window: nothing to say
+    assert recompiles(report, None) is None and graph_breaks(report, None) is None
