@@ -74,11 +74,13 @@ WORKER = textwrap.dedent('''
     counts = [data_parallel.count_all_reduces(ddp.G), data_parallel.count_all_reduces(ddp.D)]
     race = data_parallel.race_across_ranks({"alone": (tutorial.train_step, tutorial.plain_gan("cpu", **SIZE)),
                                             "ddp": (half_step, ddp)}, 6, 2, alone={"alone": 2})
+    one_step = data_parallel.all_reduces_in_a_step(half_step, ddp, counts)
     profile = data_parallel.profiled_collectives(half_step, ddp_gan(), steps=2)
     apart = data_parallel.gathered_differences({"G": ddp.G.module, "D": ddp.D.module})
     if dist.get_rank() == 0:
         Path(sys.argv[1], "rank0.json").write_text(json.dumps({
-            "race": data_parallel.race_record(race), "calls": [c["calls"] for c in counts], "profile": profile,
+            "race": data_parallel.race_record(race), "calls": [c["calls"] for c in counts], "one_step": one_step,
+            "profile": profile,
             "apart": apart, "threads": torch.get_num_threads()}))
     dist.destroy_process_group()
 ''')
@@ -94,7 +96,7 @@ def test_two_processes_race_a_one_process_loop_in_turns_and_rank_0_hands_back_wh
     assert len(race.measured["ddp"].images_per_sec_runs) == 2 and race.paired("ddp", "alone") is not None
     # the DDP loop stepped 6 times: G's and D's gradients each all-reduced once per step (and D's once more in
     # G's step, whose backward runs through D's DDP wrapper in the tutorial's step)
-    assert measured["calls"][0] == 6 and measured["calls"][1] == 12
+    assert measured["calls"] == [7, 14] and measured["one_step"] == 3  # and one more step after the race
     assert measured["profile"]["all_reduces_per_iteration"] >= 2 and measured["profile"]["step_ms"] > 0
     assert measured["profile"]["broadcasts_per_iteration"] == 0  # broadcast_buffers=False
     # the same averaged gradients: identical weights; BatchNorm statistics from each rank's own half batch

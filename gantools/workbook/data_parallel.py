@@ -101,6 +101,14 @@ def count_all_reduces(ddp) -> dict:
     return counted
 
 
+def all_reduces_in_a_step(step_fn, gan, counters) -> int:
+    """The all-reduces (`count_all_reduces`' `counters`) that one more step of `step_fn(gan, batch)` makes: a step
+    after the first, whose buckets DDP builds in parameter order before it rebuilds them in gradient order."""
+    before = sum(c["calls"] for c in counters)
+    step_fn(gan, next(gan.batches))
+    return sum(c["calls"] for c in counters) - before
+
+
 def profiled_collectives(step_fn, gan, steps: int = 3, warmup: int = 2) -> dict:
     """`steps` of `step_fn(gan, batch)` under torch.profiler on every rank (a collective needs them all), after
     `warmup` steps (two: DDP rebuilds its buckets in the second iteration, a one-off broadcast of their order that
