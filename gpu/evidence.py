@@ -380,7 +380,7 @@ def part_notebooks(run: Run, seconds: float) -> Built | str:
     if probe.returncode:
         return ("Jupyter is not here (nbval and ipykernel did not import: "
                 f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else '?'})")
-    notebooks = ["notebooks/00_baseline.ipynb"]  # all eight take minutes even on a GPU; make test runs them all
+    notebooks = ["notebooks/00_baseline.ipynb"]  # all of them take minutes even on a GPU; make test runs them all
     env = {**run.env, "GANTOOLS_QUICK": "1"}
     command = _py(run, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "-o", "addopts=", *notebooks)
     return Built([command], env=env)

@@ -8,7 +8,7 @@ from ..measuring.protocol import amdahl
 from .report import DoctorReport, Finding
 from .rules import MIN_GAIN, MIN_SHARE
 
-DDP_DOCS = "docs/torchrun.md"  # no notebook teaches several processes: the page that does
+DDP_DOCS = "docs/torchrun.md"  # the page on several processes (it points on to notebooks/10_several_gpus)
 
 
 def _gain(step: float, saved_ms: float) -> float | None:

@@ -45,6 +45,21 @@ def amdahl(step_ms: float, removed_ms: float) -> float:
     return step_ms / max(step_ms - removed_ms, 1e-9)
 
 
+def amdahl_speedup(parallel: float, n: int) -> float:
+    """Amdahl's law for `n` workers: S = 1 / ((1 - P) + P / n), where `parallel` (P) is the share of one worker's
+    time that the workers split between them and the rest runs as long on every worker."""
+    return 1 / ((1 - parallel) + parallel / n)
+
+
+def parallel_share(speedup: float, n: int) -> float:
+    """The P that makes `amdahl_speedup(P, n)` the measured `speedup` (Amdahl's law solved for P; the Karp-Flatt
+    serial share is 1 - P): one measured process count is enough to predict the others, as far as the law holds.
+    Clipped to 0..1: a speed-up below 1 has no parallel share, one of n or more no serial part to find."""
+    if n < 2:
+        raise ValueError(f"a parallel share needs at least 2 workers, not {n}")
+    return min(max((1 - 1 / speedup) / (1 - 1 / n), 0.0), 1.0)
+
+
 @dataclass(frozen=True)
 class Span:
     """One profiler event as the sync count reads it: its name and its host time range (microseconds)."""

@@ -375,11 +375,14 @@ def markdown(result: dict) -> str:
 
 def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None = None, repeats: int = 3,
             steps: int = 25, log_interval: int = 5, overrides=None, out_dir="runs/bench/scaling",
-            progress=print) -> dict:
+            progress=print, keep_global_batch: bool = False) -> dict:
     """Images/s of 'all together' (without compile) trained by 1..N processes under torchrun, the process counts
-    interleaved over `repeats`; each run's figure is its median over log intervals after the first (warm-up).
-    On a CPU the processes share the machine's cores (each gets cores / N threads), so there the figure measures
-    what data parallelism costs, not what more hardware buys."""
+    interleaved over `repeats`; each run's figure is its median over log intervals after the first (warm-up), and
+    each row's `paired` range its images/s over 1 process's, repeat by repeat. On a CPU the processes share the
+    machine's cores (each gets cores / N threads), so there the figure measures what data parallelism costs, not
+    what more hardware buys. Each process trains the preset's batch (weak scaling), or with `keep_global_batch`
+    its 1/N share of it (Amdahl's strong scaling: the same training at every N, as `batch_size` means in a
+    config)."""
     dev = resolve_device(device)
     gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
     n_max = max_processes or (gpus if gpus else 2)
@@ -390,10 +393,11 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
     per_process, cores = base.batch_size, os.cpu_count() or 1
     threads = None if gpus else {n: max(1, cores // n) for n in range(1, n_max + 1)}
     runs = {n: [] for n in range(1, n_max + 1)}
+    batch = {n: per_process if keep_global_batch else per_process * n for n in runs}
     for r in range(repeats):
         for n in runs:
             run_dir = Path(out_dir) / f"{n}-processes-{r}"
-            cfg = base.replace(batch_size=per_process * n, steps=steps, log_interval=log_interval, sample_interval=0,
+            cfg = base.replace(batch_size=batch[n], steps=steps, log_interval=log_interval, sample_interval=0,
                                checkpoint_interval=0, out_dir=str(run_dir)).validate()
             args = ["-m", "gantools", "train", "--preset", "reference", "--quiet",
                     *cli_flags(cfg, preset("reference"))]
@@ -406,12 +410,13 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
             runs[n].append(statistics.median(x["images_per_sec"] for x in records[1:] or records))
             progress(f"{n} process(es), repeat {r + 1}/{repeats}: {runs[n][-1]:.0f} images/s")
     one = statistics.median(runs[1])
-    rows = [{"processes": n, "batch_per_process": per_process, "global_batch": per_process * n,
+    rows = [{"processes": n, "batch_per_process": batch[n] // n, "global_batch": batch[n],
              "images_per_sec": statistics.median(v), "images_per_sec_runs": v, "spread": Spread.of(v),
+             "paired": Spread.of_rounds(a / b for a, b in zip(v, runs[1])),
              "speedup": statistics.median(v) / one, "efficiency": statistics.median(v) / (n * one)}
             for n, v in runs.items()]
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "repeats": repeats,
-            "steps": steps, "threads_per_process": threads,
+            "steps": steps, "threads_per_process": threads, "keep_global_batch": keep_global_batch,
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
 
@@ -431,7 +436,7 @@ def scaling_markdown(result: dict) -> str:
     cpu = not m["device"].startswith("cuda")
     lines = [f"{m['device_name']} ({m['device']}), torch {m['torch']}, {result['date']}: all together without "
              f"compile, DCGAN {c['image_size']} px, {c['dataset']}, {c['precision']}, "
-             f"{result['rows'][0]['batch_per_process']} images per process per step, {result['steps']} steps a run, "
+             f"{_batch_words(result)}, {result['steps']} steps a run, "
              f"median of {result['repeats']} interleaved repeats; torchrun + DistributedDataParallel "
              f"({'gloo' if cpu else 'NCCL'}).", "",
              "| processes | global batch | images/s | spread | vs 1 process | scaling efficiency |",
@@ -448,6 +453,13 @@ def scaling_markdown(result: dict) -> str:
                       "process instead of one process splitting each op over threads), net of the gradient "
                       "all-reduces. It is not what N GPUs would buy."]
     return "\n".join(lines)
+
+
+def _batch_words(result: dict) -> str:
+    first = result["rows"][0]
+    if result.get("keep_global_batch"):
+        return f"a global batch of {first['global_batch']} shared by the processes"
+    return f"{first['batch_per_process']} images per process per step"
 
 
 def save(result: dict, json_path) -> None:

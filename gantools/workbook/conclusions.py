@@ -8,6 +8,7 @@ per kind of claim, shared by every notebook:
 - quality (`quality_words`): judged only against a second seed's spread, by tune's and doctor --try's rule
   (`speed.keep.judge_fid`); with no second seed the FIDs are shown and quality is not judged;
 - a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`;
+- scaling (`scaling_prediction`): Amdahl's parallel share P only from a speed-up the paired range calls faster;
 - memory (`memory_verdict`): a step's peak tensor memory (`measuring.memory`) is "less" or "more" only beyond
   `MEMORY_SAME` of the start's; a memory-for-speed trade (`memory_trade`) is worth it only where memory limits;
 - compile time (`compile_payback`): paid back only by steps the race measured faster, after compile time over the
@@ -274,6 +275,37 @@ def worth_removing(share: float, what: str = "waiting for data", fix: str = "fee
                           f"bottleneck here: {fix}**.", True)
     return Conclusion(f"{text}: under the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck: **not this "
                       "machine's bottleneck**; the step's time goes to compute.", False)
+
+
+def scaling_prediction(speedup: float, start: str, processes: int = 2, paired=None,
+                       predict=(2, 4, 8)) -> Conclusion:
+    """What `processes` workers measured against one (`speedup`, with its paired range) predict for more, by
+    Amdahl's law: the parallel share P that gives the measured speed-up (`protocol.parallel_share`), then
+    S(N) = 1 / ((1 - P) + P / N) for each N in `predict`, and the limit 1 / (1 - P). Only a speed-up the paired
+    range calls faster (`speed_verdict`) gives a P; `.keep` is True when it did. A prediction, not a measurement:
+    the law assumes the serial part stays the same at every N (a ring all-reduce's time grows with N)."""
+    from ..measuring.protocol import amdahl_speedup, parallel_share
+
+    verdict = speed_verdict(paired)
+    text = (f"{processes} processes ran {speed_words(speedup, f'**{start}**', paired)}: scaling efficiency "
+            f"{100 * speedup / processes:.0f}% (the speed-up over the processes)")
+    if verdict != FASTER:
+        return Conclusion(f"{text}. **No parallel share can be read from that** (it needs a speed-up the paired "
+                          "range calls faster), so no prediction for more processes.", False)
+    p = parallel_share(speedup, processes)
+    spread = _paired(paired)
+    low, high = parallel_share(spread.low, processes), parallel_share(spread.high, processes)
+    text += (f". Amdahl's law, S = 1/((1-P) + P/N), gives that at N = {processes} with **P = {p:.2f}** "
+             f"({low:.2f}-{high:.2f} over the paired range): the share of one process's step that the processes "
+             "split")
+    if p >= 1:
+        return Conclusion(f"{text}; nothing serial is left to limit more processes, so the law predicts N times "
+                          "as fast at any N: **a prediction the law cannot bound** (the speed-up met the process "
+                          "count, as when one process lacked a resource that two have).", True)
+    shown = ", ".join(f"N = {n}: {amdahl_speedup(p, n):.2f}x ({100 * amdahl_speedup(p, n) / n:.0f}%)"
+                      for n in predict)
+    return Conclusion(f"{text}. **Predicted from this machine's P**, not measured: {shown}; never more than "
+                      f"{1 / (1 - p):.1f}x, however many processes.", True)
 
 
 def memory_verdict(mb: float, start_mb: float) -> str:
