@@ -66,8 +66,10 @@ PARTS = (
                           "but compile max-autotune"),
     Part("check-autotune", 60, 30, "`gantools check`'s compile max-autotune row on its own: the slowest to compile, "
                                    "so an overrun costs no other row"),
-    Part("ladder", 165, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
+    Part("ladder", 145, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
                             "throughput; images/s, FLOPs, MFU"),
+    Part("memory", 20, 40, "the largest batch that fits the GPU (`largest_batch`: cudaMemGetInfo, bisection on "
+                           "out-of-memory) and activation checkpointing's peak against none, at DCGAN 64 px"),
     Part("doctor-dcgan", 55, 60, "`gantools doctor --try --patch` on the PyTorch tutorial's plain DCGAN script"),
     Part("doctor-wgan-gp", 50, 60, "`gantools doctor --try --patch` on a WGAN-GP script (PyTorch-GAN's)"),
     Part("quality", 60, 60, "FID at an equal image budget: the reference against all together"),
@@ -320,6 +322,37 @@ def part_ladder(run: Run, seconds: float) -> Built:
                        str(run.out / "bench.png"))], lambda: _json(path))
 
 
+MEMORY_CODE = """
+import json
+from gantools.core.config import preset
+from gantools.speed.batch_fit import largest_batch, peak_mb
+cfg = preset("default", device={device!r}, loader="device", **{size!r})
+start = peak_mb(cfg, cfg.batch_size)
+checkpointed = peak_mb(cfg.replace(activation_checkpointing="both"), cfg.batch_size)
+print(f"batch {{cfg.batch_size}}: a step's peak {{start:.0f}} MB; with activation_checkpointing='both' "
+      f"{{checkpointed:.0f}} MB")
+fit = largest_batch(cfg, budget_mb={budget})
+print(f"the largest batch: {{fit.batch}} (peak {{fit.peak_mb:.0f}} MB of a {{fit.budget_mb:.0f}} MB budget; "
+      f"{{fit.fixed_mb:.0f}} MB + {{fit.per_image_mb:.3f}} MB per image; measured: {{fit.measured}})")
+json.dump({{"batch_size": cfg.batch_size, "peak_mb": start, "checkpointed_peak_mb": checkpointed,
+           "largest_batch": fit.batch, "largest_peak_mb": fit.peak_mb, "budget_mb": fit.budget_mb,
+           "fixed_mb": fit.fixed_mb, "per_image_mb": fit.per_image_mb,
+           "measured": {{str(k): v for k, v in fit.measured.items()}}}}, open({path!r}, "w"))
+"""
+
+
+def part_memory(run: Run, seconds: float) -> Built:
+    """`largest_batch` and checkpointing on the device: on a GPU its free memory is the budget; the dry run gives
+    a CPU budget of a few tiny batches' peaks."""
+    path = run.scratch / "memory.json"
+    code = MEMORY_CODE.format(
+        device="cpu" if run.dry else "cuda", path=str(path),
+        size=dict(nz=16, ngf=8, ndf=8, batch_size=32) if run.dry else
+        dict(dataset="glyphs-color", image_size=64, channels=3, batch_size=128, ngf=64, ndf=64),
+        budget="4 * start" if run.dry else None)
+    return Built([_py(run, "-c", code)], lambda: _json(path))
+
+
 def _doctor(run: Run, name: str, script: str, args: list[str], dry_args: list[str]) -> Built:
     path, patch = run.scratch / f"{name}.json", run.out / f"{name}.patch"
     # two paired runs per fix (two more when undecided): each run starts the script again, and a GPU's short
@@ -387,7 +420,7 @@ def part_notebooks(run: Run, seconds: float) -> Built | str:
 
 
 BUILDERS = {"machine": part_machine, "data": part_data, "check": part_check, "check-autotune": part_check_autotune,
-            "ladder": part_ladder,
+            "ladder": part_ladder, "memory": part_memory,
             "doctor-dcgan": part_doctor_dcgan, "doctor-wgan-gp": part_doctor_wgan_gp, "quality": part_quality,
             "notebooks": part_notebooks}
 
