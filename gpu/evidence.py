@@ -66,7 +66,7 @@ PARTS = (
                           "but compile max-autotune"),
     Part("check-autotune", 60, 30, "`gantools check`'s compile max-autotune row on its own: the slowest to compile, "
                                    "so an overrun costs no other row"),
-    Part("ladder", 145, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
+    Part("ladder", 165, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
                             "throughput; images/s, FLOPs, MFU"),
     Part("memory", 20, 40, "the largest batch that fits the GPU (`largest_batch`: cudaMemGetInfo, bisection on "
                            "out-of-memory) and activation checkpointing's peak against none, at DCGAN 64 px"),
@@ -331,11 +331,12 @@ start = peak_mb(cfg, cfg.batch_size)
 checkpointed = peak_mb(cfg.replace(activation_checkpointing="both"), cfg.batch_size)
 print(f"batch {{cfg.batch_size}}: a step's peak {{start:.0f}} MB; with activation_checkpointing='both' "
       f"{{checkpointed:.0f}} MB")
+found = {{"batch_size": cfg.batch_size, "peak_mb": start, "checkpointed_peak_mb": checkpointed}}
+json.dump(found, open({path!r}, "w"))  # kept if the search below runs out of time
 fit = largest_batch(cfg, budget_mb={budget})
-print(f"the largest batch: {{fit.batch}} (peak {{fit.peak_mb:.0f}} MB of a {{fit.budget_mb:.0f}} MB budget; "
-      f"{{fit.fixed_mb:.0f}} MB + {{fit.per_image_mb:.3f}} MB per image; measured: {{fit.measured}})")
-json.dump({{"batch_size": cfg.batch_size, "peak_mb": start, "checkpointed_peak_mb": checkpointed,
-           "largest_batch": fit.batch, "largest_peak_mb": fit.peak_mb, "budget_mb": fit.budget_mb,
+print(f"the largest batch: {{fit.describe()}}; measured: {{fit.measured}}")
+json.dump({{**found, "largest_batch": fit.batch, "limit": fit.limit, "largest_peak_mb": fit.peak_mb,
+           "budget_mb": fit.budget_mb,
            "fixed_mb": fit.fixed_mb, "per_image_mb": fit.per_image_mb,
            "measured": {{str(k): v for k, v in fit.measured.items()}}}}, open({path!r}, "w"))
 """

@@ -26,6 +26,16 @@ def test_a_failed_guard_is_a_recompile_with_dynamos_reason():
     assert len(count.recompile_reasons) == 1 and "requires_grad" in count.recompile_reasons[0]
 
 
+def test_each_recompile_counts_once_however_many_cached_versions_failed_their_guards():
+    f = torch.compile(lambda x: x.sin().sum(), backend="eager")
+    f(torch.randn(3))
+    with counting() as count:
+        f(torch.randn(3, requires_grad=True))   # the one cached version fails: a recompile
+        f(torch.randn(5))                        # both cached versions fail (their shape): one recompile still
+    assert count.recompiles == 2 and count.compiled_graphs == 2 and len(count.recompile_reasons) == 2
+    assert all("mismatch" in reason for reason in count.recompile_reasons)  # dynamo's first failed guard each
+
+
 def test_a_graph_break_is_counted_with_its_reason():
     def logged(x):
         y = x.cos()

@@ -73,6 +73,11 @@ def test_a_preview_through_the_compiled_g_is_a_recompile_with_its_guard_and_fix(
     assert finding.notebook == "09_compiler"
 
 
+def test_a_recompile_in_the_profilers_warm_up_iteration_counts_too(glyphs64):
+    report = doctor.run(compiled_loop(preview_at=2), DataLoader(glyphs64, batch_size=16), steps=2, warmup=1)
+    assert report.settings["compiler"]["recompiles_after_warmup"] >= 1 and "recompiles" in report.kinds()
+
+
 def test_an_item_inside_compiled_code_is_a_graph_break_with_dynamos_reason(glyphs64, capsys):
     report = doctor.run(compiled_loop(log_item=True), DataLoader(glyphs64, batch_size=16), steps=2, warmup=1)
     finding = next(f for f in report.findings if f.kind == "graph-breaks")

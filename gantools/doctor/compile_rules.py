@@ -4,17 +4,19 @@ breaks. Neither has a model of its gain (a recompile's cost is its compile time,
 from the iteration's), so both say "measure it"; notebook 09 measures both on the tutorial's loop."""
 from __future__ import annotations
 
+import re
+
 from ..core.techniques import notebook
 from .report import DoctorReport, Finding
 
-# dynamo's guard-failure wording -> the change that keeps that guard holding, in your code
+# dynamo's guard-failure wording (a pattern) -> the change that keeps that guard holding, in your code
 RECOMPILE_FIXES = (
-    ("grad_mode", "# sample or evaluate through the module itself, which compiles nothing:\n"
+    (r"grad_mode", "# sample or evaluate through the module itself, which compiles nothing:\n"
                   "with torch.no_grad():\n    images = netG._orig_mod(noise)"),
-    ("training", "# keep the compiled module in one mode; evaluate through netG._orig_mod (the module itself)"),
-    ("size mismatch", "DataLoader(dataset, ..., drop_last=True)  # every batch the same size\n"
+    (r"\btraining\b", "# keep the compiled module in one mode; evaluate through netG._orig_mod (the module itself)"),
+    (r"size mismatch", "DataLoader(dataset, ..., drop_last=True)  # every batch the same size\n"
                       "# or compile for changing sizes from the start: torch.compile(model, dynamic=True)"),
-    (" == ", "# a Python number that changes is a constant in the graph: pass it as a tensor\n"
+    (r"== -?\d*\.\d+", "# a Python number that changes is a constant in the graph: pass it as a tensor\n"
              "value = torch.tensor(value, device=device)"),
 )
 FALLBACK_FIX = "TORCH_LOGS=recompiles python your_script.py  # prints each guard that fails, as it fails"
@@ -30,14 +32,14 @@ def recompiles(r: DoctorReport, facts) -> Finding | None:
     if not n:
         return None
     reasons = c["recompile_reasons"]
-    fixes = [fix for words, fix in RECOMPILE_FIXES if any(words in reason for reason in reasons)]
+    fixes = [fix for pattern, fix in RECOMPILE_FIXES if any(re.search(pattern, reason) for reason in reasons)]
     return Finding(
         "recompiles", "torch.compile compiles your models again after the warm-up",
         f"{n} recompile(s) in the {iterations} iterations after the warm-up ({n / iterations:.2f} per iteration); "
         f"the guards that failed: {'; '.join(reasons)}",
         "a compiled graph holds only while its guards hold (input shapes, dtypes and requires_grad, the module's "
         "training flag, the grad mode, Python numbers); each failure runs dynamo, AOTAutograd and inductor again, "
-        "seconds each time, and past torch._dynamo.config.cache_size_limit versions the function runs uncompiled",
+        "seconds each time, and past torch._dynamo.config.recompile_limit versions the function runs uncompiled",
         "\n".join(fixes) or FALLBACK_FIX, notebook("compile"), None)
 
 

@@ -1,35 +1,38 @@
 """What torch.compile did while some code ran: the graphs it compiled, the recompiles (a guard failed: a new shape,
 dtype, `requires_grad`, `training` flag or Python number, and the frame is compiled again, seconds each time), the
 graph breaks (code dynamo cannot capture: the graph is cut there and Python runs between the pieces) and the graphs
-kept out of CUDA graphs. torch keeps all four process-wide in dynamo's own records, private but what its
-troubleshooting guide reads: `torch._dynamo.utils.counters` (`stats.unique_graphs`, bumped for every graph compiled;
-`graph_break`, one entry per break reason; `inductor.cudagraph_skips`) and `torch._dynamo.utils.guard_failures` (one
-reason per failed guard that sent a frame to be compiled again, what TORCH_LOGS=recompiles prints). So counts are
-differences of those records around the code measured; on a torch without them every count reads 0."""
+kept out of CUDA graphs. torch keeps them in dynamo's own records, private but what its troubleshooting tools read:
+`torch._dynamo.utils.counters` (`stats.unique_graphs`, bumped for every graph compiled; `graph_break`, one entry per
+break reason; `inductor.cudagraph_skips`) and the compilation metrics (`get_compilation_metrics()`: one record per
+frame compiled, whose `recompile_reason` is set where it was a recompile: the first guard that failed, what
+TORCH_LOGS=recompiles prints first). Dynamo's `guard_failures` is not read: it holds one reason per cached version
+that failed, several for one recompile, and `torch._dynamo.reset()` clears it. Counts are differences of those
+records around the code measured; the metrics keep the last 64 compiles, so a stretch with more recompiles than that
+is undercounted. On a torch without these records every count reads 0."""
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-KEYS = ("compiled_graphs", "recompiles", "graph_breaks", "cudagraph_skips")
+KEYS = ("compiled_graphs", "graph_breaks", "cudagraph_skips")  # dynamo's counters, process-wide
 
 
-def _records() -> tuple[dict, list[str], list[str]]:
-    """The process-wide counts (KEYS), every recompile reason so far and every graph-break reason so far; all empty
-    where dynamo was never imported (nothing compiled yet: importing it here would cost seconds for nothing)."""
+def _records() -> tuple[dict, list, list[str]]:
+    """The process-wide counts (KEYS), the compilation metrics dynamo keeps (its last compiles, oldest first) and
+    every graph-break reason so far; all empty where dynamo was never imported (nothing compiled yet: importing it
+    here would cost seconds for nothing)."""
     if "torch._dynamo" not in sys.modules:
         return dict.fromkeys(KEYS, 0), [], []
     try:
-        from torch._dynamo.utils import counters, guard_failures
+        from torch._dynamo.utils import counters, get_compilation_metrics
     except ImportError:
         return dict.fromkeys(KEYS, 0), [], []
-    recompile_reasons = [reason for reasons in list(guard_failures.values()) for reason in reasons]
     breaks = counters["graph_break"]
     break_reasons = [reason for reason, n in breaks.items() for _ in range(n)]
-    counts = {"compiled_graphs": counters["stats"].get("unique_graphs", 0), "recompiles": len(recompile_reasons),
-              "graph_breaks": len(break_reasons), "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
-    return counts, recompile_reasons, break_reasons
+    counts = {"compiled_graphs": counters["stats"].get("unique_graphs", 0), "graph_breaks": len(break_reasons),
+              "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
+    return counts, get_compilation_metrics(), break_reasons
 
 
 def compile_counters() -> dict:
@@ -40,7 +43,7 @@ def compile_counters() -> dict:
 @dataclass
 class CompileCount:
     """What the compiler did between two moments (`since`, `counting`): graphs compiled, recompiles, graph breaks,
-    CUDA-graph skips, and the reasons dynamo gave for each recompile (the guard that failed) and each break."""
+    CUDA-graph skips, and the reasons dynamo gave for each recompile (the first guard that failed) and each break."""
     compiled_graphs: int = 0
     recompiles: int = 0
     graph_breaks: int = 0
@@ -50,7 +53,7 @@ class CompileCount:
 
     def __add__(self, other: "CompileCount") -> "CompileCount":
         """Two stretches' counts together (the reasons of both, in order)."""
-        return CompileCount(**{key: getattr(self, key) + getattr(other, key) for key in KEYS},
+        return CompileCount(**{key: getattr(self, key) + getattr(other, key) for key in (*KEYS, "recompiles")},
                             recompile_reasons=self.recompile_reasons + other.recompile_reasons,
                             break_reasons=self.break_reasons + other.break_reasons)
 
@@ -62,10 +65,13 @@ def snapshot() -> tuple:
 
 def since(before: tuple) -> CompileCount:
     """What the compiler did after `before` (a `snapshot()`)."""
-    counts, recompiled, broke = before
-    after, recompiled_now, broke_now = _records()
-    return CompileCount(**{key: max(0, after[key] - counts[key]) for key in KEYS},
-                        recompile_reasons=recompiled_now[len(recompiled):], break_reasons=_added(broke, broke_now))
+    counts, compiles, broke = before
+    after, compiles_now, broke_now = _records()
+    seen = {id(record) for record in compiles}  # `before` holds them, so no new record can reuse an id
+    recompiled = [record.recompile_reason for record in compiles_now
+                  if id(record) not in seen and record.recompile_reason]
+    return CompileCount(**{key: max(0, after[key] - counts[key]) for key in KEYS}, recompiles=len(recompiled),
+                        recompile_reasons=recompiled, break_reasons=_added(broke, broke_now))
 
 
 @contextmanager
