@@ -121,6 +121,7 @@ def test_the_scaling_panel_runs_the_bench_keeping_the_global_batch_and_shows_the
     panel.run(block=True)
     assert panel.status.value.startswith("Done: 2 processes ran"), panel.status.value
     assert "torchrun --nproc_per_node 2 -m gantools train --preset reference" in panel.status.value
+    assert "--loader device" in panel.status.value and "--batch-size 16" in panel.status.value  # the bench's config
     one, two = panel.result["rows"]
     assert one["global_batch"] == two["global_batch"] == 16 and two["batch_per_process"] == 8
     assert len(two["images_per_sec_runs"]) == 2 and two["paired"] is not None and panel.table.outputs
@@ -140,3 +141,11 @@ def test_every_rank_runs_the_same_script_so_the_launcher_sets_one_thread_each(mo
     assert data_parallel.launch("s.py", tmp_path / "out", processes=2, threads=1) == {}
     assert seen["threads"] == "1" and seen["command"][-2:] == ["s.py", str(tmp_path / "out")]
     assert seen["command"][1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node" in seen["command"]
+
+
+def test_the_panels_command_trains_the_global_batch_the_bench_trained_with_the_most_processes():
+    pytest.importorskip("ipywidgets")
+    panel = data_parallel.ScalingPanel({"batch_size": 16, "ngf": 8, "ndf": 8, "nz": 8}, steps=4)
+    assert "--batch-size 16" in panel.command() and "--channels-last" in panel.command()  # 'all together'
+    panel.controls["keep_global_batch"].value = False  # each process trained 16: together 32 a step
+    assert "--batch-size 32" in panel.command() and panel.command().startswith("torchrun --nproc_per_node 2 ")

@@ -373,6 +373,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def scaling_config(size: str = "cpu", device: str = "auto", overrides=None) -> TrainConfig:
+    """The config `scaling` trains: the reference at `size`, with every technique of 'all together' but compile,
+    then `overrides`; its `batch_size` is one process's (or, keeping the global batch, all of them together)."""
+    dev = resolve_device(device)
+    base = preset("reference", device=dev.type, **SIZES[size]).replace(**ladder(dev, False)["all together"])
+    return base.replace(**(overrides or {}))
+
+
+def scaling_command(cfg: TrainConfig, processes: int) -> str:
+    """The torchrun line that trains `cfg` (its `batch_size` the global batch) in `processes` processes."""
+    return (f"torchrun --nproc_per_node {processes} -m gantools train --preset reference "
+            + " ".join(cli_flags(cfg, preset("reference"))))
+
+
 def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None = None, repeats: int = 3,
             steps: int = 25, log_interval: int = 5, overrides=None, out_dir="runs/bench/scaling",
             progress=print, keep_global_batch: bool = False) -> dict:
@@ -388,8 +402,7 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
     n_max = max_processes or (gpus if gpus else 2)
     if gpus and n_max > gpus:
         raise ValueError(f"{n_max} processes need {n_max} GPUs; {gpus} visible")
-    base = preset("reference", device=dev.type, **SIZES[size]).replace(**ladder(dev, False)["all together"])
-    base = base.replace(**(overrides or {}))
+    base = scaling_config(size, dev.type, overrides)
     per_process, cores = base.batch_size, os.cpu_count() or 1
     threads = None if gpus else {n: max(1, cores // n) for n in range(1, n_max + 1)}
     runs = {n: [] for n in range(1, n_max + 1)}

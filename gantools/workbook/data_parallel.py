@@ -184,13 +184,15 @@ class ScalingPanel:
         display(self.widget)
 
     def command(self) -> str:
-        """The torchrun line that trains the panel's config in a terminal."""
-        from ..core.config import cli_flags, preset
+        """The torchrun line that trains, in a terminal, what the bench trained with the most processes: its config
+        (`bench.scaling_config`) at that run's global batch."""
+        from ..speed import bench
 
         c = {name: w.value for name, w in self.controls.items()}
-        cfg = preset("reference").replace(**{**self.overrides, "precision": c["precision"]})
-        return (f"torchrun --nproc_per_node {c['processes']} -m gantools train --preset reference "
-                + " ".join(cli_flags(cfg, preset("reference"))))
+        cfg = bench.scaling_config("cpu", overrides={**self.overrides, "precision": c["precision"]})
+        if not c["keep_global_batch"]:  # each process trained the whole batch: the global batch is N of them
+            cfg = cfg.replace(batch_size=cfg.batch_size * c["processes"])
+        return bench.scaling_command(cfg, c["processes"])
 
     def run(self, block: bool = True):
         """What Run does: `bench.scaling` with the controls' values; blocking unless `block=False`."""
