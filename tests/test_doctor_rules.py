@@ -49,6 +49,18 @@ def test_a_clean_loop_has_no_findings():
 # what torch.compile did in a loop that compiled its models once and kept them (analysis._compiler's fields)
 COMPILED = {"graphs": 3, "graph_breaks": 0, "break_reasons": [], "recompiles_after_warmup": 0,
             "iterations_after_warmup": 10, "recompile_reasons": []}
+
+
+def memory(peak, room, **parts) -> dict:
+    """A `settings["memory"]` as `memory_watch` describes one: G and D's activations all 32-bit."""
+    parts = {"weights": 50.0, "gradients": 50.0, "optimizer state": 100.0, **parts}
+    return {"peak_mb": peak, "room_mb": room, "parts_mb": parts, "largest": max(parts, key=parts.get),
+            "activations_by_network_mb": {"G": 0.6 * parts.get("activations", 0), "D": 0.4 * parts.get("activations", 0)},
+            "activations_32bit_share": 1.0, "counted_by": "the CUDA allocator's count", "left_out": ""}
+
+
+ROOMY = memory(1000.0, 80000.0, activations=600.0)   # batch 64 at 1 GB of an 80 GB GPU
+FULL = memory(70000.0, 80000.0, activations=60000.0)  # activations fill a GPU near its limit
 FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case where it must not
     "per-sample-transforms": (report(phases={"data wait": 40.0},
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
@@ -76,6 +88,8 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
                                                  "recompile_reasons": ["0/0: GLOBAL_STATE changed: grad_mode"]}}), CPU),
     "graph-breaks": (report(settings={"compiler": {**COMPILED, "graph_breaks": 1, "graphs": 4,
                                                    "break_reasons": ["Unsupported Tensor.item() call"]}}), CPU),
+    "batch-below-memory": (report("cuda:0", settings={"memory": ROOMY}, batch_size=64), A100),
+    "activation-memory": (report("cuda:0", settings={"memory": FULL, "autocast": False}, batch_size=64), A100),
 }
 NOT_FIRING = {
     "per-sample-transforms": (report(phases={"data wait": 2.0},  # waiting under 5% of the step: not worth it
@@ -99,6 +113,8 @@ NOT_FIRING = {
     "tf32": (FIRES["tf32"][0], dataclasses.replace(T4, cudnn_benchmark=True)),  # no TF32 before Ampere
     "recompiles": (report(settings={"compiler": COMPILED}), CPU),  # compiled in the warm-up, never again
     "graph-breaks": (report(settings={"compiler": COMPILED}), CPU),
+    "batch-below-memory": (report(settings={"memory": ROOMY}, batch_size=64), CPU),  # a CPU swaps: no room to judge
+    "activation-memory": (report("cuda:0", settings={"memory": ROOMY}, batch_size=64), A100),  # room to spare
 }
 
 
@@ -195,3 +211,29 @@ def test_the_verdict_is_typed_and_its_json_keeps_its_two_fields():
                                                                                   "heaviest ops": "conv"}}
     assert list(r.to_dict()["verdict"]) == ["bottleneck", "evidence"]
     assert report(verdict=None).to_dict()["verdict"] == {}  # not profiled: an empty object, as before
+
+
+def test_what_fits_is_a_lower_bound_from_one_batch_and_the_advice_stays_near_the_batch():
+    """Weights, gradients and optimizer state (200 MB) do not grow with the batch, so at most 800 MB of the 1,000 MB
+    peak does: 64 x (80,000 - 200) / 800 images at least fit; the change offers 8x, not all of it; a batch at a
+    quarter of what fits or more is left alone."""
+    from gantools.doctor import memory_rules
+    assert memory_rules.fits_at_least(ROOMY, 64) == 6384
+    found = memory_rules.batch_below_memory(*FIRES["batch-below-memory"])
+    assert "at least 6384 fits" in found.seen and "batch_size=512" in found.change and "sqrt(8)" in found.change
+    assert memory_rules.batch_below_memory(report("cuda:0", settings={"memory": memory(1000.0, 3000.0,
+                                                                               activations=600.0)}, batch_size=64),
+                                           A100) is None  # 64 x 2800 / 800 = 224 < 4 x 64
+
+
+def test_activation_memory_offers_16_bit_only_where_activations_are_32_bit():
+    r, facts = FIRES["activation-memory"]
+    assert "torch.autocast('cuda', dtype=torch.bfloat16)" in rules_of(r, facts).change
+    assert "float16" in rules_of(r, T4).change and "use_reentrant=False" in rules_of(r, facts).change
+    r.settings["autocast"] = True
+    assert "autocast" not in rules_of(r, facts).change and "checkpoint(block" in rules_of(r, facts).change
+
+
+def rules_of(r, facts):
+    from gantools.doctor import memory_rules
+    return memory_rules.activation_memory(r, facts)

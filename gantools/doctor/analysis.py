@@ -84,6 +84,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     report.unprofiled_step_time_ms = sched.timed_ms
     facts = machine_facts(device)
     report.settings = _settings(obs, sched, device, facts)
+    report.settings["memory"] = obs.memory.describe() if obs.memory is not None else None
     report.settings["timed_iterations_ms"] = [round(ms, 2) for ms in (sched.clock.times_ms if sched.clock else [])]
     if sched.pacer is not None:
         report.settings["iteration"] = f"one step of {sched.pacer.name}" + (

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..measuring import hardware
 from ..measuring.protocol import PhaseTable
+from ..measuring.results import megabytes
 from .hooks import SYNC_METHODS
 
 READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them
@@ -127,6 +128,8 @@ class DoctorReport(PhaseTable):
                   "peak resident memory (the whole process)")
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, convolutions and matmuls "
                      f"{100 * self.compute_share:.0f}% of it; {memory} {self.peak_mem_mb:.0f} MB")
+        if self.settings.get("memory"):
+            lines.append("  " + memory_line(self.settings["memory"]))
         lines += ["", "findings, ranked by estimated gain:" if self.findings else
                   "findings: none. Nothing in this run is worth changing by the doctor's rules."]
         for i, f in enumerate(self.findings, 1):
@@ -136,6 +139,19 @@ class DoctorReport(PhaseTable):
         if self.trace_path:
             lines += ["", f"trace (open in https://ui.perfetto.dev): {self.trace_path}"]
         return "\n".join(lines)
+
+
+def memory_line(m: dict) -> str:
+    """The last warm-up iteration's memory (`memory_watch`) in one line: its peak and the parts, largest first."""
+    parts = sorted(m["parts_mb"].items(), key=lambda kv: -kv[1])
+    peak = m["peak_mb"]
+    shares = ", ".join(f"{k} {megabytes(v)}" + (f" ({100 * v / peak:.0f}%)" if peak else "") for k, v in parts)
+    where = f" of the {megabytes(m['room_mb'])} within reach on the GPU" if m.get("room_mb") else ""
+    head = f"peak {megabytes(peak)}{where} ({m['counted_by']}): " if peak is not None else "peak not measured; "
+    nets = m.get("activations_by_network_mb") or {}
+    by = "; activations by network: " + ", ".join(f"{k} {megabytes(v)}" for k, v in nets.items()) if nets else ""
+    left = f" (left out: {m['left_out']})" if m.get("left_out") else ""
+    return f"memory of one warm-up iteration's tensors, {head}{shares}{by}{left}"
 
 
 def describe_site(x: dict) -> str:

@@ -14,6 +14,7 @@ import torch
 from ..measuring.protocol import amdahl
 from ..core.techniques import YOUR_OWN_GAN, notebook
 from .compile_rules import RULES as COMPILE_RULES
+from .memory_rules import RULES as MEMORY_RULES
 from .frames import shown
 from .report import READ_METHODS, DoctorReport, Finding, describe_site
 from .syncs import NOT_LOCATED, SYNC_OP
@@ -368,7 +369,8 @@ def not_judged(facts: MachineFacts) -> list:
 
 
 RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync, sigmoid_bce,
-         fp32_convolutions, d_grads_in_g_step, optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES)
+         fp32_convolutions, d_grads_in_g_step, optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES,
+         *MEMORY_RULES)
 
 
 def findings(r: DoctorReport, facts: MachineFacts) -> list:

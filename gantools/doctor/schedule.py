@@ -12,6 +12,7 @@ from ..errors import ScriptMeasured
 from ..measuring.compile_counts import since, snapshot
 from ..measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
+from .memory_watch import MemoryWatch
 from .observations import Observations, Optimizer
 from .syncs import SyncWatch
 
@@ -41,6 +42,7 @@ class Schedule:
         # torch.compile's records, read at the stage changes: the doctor's own hooks are guarded by dynamo, so taking
         # them off for the timed window recompiles every graph once; that first timed iteration is left out
         self.compiler = {"start": snapshot()}
+        self.memory: MemoryWatch | None = None  # the last warm-up iteration's memory, watched
 
     @property
     def done(self) -> bool:
@@ -58,7 +60,10 @@ class Schedule:
         b, w, n, t = self.marks, self.warmup, self.steps, self.timed
         self.hooks.new_iteration()
         device = self.obs.device_in_use()
+        if b == w - 1 and b > 0:  # the last warm-up iteration starts, after one that showed the networks: watched
+            self.watch_memory()
         if b == w:  # warm-up over: the profiler's warm-up iteration starts
+            self.stop_memory(keep=True)
             self.stage = "profiling"
             self.compiler["warm"] = snapshot()
             self.session = ProfilerSession(device, self.steps)
@@ -96,9 +101,26 @@ class Schedule:
                 self.obs.compiler = {"whole run": since(self.compiler["start"]), "iterations after warm-up": n + t,
                                      "after warm-up": self.compiler["profiled"] + since(self.compiler["timed"])}
 
+    def watch_memory(self) -> None:
+        hooks = self.hooks
+        compiled = any(m.compiled for m in self.obs.models.values()) or since(self.compiler["start"]).compiled_graphs
+        self.memory = MemoryWatch(self.obs, lambda: hooks.top[0].model if hooks.top else None, bool(compiled))
+        self.memory.start()
+
+    def stop_memory(self, keep: bool = False) -> None:
+        """Unhook the memory watch; its measure kept only for a whole iteration (`keep`: the loop reached the mark
+        after it, not an error or its end)."""
+        if self.memory is not None:
+            watch, self.memory = self.memory, None
+            measured = watch.stop()
+            if keep:
+                self.obs.memory = measured
+
     def stop_profiler(self) -> None:
+        """Everything the schedule started that is still running stops (the loop may end at any mark)."""
         self.hooks.profiling = False
         try:
+            self.stop_memory()
             if self.syncs is not None:
                 self.syncs.stop()
         finally:

@@ -126,41 +126,69 @@ class _Held:
         self.tensor = tensor
 
 
-def saved_activation_bytes(fn: Callable[[], object]) -> int:
-    """Run `fn()` and return the most bytes that autograd held for backward at any one moment: the activations a
-    step needs memory for. Each storage counts once however many tensors view it, and for as long as any graph
-    still holds it (a graph is let go by its backward, or when nothing refers to it any more). Parameters are left
-    out: they are held whether or not a graph is, and the same in every variant of a step."""
-    live: dict = {}  # storage -> [bytes, graphs' references to it]
-    now = peak = 0
+class SavedActivations:
+    """Inside the block, the bytes autograd holds for backward (`now`) and the most at any one moment (`peak`): the
+    activations a step needs memory for. Each storage counts once however many tensors view it, and for as long as
+    any graph still holds it (a graph is let go by its backward, or when nothing refers to it any more). Parameters
+    are left out: they are held whether or not a graph is. `label()`, when given, names who saves each tensor (the
+    network running, say): `at_peak` then holds the bytes per (label, 32-bit or not) at the peak. Entered and left
+    as a context manager, or with `start()` and `stop()` where the two ends are in different calls."""
 
-    def release(key) -> None:
-        nonlocal now
-        entry = live[key]
+    def __init__(self, label: Callable[[], object] | None = None):
+        self.label = label
+        self._live: dict = {}  # storage key -> [bytes, graphs' references to it, (label, 32 bits)]
+        self._by: dict = {}
+        self.now = self.peak = 0
+        self.at_peak: dict = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _release(self, key) -> None:
+        entry = self._live[key]
         entry[1] -= 1
         if entry[1] == 0:
-            now -= entry[0]
-            del live[key]
+            self.now -= entry[0]
+            self._by[entry[2]] -= entry[0]
+            del self._live[key]
 
-    def pack(tensor: torch.Tensor):
-        nonlocal now, peak
+    def _pack(self, tensor: torch.Tensor):
         if tensor.is_leaf and tensor.requires_grad:  # a parameter
             return tensor
         storage = tensor.untyped_storage()
         key = (str(tensor.device), storage.data_ptr())
-        if key in live:
-            live[key][1] += 1
+        if key in self._live:
+            self._live[key][1] += 1
         else:
-            live[key] = [storage.nbytes(), 1]
-            now += storage.nbytes()
-            peak = max(peak, now)
+            who = (self.label() if self.label else None, tensor.element_size() >= 4)
+            self._live[key] = [storage.nbytes(), 1, who]
+            self._by[who] = self._by.get(who, 0) + storage.nbytes()
+            self.now += storage.nbytes()
+            if self.now > self.peak:
+                self.peak, self.at_peak = self.now, dict(self._by)
         held = _Held(tensor)
-        weakref.finalize(held, release, key)
+        weakref.finalize(held, self._release, key)
         return held
 
-    def unpack(packed):
+    @staticmethod
+    def _unpack(packed):
         return packed.tensor if isinstance(packed, _Held) else packed
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    def start(self) -> "SavedActivations":
+        self._hooks.__enter__()
+        return self
+
+    def stop(self) -> None:
+        self._hooks.__exit__(None, None, None)
+
+    def __enter__(self) -> "SavedActivations":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def saved_activation_bytes(fn: Callable[[], object]) -> int:
+    """Run `fn()` and return the most bytes that autograd held for backward at any one moment (`SavedActivations`):
+    the activations a step needs memory for."""
+    with SavedActivations() as saved:
         fn()
-    return peak
+    return saved.peak

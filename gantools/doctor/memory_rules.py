@@ -1,0 +1,87 @@
+"""The doctor's findings about memory, read from `report.settings["memory"]` (one warm-up iteration measured by
+`memory_watch`): a batch far below what the GPU has room for, and activations that dominate a peak near the GPU's
+limit. Both need a GPU's room to judge: a CPU swaps rather than refuse, so there the report shows the parts and
+judges nothing. Neither finding is a speed-up the doctor can estimate (None: measure it); notebook 08 measures both
+levers on the tutorial's GAN."""
+from __future__ import annotations
+
+import math
+
+from ..core.techniques import MEMORY
+from .report import DoctorReport, Finding
+
+FAR = 4        # a batch at least this many times smaller than what fits is far below it
+TIGHT = 0.75   # a peak at this share of the room or more: memory is the limit
+STEP_UP = 8    # the most the change multiplies a batch by: more changes training too much to take in one step
+LEARN = MEMORY.removesuffix(".ipynb")
+
+
+def _memory(r: DoctorReport) -> dict:
+    m = r.settings.get("memory") or {}
+    return m if m.get("peak_mb") and m.get("room_mb") else {}
+
+
+def fits_at_least(m: dict, batch: int) -> int | None:
+    """The batch that fits at least, from one measured batch: what does not grow with the batch is at least the
+    weights, gradients and optimizer state, so the part that grows is at most the rest of the peak, per image at
+    most that over the batch; the room left then holds at least that many more images."""
+    parts = m["parts_mb"]
+    fixed = sum(parts.get(k, 0.0) for k in ("weights", "gradients", "optimizer state"))
+    growing = m["peak_mb"] - fixed
+    if growing <= 0 or m["room_mb"] <= m["peak_mb"]:
+        return None
+    return math.floor(batch * (m["room_mb"] - fixed) / growing)
+
+
+def batch_below_memory(r: DoctorReport, facts) -> Finding | None:
+    m = _memory(r)
+    if not (facts.cuda and m and r.batch_size):
+        return None
+    fits = fits_at_least(m, r.batch_size)
+    if fits is None or fits < FAR * r.batch_size:
+        return None
+    k = min(2 ** int(math.log2(fits / r.batch_size)), STEP_UP)  # a power of two times yours, within what fits
+    return Finding(
+        "batch-below-memory", "the batch uses a small part of the GPU's memory",
+        f"batch {r.batch_size}: peak {m['peak_mb']:.0f} MB of the {m['room_mb']:.0f} MB this process could reach "
+        f"on the GPU ({100 * m['peak_mb'] / m['room_mb']:.0f}%); weights, gradients and optimizer state need "
+        f"{sum(m['parts_mb'].get(x, 0.0) for x in ('weights', 'gradients', 'optimizer state')):.0f} MB whatever "
+        f"the batch, so a batch of at least {fits} fits",
+        "a small batch gives each kernel little work: a GAN of this size is then bound by launching kernels, not by "
+        "computing, and a larger batch trains more images per launch. It also means fewer optimizer steps per "
+        "image, so it changes what is learned: scale the learning rates and check quality at equal images",
+        f"DataLoader(dataset, batch_size={k * r.batch_size}, ...)  # {k}x: at least {fits} fit\n"
+        f"lr = lr * {math.sqrt(k):.3g}  # sqrt({k}): a larger batch's usual correction; then compare samples and FID\n"
+        "# the largest batch that fits, tried for real: gantools.speed.batch_fit.largest_batch (gantools' trainer)",
+        LEARN, None)
+
+
+def activation_memory(r: DoctorReport, facts) -> Finding | None:
+    m = _memory(r)
+    parts = m.get("parts_mb", {})
+    acts = parts.get("activations")
+    if not (facts.cuda and acts and m["largest"] == "activations" and m["peak_mb"] >= TIGHT * m["room_mb"]):
+        return None
+    by = ", ".join(f"{name} {mb:.0f} MB" for name, mb in m["activations_by_network_mb"].items())
+    wide = m["activations_32bit_share"] or 0.0
+    half = ("# 16-bit autocast stores the activations of convolutions and matmuls at half the bytes:\n"
+            f"with torch.autocast('cuda', dtype=torch.{'bfloat16' if facts.bf16 else 'float16'}):\n"
+            "    fake = netG(noise)  # each forward and its loss; backward and steps outside\n"
+            if wide >= 0.5 and not r.settings.get("autocast") else "")
+    return Finding(
+        "activation-memory", "activations saved for backward fill most of the GPU's memory",
+        f"peak {m['peak_mb']:.0f} MB of the {m['room_mb']:.0f} MB this process could reach; activations saved for "
+        f"backward {acts:.0f} MB at their most ({by}), {100 * wide:.0f}% of them 32-bit; weights "
+        f"{parts.get('weights', 0.0):.0f} MB, optimizer state {parts.get('optimizer state', 0.0):.0f} MB",
+        "memory is the limit here and activations are most of it: they grow with the batch, and two levers shrink "
+        "them without changing the model: 16-bit activations (half the bytes each) and activation checkpointing "
+        "(keep each block's input, recompute the block in backward: less memory for one more forward's time). "
+        "Notebook 08 measures both",
+        f"{half}from torch.utils.checkpoint import checkpoint\n"
+        "# in a network's forward, per block; the recomputation updates BatchNorm's running statistics a second\n"
+        "# time (pytorch/pytorch#96136): gantools.core.activation_checkpointing keeps them exact\n"
+        "x = checkpoint(block, x, use_reentrant=False)",
+        LEARN, None)
+
+
+RULES = (batch_below_memory, activation_memory)
