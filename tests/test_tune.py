@@ -14,7 +14,8 @@ from gantools.cli import main
 from gantools.core.config import speed_knobs
 from gantools.speed import keep
 from gantools.tuning.result import Step
-from gantools.tuning.space import describe, search_space
+from gantools.tuning.space import Candidate, describe, search_space
+from gantools.tuning.trials import Failure, key
 
 from conftest import BatchFreeD, BatchFreeG, weights
 
@@ -238,6 +239,69 @@ def test_tune_measures_a_close_call_again_only_while_time_is_left(tiny, monkeypa
     assert not step.accepted and step.why.endswith("no time left to measure it again") and len(tuner.chain) == 1
 
 
+OUT_OF_MEMORY = Failure("OutOfMemory: out of cuda memory at step 1", out_of_memory=True)
+
+
+def _measuring(tuner, monkeypatch, failure):
+    """`tuner` with its measuring replaced: `failure(cfg)` rejects the candidate, or where it is None, the candidate
+    is faster than the incumbent in every repeat. Returns the list of configs it is asked to measure."""
+    from gantools.measuring.turns import Measured
+
+    asked = []
+
+    def measure_candidate(incumbent, cfg, inc_cfg):
+        asked.append(cfg)
+        if failure(cfg) is not None:
+            return None, failure(cfg)
+        return {name: Measured(subject=None, warmup_s=0.0, images_per_sec_runs=runs)
+                for name, runs in (("incumbent", [100.0] * 3), ("candidate", [110.0, 111.0, 112.0]))}, None
+    monkeypatch.setattr(tuner.trials, "measure_candidate", measure_candidate)
+    monkeypatch.setattr(tuner.trials, "discard", lambda trainer: None)
+    tuner.trials.measure_s = 1.0
+    return asked
+
+
+def test_a_candidate_out_of_memory_is_measured_again_with_activation_checkpointing(tiny, monkeypatch):
+    """A candidate that ran out of memory is tried once more with activation checkpointing on for both networks,
+    measured against the incumbent as any candidate and kept on the same rule; its step holds the whole change and
+    says memory was the limit, and neither change is offered again."""
+    tuner = _tuner(tiny, False)
+    asked = _measuring(tuner, monkeypatch, lambda c: OUT_OF_MEMORY if c.activation_checkpointing == "off" else None)
+    step = tuner._try(Candidate({"channels_last": True}, "verdict: compute-bound"), tiny, 1.0)
+    assert [(c.channels_last, c.activation_checkpointing) for c in asked] == [(True, "off"), (True, "both")]
+    assert step.change == {"channels_last": True, "activation_checkpointing": "both"}
+    assert step.source == "verdict: compute-bound; out of memory without activation checkpointing"
+    assert step.accepted and step.why.startswith("kept: 1.11x") and step.ratio_to_start == pytest.approx(1.11)
+    assert tuner.chain == [tiny, tiny.replace(channels_last=True, activation_checkpointing="both")]
+    assert {key({"channels_last": True}), key(step.change)} <= tuner.tried
+
+
+@pytest.mark.parametrize("again", [OUT_OF_MEMORY, Failure("ConfigError: activation_checkpointing='both': MyG has "
+                                                          "no blocks gantools can checkpoint")],
+                         ids=["out of memory again", "your networks without blocks"])
+def test_a_candidate_that_fails_with_activation_checkpointing_too_is_rejected_with_both_reasons(tiny, monkeypatch,
+                                                                                                again):
+    tuner = _tuner(tiny, False)
+    asked = _measuring(tuner, monkeypatch, lambda c: OUT_OF_MEMORY if c.activation_checkpointing == "off" else again)
+    step = tuner._try(Candidate({"channels_last": True}, "search space"), tiny, 1.0)
+    assert len(asked) == 2 and not step.accepted and len(tuner.chain) == 1
+    assert step.change == {"channels_last": True, "activation_checkpointing": "both"}
+    assert step.why == f"rejected: {OUT_OF_MEMORY}; with activation checkpointing: {again}"
+
+
+@pytest.mark.parametrize("start, change, failure", [
+    ("off", {"channels_last": True}, Failure("your networks failed with this change: ValueError: bad shape")),
+    ("off", {"compile": "default"}, OUT_OF_MEMORY),  # validation refuses checkpointing with torch.compile
+    ("both", {"channels_last": True}, OUT_OF_MEMORY)], ids=["another failure", "with compile", "already on"])
+def test_only_out_of_memory_is_measured_again_where_activation_checkpointing_is_valid_and_off(tiny, monkeypatch,
+                                                                                              start, change, failure):
+    start = tiny.replace(activation_checkpointing=start)
+    tuner = _tuner(start, False)
+    asked = _measuring(tuner, monkeypatch, lambda c: failure)
+    step = tuner._try(Candidate(change, "search space"), start, 1.0)
+    assert len(asked) == 1 and step.change == change and step.why == f"rejected: {failure}"
+
+
 class OutOfMemoryAbove(BatchFreeG):
     """Your own generator, which runs out of memory training above a batch of 16 (what a GPU does at some batch size;
     the sample grid's 64 images, drawn without gradients, still fit)."""
@@ -257,8 +321,9 @@ class OutOfMemoryAbove(BatchFreeG):
                          ids=["OutOfMemoryError", "cuDNN's allocation failure"])
 def test_your_own_networks_and_candidates_that_raise(tiny, small_pngs, error):
     """Your G and D (copied for every run: yours stay untouched), a bigger batch that runs out of memory (as torch
-    says it, or as cuDNN does), the device loader on a folder of files (an invalid combination): both rejected with
-    their reasons, and the loop goes on."""
+    says it, or as cuDNN does; tried again with activation checkpointing, which your networks without blocks
+    refuse), the device loader on a folder of files (an invalid combination): both rejected with their reasons, and
+    the loop goes on."""
     g, d = OutOfMemoryAbove(), BatchFreeD()
     if error is not None:
         g.error = error
@@ -268,8 +333,9 @@ def test_your_own_networks_and_candidates_that_raise(tiny, small_pngs, error):
                   progress=None, quality=lambda c: {"fid": 1.0}, space=("batch_size", "loader", "sync_every_step"))
     batch, device, sync = result.path  # the verdict's fix (workers) is outside this space: the space's own order
     assert batch.change == {"batch_size": 32, "lr_g": pytest.approx(2e-4 * math.sqrt(2)),
-                            "lr_d": pytest.approx(2e-4 * math.sqrt(2))}
+                            "lr_d": pytest.approx(2e-4 * math.sqrt(2)), "activation_checkpointing": "both"}
     assert not batch.accepted and batch.why.startswith("rejected: OutOfMemory: out of cpu memory at step 1")
+    assert "; with activation checkpointing: ConfigError: " in batch.why and "no blocks" in batch.why
     assert not device.accepted and device.why.startswith("rejected: ConfigError") and "whole dataset" in device.why
     assert sync.change == {"sync_every_step": False} and sync.images_per_sec > 0, "the loop went on"
     assert result.final_config.batch_size == 16 and result.ended == "no untried candidate left"

@@ -11,7 +11,8 @@ machine, with every step it took shown.
    warm-up excluded and reported, synchronised timing, `repeats` interleaved chunks each).
 4. The candidate is kept only if it is faster by more than the measured spread (`decide`, the rule). One that
    raises (out of memory, an invalid combination, any GantoolsError, a compile failure; with your own networks,
-   any error of theirs) is rejected with its reason, and the loop goes on.
+   any error of theirs) is rejected with its reason, and the loop goes on. One out of memory is first measured
+   once more with activation checkpointing (`space.checkpointed`): memory, not speed, was its limit.
 5. Repeat until no candidate is left, or the next one would not fit in the time budget.
 
 Then quality, a constraint rather than an afterthought: the start and the final config each train from scratch on
@@ -22,10 +23,12 @@ accepted changes are backed off, last first, one at a time (each re-trained and 
 always holds, so the final config's FID is never worse than the start's by more than that limit. Last, start and
 final are measured against each other, interleaved: the speed-up the result reports.
 
-Only speed knobs change (`config.speed_knobs()`: how fast a run trains, not what it learns), plus one equivalence:
-Sigmoid + BCELoss (`loss='bce-sigmoid'`) becomes BCE with logits (`'bce'`) when 16-bit precision needs it; the same
-loss, computed safely. batch_size is left out by default (see `search_space`). Every other field, the loss and
-every GAN setting included, stays as given: tune tunes the config it is given.
+Only speed knobs change (`config.speed_knobs()`: how fast a run trains, not what it learns), plus two equivalences:
+Sigmoid + BCELoss (`loss='bce-sigmoid'`) becomes BCE with logits (`'bce'`) when 16-bit precision needs it, the same
+loss computed safely; and activation checkpointing comes on for a candidate that ran out of memory without it, the
+same computation with its activations recomputed in backward. batch_size is left out by default (see
+`search_space`). Every other field, the loss and every GAN setting included, stays as given: tune tunes the config
+it is given.
 
 The time budget (`minutes`, wall clock): the quality phase and the final speed check are estimated from what has
 been measured (each config trains `quality_images` at its measured images/s, plus its measured warm-up, plus

@@ -10,6 +10,7 @@ import torch
 from ..speed import bench
 from ..core import techniques
 from ..core.config import TrainConfig, speed_knobs
+from ..errors import ConfigError
 
 PRIOR = techniques.priors()  # knob: (cpu, cuda), the expected speed-up of each change on its own
 
@@ -49,6 +50,20 @@ def complete(cfg: TrainConfig, change: dict) -> dict:
     elif "num_workers" in change and cfg.num_workers == 0:
         change.setdefault("persistent_workers", True)
     return {k: v for k, v in change.items() if getattr(cfg, k) != v}
+
+
+def checkpointed(cfg: TrainConfig, cand: Candidate) -> Candidate | None:
+    """`cand` again with activation checkpointing on for both networks, after it ran out of memory without it:
+    memory, not speed, was its limit, and checkpointing trades compute for memory (what it costs is in what is then
+    measured). None where the change leaves checkpointing on already, or the pair is invalid (with torch.compile)."""
+    if cfg.replace(**cand.change).activation_checkpointing != "off":
+        return None
+    change = complete(cfg, {**cand.change, "activation_checkpointing": "both"})
+    try:
+        cfg.replace(**change).validate()
+    except ConfigError:
+        return None
+    return Candidate(change, f"{cand.source}; out of memory without activation checkpointing", cand.prior)
 
 
 def allowed(change: dict, cfg: TrainConfig, space: tuple, cpu_tensors: bool = True) -> bool:

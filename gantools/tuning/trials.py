@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..speed import bench
+from ..speed import bench, keep
 from ..core.checkpoint import ensure_writable
 from ..core.config import TrainConfig, speed_knobs
 from ..core.recovery import is_out_of_memory
@@ -97,6 +97,18 @@ class TuneOptions:
         return (self.generator, self.discriminator) if self.generator is not None else None
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why a candidate was rejected (shown as `why`), and whether the device ran out of memory
+    (`recovery.is_out_of_memory`): the tuner then tries it once more with activation checkpointing."""
+
+    why: str
+    out_of_memory: bool = False
+
+    def __str__(self) -> str:
+        return self.why
+
+
 class Trials:
     """Builds, measures and scores configs for the tuner under `<out_dir>/tune` (or the given out_dir), and
     remembers what each cost: its warm-up, its images/s when last measured, the wall time of the last measurement
@@ -157,25 +169,46 @@ class Trials:
             self.speed[key(configs[name])] = m.images_per_sec
         return measured
 
-    def measure_candidate(self, incumbent, cfg: TrainConfig, inc_cfg: TrainConfig) -> tuple[dict | None, str | None]:
+    def measure_candidate(self, incumbent, cfg: TrainConfig, inc_cfg: TrainConfig
+                          ) -> tuple[dict | None, Failure | None]:
         """The candidate `cfg` measured against the incumbent's trainer: what went wrong rejects the candidate, not
         the tune (out of memory, a user's error, a compile failure; with your own networks, any error of theirs).
 
         Returns:
-            (measured, None), or (None, why it was rejected), its trial's folder and memory already freed."""
+            (measured, None), or (None, the `Failure` that rejected it), its trial's folder and memory already
+            freed."""
         contenders = {"incumbent": incumbent, "candidate": lambda: self.trainer(cfg, "candidate")}
         try:
             return self.measure(contenders, {"incumbent": inc_cfg, "candidate": cfg}), None
         except bench.Stopped:
             raise
         except (GantoolsError, *_compile_errors()) as e:
-            failure = reason(e)
+            failure = Failure(reason(e), is_out_of_memory(e))
         except Exception as e:  # noqa: BLE001 - with your own networks, their errors under a setting reject it
-            if not is_out_of_memory(e) and self.options.own is None:  # OOM: torch's, or a CUDA library's
+            oom = is_out_of_memory(e)  # torch's, or a CUDA library's
+            if not oom and self.options.own is None:
                 raise
-            failure = reason(e) if is_out_of_memory(e) else f"your networks failed with this change: {reason(e)}"
+            failure = Failure(reason(e) if oom else f"your networks failed with this change: {reason(e)}", oom)
         self.discard_failed()
         return None, failure
+
+    def decide(self, measured: dict, configs: dict, room: Callable[[], bool], label: str) -> tuple:
+        """Keep the measured candidate or not (`keep.decide_in_two`): a close call is measured again, its repeats
+        added to `measured`'s, where `room()` says time is left for that.
+
+        Returns:
+            (kept, speed-up, spread, why), as `keep.decide` gives them."""
+        inc, new = measured["incumbent"], measured["candidate"]
+
+        def again(why: str) -> tuple | None:
+            if not room():
+                return None
+            self.say("", now=f"{label}: {why}; measuring it again")
+            more = self.measure({"incumbent": inc.subject, "candidate": new.subject}, configs)
+            for name in ("incumbent", "candidate"):  # one series of paired repeats, the new ones after the first
+                measured[name].images_per_sec_runs += more[name].images_per_sec_runs
+            return more["incumbent"].images_per_sec_runs, more["candidate"].images_per_sec_runs
+        return keep.decide_in_two(inc.images_per_sec_runs, new.images_per_sec_runs, again)
 
     def score(self, cfg: TrainConfig, name: str) -> dict:
         """`cfg` trained from scratch on `quality_images` and scored (or your own quality function's answer)."""

@@ -16,7 +16,7 @@ from ..core.recovery import is_out_of_memory
 from ..core.process import on_interrupt
 from ..measuring.torch_versions import room_to_recompile
 from .result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
-from .space import Candidate, allowed, complete, describe, search_space
+from .space import Candidate, allowed, checkpointed, complete, describe, search_space
 from .trials import Trials, TuneOptions, key, reason
 
 # Extra warm-up when a candidate first turns torch.compile on (evidence: docs/tune.md).
@@ -82,6 +82,10 @@ class Tuner:
         # A first compile costs COMPILE_S here, and once more in the final config's quality run if it is kept.
         return seconds + (2 * COMPILE_S if cand.change.get("compile", "off") != "off" and not self.compiled else 0.0)
 
+    def _fits(self, cand: Candidate, inc_cfg: TrainConfig) -> bool:
+        """Whether measuring `cand` leaves the reserve for after the search."""
+        return self._estimate(cand) + self._reserve(inc_cfg) <= self._left()
+
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
         r = self.result
@@ -144,7 +148,7 @@ class Tuner:
             if cand is None:
                 r.ended = "no untried candidate left"
                 break
-            if self._estimate(cand) + self._reserve(inc_cfg) > self._left():
+            if not self._fits(cand, inc_cfg):
                 r.ended = (f"time: the next candidate ({cand.label}, about {self._estimate(cand):.0f} s) and the "
                            f"reserve for quality and the final check (about {self._reserve(inc_cfg):.0f} s) would "
                            f"not fit in the {max(0.0, self._left()):.0f} s left")
@@ -195,44 +199,40 @@ class Tuner:
                             threading.current_thread() is threading.main_thread(), self.cpu_tensors)
 
     def _try(self, cand: Candidate, inc_cfg: TrainConfig, ratio_to_start: float) -> Step:
-        """Measure one candidate against the incumbent; keep it or not."""
+        """Measure one candidate against the incumbent; keep it or not. One that ran out of memory is measured once
+        more with activation checkpointing (`space.checkpointed`), where that is untried and fits in the time left."""
         self.tried.add(key(cand.change))
         t = time.perf_counter()
-        step = Step(cand.change, cand.source, False, "")
         try:
             cfg = inc_cfg.replace(**cand.change).validate()
         except ConfigError as e:
-            step.why = f"rejected: {reason(e)}"
-            return step
-        self._say("", now=f"measuring {cand.label} against the incumbent ({self._left():.0f} s left)")
-        measured, failure = self.trials.measure_candidate(self.incumbent, cfg, inc_cfg)
+            return Step(cand.change, cand.source, False, f"rejected: {reason(e)}")
+        measured, failure = self._measure(cand, cfg, inc_cfg)
+        retry = failure is not None and failure.out_of_memory and checkpointed(inc_cfg, cand)
+        if retry and key(retry.change) not in self.tried and self._fits(retry, inc_cfg):
+            self.tried.add(key(retry.change))
+            first, cand, cfg = failure, retry, inc_cfg.replace(**retry.change)
+            measured, failure = self._measure(cand, cfg, inc_cfg)
+            failure = failure and f"{first}; with activation checkpointing: {failure}"  # failed again: both reasons
+        step = Step(cand.change, cand.source, False, "" if failure is None else f"rejected: {failure}")
+        if failure is None:
+            inc, new = measured["incumbent"], measured["candidate"]
+            step.accepted, step.ratio, step.spread, step.why = self.trials.decide(
+                measured, {"incumbent": inc_cfg, "candidate": cfg}, lambda: self._fits(cand, inc_cfg), cand.label)
+            step.images_per_sec, step.incumbent_images_per_sec = new.images_per_sec, inc.images_per_sec
+            step.ratio_to_start, step.warmup_s = ratio_to_start * step.ratio, new.warmup_s
+            if len(self.chain) == 1:
+                self.result.start["images_per_sec"] = inc.images_per_sec
+            if step.accepted:
+                self._accept(step, inc_cfg, cfg, new.subject)
+            else:
+                self.trials.discard(new.subject)
         step.seconds = time.perf_counter() - t
-        if failure is not None:
-            step.why = f"rejected: {failure}"
-            return step
-        inc, new = measured["incumbent"], measured["candidate"]
-
-        def again(why: str) -> tuple | None:
-            if self._estimate(cand) > self._left() - self._reserve(inc_cfg):
-                return None
-            self._say("", now=f"{cand.label}: {why}; measuring it again")
-            more = self.trials.measure({"incumbent": inc.subject, "candidate": new.subject},
-                                       {"incumbent": inc_cfg, "candidate": cfg})
-            for name in ("incumbent", "candidate"):  # one series of paired repeats, the new ones after the first
-                measured[name].images_per_sec_runs += more[name].images_per_sec_runs
-            return more["incumbent"].images_per_sec_runs, more["candidate"].images_per_sec_runs
-        kept, ratio, spread, why = keep.decide_in_two(inc.images_per_sec_runs, new.images_per_sec_runs, again)
-        step.seconds = time.perf_counter() - t
-        step.accepted, step.why, step.ratio, step.spread = kept, why, ratio, spread
-        step.images_per_sec, step.incumbent_images_per_sec = new.images_per_sec, inc.images_per_sec
-        step.ratio_to_start, step.warmup_s = ratio_to_start * ratio, new.warmup_s
-        if len(self.chain) == 1:
-            self.result.start["images_per_sec"] = inc.images_per_sec
-        if kept:
-            self._accept(step, inc_cfg, cfg, new.subject)
-        else:
-            self.trials.discard(new.subject)
         return step
+
+    def _measure(self, cand: Candidate, cfg: TrainConfig, inc_cfg: TrainConfig) -> tuple:
+        self._say("", now=f"measuring {cand.label} against the incumbent ({self._left():.0f} s left)")
+        return self.trials.measure_candidate(self.incumbent, cfg, inc_cfg)
 
     def _accept(self, step: Step, inc_cfg: TrainConfig, cfg: TrainConfig, trainer) -> None:
         """The kept candidate becomes the incumbent. Never try to undo it later: the old values were just measured
