@@ -62,7 +62,8 @@ def test_a_compiled_loop_that_keeps_its_graphs_gets_no_compile_finding(glyphs64)
     assert report.complete and report.settings["compiler"]["graphs"] >= 3
     assert report.settings["compiler"]["recompiles_after_warmup"] == 0  # the doctor's hooks are not blamed
     memory = report.settings["memory"]  # a CPU's op-by-op count would make dynamo skip the compiled frames
-    assert memory["peak_mb"] is None and "activations" not in memory["parts_mb"] and "torch.compile" in memory["left_out"]
+    assert memory["peak_mb"] is None and "activations" not in memory["parts_mb"]
+    assert "torch.compile" in memory["left_out"]
     assert not {"recompiles", "graph-breaks"} & set(report.kinds())
 
 

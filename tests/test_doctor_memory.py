@@ -62,7 +62,8 @@ def test_the_parts_are_what_the_networks_and_adam_hold(measured):
     m = report.settings["memory"]
     weights = sum(p.nbytes for net in (g, d) for p in net.parameters()) / MB
     parts = m["parts_mb"]
-    assert parts["weights"] == pytest.approx(weights, abs=0.01) and parts["gradients"] == pytest.approx(weights, abs=0.01)
+    assert parts["weights"] == pytest.approx(weights, abs=0.01)
+    assert parts["gradients"] == pytest.approx(weights, abs=0.01)
     assert parts["optimizer state"] == pytest.approx(2 * weights, abs=0.01)  # Adam: two moments per weight
     assert m["peak_mb"] >= parts["weights"] + parts["optimizer state"] + parts["activations"] / 2
     assert set(m["activations_by_network_mb"]) >= {"G", "D"} and m["activations_32bit_share"] == 1.0

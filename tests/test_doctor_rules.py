@@ -54,8 +54,9 @@ COMPILED = {"graphs": 3, "graph_breaks": 0, "break_reasons": [], "recompiles_aft
 def memory(peak, room, **parts) -> dict:
     """A `settings["memory"]` as `memory_watch` describes one: G and D's activations all 32-bit."""
     parts = {"weights": 50.0, "gradients": 50.0, "optimizer state": 100.0, **parts}
+    acts = parts.get("activations", 0.0)
     return {"peak_mb": peak, "room_mb": room, "parts_mb": parts, "largest": max(parts, key=parts.get),
-            "activations_by_network_mb": {"G": 0.6 * parts.get("activations", 0), "D": 0.4 * parts.get("activations", 0)},
+            "activations_by_network_mb": {"G": 0.6 * acts, "D": 0.4 * acts},
             "activations_32bit_share": 1.0, "counted_by": "the CUDA allocator's count", "left_out": ""}
 
 
