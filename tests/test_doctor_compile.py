@@ -2,6 +2,8 @@
 G under `no_grad`) and graph breaks (a logged `.item()` inside compiled code) are findings with dynamo's own reasons,
 and the doctor's own hooks, which dynamo guards, are never blamed on the loop. The models compile with dynamo's
 "eager" backend: dynamo's guards and breaks are the same, and no C++ compiler is needed."""
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -9,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from gantools import doctor
 from gantools.doctor.compile_rules import graph_breaks, recompiles
+from gantools.doctor.hooks import SYNC_METHODS
 from gantools.doctor.report import DoctorReport
 
 from conftest import BatchFreeD, BatchFreeG
@@ -18,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def compiled_loop(preview_at=None, log_item=False):
     """A plain GAN step over compiled G and D; `preview_at`: the call that also samples through the compiled G in
-    eval mode under no_grad; `log_item`: D's loss read with .item() inside a compiled function."""
+    eval mode under no_grad; `log_item`: D's loss read with .item() inside a compiled function (printed as it is,
+    or formatted in an f-string with "f-string")."""
     torch.manual_seed(0)
     G, D = BatchFreeG(), BatchFreeD()
     cG, cD = torch.compile(G, backend="eager"), torch.compile(D, backend="eager")
@@ -29,7 +33,9 @@ def compiled_loop(preview_at=None, log_item=False):
     def d_loss(real, fake):
         out_real, out_fake = cD(real), cD(fake)
         loss = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
-        if log_item:
+        if log_item == "f-string":
+            print(f"D loss {loss.item():.3f}")
+        elif log_item:
             print("D loss", loss.item())
         return loss
 
@@ -86,6 +92,37 @@ def test_an_item_inside_compiled_code_is_a_graph_break_with_dynamos_reason(glyph
     finding = next(f for f in report.findings if f.kind == "graph-breaks")
     assert report.settings["compiler"]["graph_breaks"] >= 1 and "item()" in finding.seen
     assert "fullgraph=True" in finding.change
+
+
+def _raised(run) -> type | None:
+    try:
+        run()
+    except Exception as e:  # what dynamo does to the loop is the question, whatever it is
+        return type(e)
+    return None
+
+
+def test_an_f_string_of_a_read_in_compiled_code_fares_as_it_does_without_the_doctor(glyphs64, capsys):
+    """`f"{loss.item():.3f}"` in a compiled function: dynamo decides, not the doctor's value-read patches. Where dynamo
+    fails to format the float it made symbolic once the value changed (pytorch/pytorch#197093, torch 2.14), the
+    doctor raises that same error of the user's line and leaves no patch behind; where dynamo copes, it completes."""
+    loader = DataLoader(glyphs64, batch_size=16)
+    plain_step = compiled_loop(log_item="f-string")
+    torch._dynamo.reset()  # both runs compile `d_loss` afresh: one code object, one cache
+    plain = _raised(lambda: [plain_step(batch) for batch in itertools.islice(itertools.cycle(loader), 3)])
+    assert "D loss " in capsys.readouterr().out  # the user's f-string ran at least once
+    torch._dynamo.reset()
+    methods = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    if plain is None:
+        report = doctor.run(compiled_loop(log_item="f-string"), loader, steps=2, warmup=1)
+        assert report.complete and report.settings["compiler"]["graph_breaks"] >= 1
+    else:
+        with pytest.raises(plain) as raised:
+            doctor.run(compiled_loop(log_item="f-string"), loader, steps=2, warmup=1)
+        user_code = str(raised.value).partition("from user code:")[2]
+        assert 'print(f"D loss {loss.item():.3f}")' in user_code and "gantools" not in user_code
+    assert "D loss " in capsys.readouterr().out
+    assert {name: getattr(torch.Tensor, name) for name in SYNC_METHODS} == methods
 
 
 def test_each_failed_guard_gets_the_change_that_keeps_it():
