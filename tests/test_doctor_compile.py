@@ -92,6 +92,11 @@ def test_an_item_inside_compiled_code_is_a_graph_break_with_dynamos_reason(glyph
     finding = next(f for f in report.findings if f.kind == "graph-breaks")
     assert report.settings["compiler"]["graph_breaks"] >= 1 and "item()" in finding.seen
     assert "fullgraph=True" in finding.change
+    # D is called only inside compiled code in D's step, so its optimizer first looks like a network written as a
+    # function: the doctor's torch function mode comes off once D is seen, and its own traces are not your loop's
+    compiler = report.settings["compiler"]
+    assert not any("function_mode_stack" in reason for reason in compiler["recompile_reasons"])
+    assert not any("sourceless" in reason for reason in compiler["break_reasons"])
 
 
 def _raised(run) -> type | None:

@@ -30,6 +30,7 @@ from .schedule import Schedule
 from .syncs import NOT_LOCATED
 
 OTHER = "other (your code)"
+MODE_STACK_GUARD = "___check_torch_function_mode_stack"  # dynamo's guard on the torch function modes pushed
 
 
 @dataclass
@@ -311,7 +312,7 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     s["d_last_module"] = d.last_module if d else None
     s["d_final_sigmoid"] = d.sigmoid_path if d else None
     s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
-    s["compiler"] = _compiler(obs.compiler)
+    s["compiler"] = _compiler(obs.compiler, obs.function_mode)
     s["lightning"] = lightning_settings(obs)
     s["dataloaders"] = [dict(describe_loader(loader), built_at=_at(obs.built_at.get(id(loader))),
                              epoch_start_ms=_median(obs.epoch_starts.get(id(loader))),
@@ -324,15 +325,18 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     return s
 
 
-def _compiler(counts: dict) -> dict | None:
-    """What torch.compile did while the doctor watched, as plain values (None where the run did not finish)."""
+def _compiler(counts: dict, own_mode: bool = False) -> dict | None:
+    """What torch.compile did while the doctor watched, as plain values (None where the run did not finish). Where
+    the doctor pushed its own torch function mode (`functions`), dynamo guards on the mode stack, and taking the mode
+    off fails that guard: those recompiles are the doctor's, not your loop's, and are left out."""
     if not counts:
         return None
     whole, after = counts["whole run"], counts["after warm-up"]
+    reasons = [r for r in after.recompile_reasons if not (own_mode and MODE_STACK_GUARD in r)]
     return {"graphs": whole.compiled_graphs, "graph_breaks": whole.graph_breaks,
-            "break_reasons": first_lines(whole.break_reasons), "recompiles_after_warmup": after.recompiles,
+            "break_reasons": first_lines(whole.break_reasons), "recompiles_after_warmup": len(reasons),
             "iterations_after_warmup": counts["iterations after warm-up"],
-            "recompile_reasons": first_lines(after.recompile_reasons)}
+            "recompile_reasons": first_lines(reasons)}
 
 
 def _median(values) -> float | None:

@@ -60,7 +60,7 @@ class FunctionWatch(TorchFunctionMode):
     def start(self) -> None:
         if self.owner and not self.on and not (self.decided and not self.found):
             _push_mode(self)
-            self.on = True
+            self.on = self.hooks.obs.function_mode = True
 
     def stop(self) -> None:
         """Closed and off the mode stack (where a mode of your code's was pushed after it, that one stays)."""
@@ -83,9 +83,23 @@ class FunctionWatch(TorchFunctionMode):
         self.close()
         if self.decided or not self.owner:
             return
+        self._held_by_modules()
+        if not self.owner:
+            return
         self.iterations += 1
         if self.iterations > 1 or all(o in self.reads for o in set(self.owner.values())):
             self._decide()
+
+    def _held_by_modules(self) -> None:
+        """Parameters a module seen since holds are no function's: a module the hooks did not see at first (called
+        only inside compiled code, where they do nothing) is one after all. With none left the mode comes off: left
+        on, dynamo would trace it inside your compiled code, breaking graphs and guarding on the mode stack."""
+        held = set().union(*(m.param_ids for m in self.hooks.obs.models.values() if m.module is not None))
+        self.owner = {pid: o for pid, o in self.owner.items() if pid not in held}
+        watched = set(self.owner.values())
+        self.reads = {o: chains for o, chains in self.reads.items() if o in watched}
+        if not self.owner:
+            self.stop()
 
     def stepped(self, frame) -> None:
         """An optimizer steps: the call in progress is over, and your frames around the step are the loop's."""
