@@ -215,22 +215,23 @@ def test_the_verdict_is_typed_and_its_json_keeps_its_two_fields():
 
 
 def test_what_fits_is_a_lower_bound_from_one_batch_and_the_advice_stays_near_the_batch():
-    """Weights, gradients and optimizer state (200 MB) do not grow with the batch, so at most 800 MB of the 1,000 MB
-    peak does: 64 x (80,000 - 200) / 800 images at least fit; the change offers 8x, not all of it; a batch at a
+    """Weights and optimizer state (150 MB) are live whatever the batch; the other 850 MB of the 1,000 MB peak taken
+    to grow with it: 64 x (80,000 - 150) / 850 images fit; the change offers 8x, not all of it; a batch at a
     quarter of what fits or more is left alone."""
     from gantools.doctor import memory_rules
-    assert memory_rules.fits_at_least(ROOMY, 64) == 6384
+    assert memory_rules.fits_at_least(ROOMY, 64) == 6012
     found = memory_rules.batch_below_memory(*FIRES["batch-below-memory"])
-    assert "at least 6384 fits" in found.seen and "batch_size=512" in found.change and "sqrt(8)" in found.change
+    assert "about 6012 fits" in found.seen and "batch_size=512" in found.change and "sqrt(8)" in found.change
     assert memory_rules.batch_below_memory(report("cuda:0", settings={"memory": memory(1000.0, 3000.0,
                                                                                activations=600.0)}, batch_size=64),
-                                           A100) is None  # 64 x 2800 / 800 = 224 < 4 x 64
+                                           A100) is None  # 64 x 2850 / 850 = 214 < 4 x 64
 
 
 def test_activation_memory_offers_16_bit_only_where_activations_are_32_bit():
     r, facts = FIRES["activation-memory"]
     assert "torch.autocast('cuda', dtype=torch.bfloat16)" in rules_of(r, facts).change
-    assert "float16" in rules_of(r, T4).change and "use_reentrant=False" in rules_of(r, facts).change
+    assert "float16" in rules_of(r, T4).change and "GradScaler" in rules_of(r, T4).change
+    assert "use_reentrant=False" in rules_of(r, facts).change
     r.settings["autocast"] = True
     assert "autocast" not in rules_of(r, facts).change and "checkpoint(block" in rules_of(r, facts).change
 

@@ -105,3 +105,19 @@ def test_bf16_autocast_measures_below_fp32_where_activations_dominate(tiny, glyp
     fp32, bf16 = (_history(tiny, glyphs64, batch_size=64, precision=p).summary()["peak_mem_mb"]
                   for p in ("fp32", "bf16"))
     assert bf16 < 0.8 * fp32  # bf16 activations take half the bytes; weights, gradients and Adam stay fp32
+
+
+def test_a_graph_never_run_backward_is_freed_once_dropped():
+    """tanh saves its own output: held as it is, the output's grad_fn would hold it back, a cycle the collector cannot
+    break; held detached, the graph and its count go when the loop drops it (a GAN's first fake, say)."""
+    import gc
+    import weakref
+
+    from gantools.measuring.memory import SavedActivations
+    x = torch.randn(4096, requires_grad=True)
+    with SavedActivations() as saved:
+        y = x.tanh()
+        gone = weakref.ref(y)
+        del y
+        gc.collect()
+    assert gone() is None and saved.now == 0 and saved.peak == 4096 * 4

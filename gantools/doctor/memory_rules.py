@@ -22,11 +22,12 @@ def _memory(r: DoctorReport) -> dict:
 
 
 def fits_at_least(m: dict, batch: int) -> int | None:
-    """The batch that fits at least, from one measured batch: what does not grow with the batch is at least the
-    weights, gradients and optimizer state, so the part that grows is at most the rest of the peak, per image at
-    most that over the batch; the room left then holds at least that many more images."""
+    """About how large a batch fits, from one measured batch: weights and optimizer state are live whatever the
+    batch; the rest of the peak (gradients among it, at most all of them) is taken to grow with it in proportion, as
+    memory does in the batch (`speed.batch_fit`). An estimate: the allocator's rounding and a library's workspace
+    are not in it, so `largest_batch` tries a batch for real."""
     parts = m["parts_mb"]
-    fixed = sum(parts.get(k, 0.0) for k in ("weights", "gradients", "optimizer state"))
+    fixed = parts.get("weights", 0.0) + parts.get("optimizer state", 0.0)
     growing = m["peak_mb"] - fixed
     if growing <= 0 or m["room_mb"] <= m["peak_mb"]:
         return None
@@ -44,13 +45,14 @@ def batch_below_memory(r: DoctorReport, facts) -> Finding | None:
     return Finding(
         "batch-below-memory", "the batch uses a small part of the GPU's memory",
         f"batch {r.batch_size}: peak {m['peak_mb']:.0f} MB of the {m['room_mb']:.0f} MB this process could reach "
-        f"on the GPU ({100 * m['peak_mb'] / m['room_mb']:.0f}%); weights, gradients and optimizer state need "
-        f"{sum(m['parts_mb'].get(x, 0.0) for x in ('weights', 'gradients', 'optimizer state')):.0f} MB whatever "
-        f"the batch, so a batch of at least {fits} fits",
-        "a small batch gives each kernel little work: a GAN of this size is then bound by launching kernels, not by "
-        "computing, and a larger batch trains more images per launch. It also means fewer optimizer steps per "
-        "image, so it changes what is learned: scale the learning rates and check quality at equal images",
-        f"DataLoader(dataset, batch_size={k * r.batch_size}, ...)  # {k}x: at least {fits} fit\n"
+        f"on the GPU ({100 * m['peak_mb'] / m['room_mb']:.0f}%); weights and optimizer state need "
+        f"{m['parts_mb'].get('weights', 0.0) + m['parts_mb'].get('optimizer state', 0.0):.0f} MB whatever the "
+        f"batch, and if the rest grows with it, a batch of about {fits} fits",
+        "a small batch gives each kernel little work: a GAN of this size can then be bound by launching kernels "
+        "rather than by computing, and a larger batch trains more images per launch (the verdict above says which "
+        "bounds this loop). It also means fewer optimizer steps per image, so it changes what is learned: scale "
+        "the learning rates and check quality at equal images",
+        f"DataLoader(dataset, batch_size={k * r.batch_size}, ...)  # {k}x: about {fits} fit\n"
         f"lr = lr * {math.sqrt(k):.3g}  # sqrt({k}): a larger batch's usual correction; then compare samples and FID\n"
         "# the largest batch that fits, tried for real: gantools.speed.batch_fit.largest_batch (gantools' trainer)",
         LEARN, None)
@@ -64,9 +66,11 @@ def activation_memory(r: DoctorReport, facts) -> Finding | None:
         return None
     by = ", ".join(f"{name} {mb:.0f} MB" for name, mb in m["activations_by_network_mb"].items())
     wide = m["activations_32bit_share"] or 0.0
+    scaler = "" if facts.bf16 else ("scaler.scale(loss).backward()  # fp16: a torch.amp.GradScaler('cuda') per "
+                                    "network, scaler.step(opt); scaler.update()\n")
     half = ("# 16-bit autocast stores the activations of convolutions and matmuls at half the bytes:\n"
             f"with torch.autocast('cuda', dtype=torch.{'bfloat16' if facts.bf16 else 'float16'}):\n"
-            "    fake = netG(noise)  # each forward and its loss; backward and steps outside\n"
+            "    fake = netG(noise)  # each forward and its loss; backward and steps outside\n" + scaler
             if wide >= 0.5 and not r.settings.get("autocast") else "")
     return Finding(
         "activation-memory", "activations saved for backward fill most of the GPU's memory",

@@ -1,13 +1,17 @@
 """The doctor's memory measure of your loop: the last warm-up iteration (optimizer state exists by then) watched for
 its peak tensor memory and the parts it is made of: weights, gradients and optimizer state (what a run holds between
 iterations, `measuring.memory.held_tensors`), the activations autograd saves for backward (by network, and how many
-of them are 32-bit), and the rest (temporaries, batches, noise). On a GPU the peak is the caching allocator's count
+of them are 32-bit; a batch D saves for its backward among them), and the rest (temporaries, outputs, noise,
+autocast's 16-bit copies of the weights). On a GPU the peak is the caching allocator's count
 and the room beside it the GPU's free memory; elsewhere the ops' own count (`LiveTensorBytes`), with no room: a CPU
 swaps rather than refuse, so what fits there is a choice, not a measure (`speed.batch_fit`).
 
-Where torch.compile has compiled code in your loop, the ops' count and the saved-tensor hooks are left out (dynamo
-skips for good a frame it meets under a dispatch mode, and a compiled graph saves its tensors inside itself), so
-there only a GPU's allocator peak is measured."""
+Where torch.compile has compiled code in this process, the ops' count and the saved-tensor hooks are left out: the
+doctor counts those only where the step runs as written (under a dispatch mode dynamo skips the frame, so a CPU
+count would be of the uncompiled step: pytorch/pytorch#190286), so there only a GPU's allocator peak is measured.
+On a GPU, what was allocated when the watch starts is taken off and the run's own weights and state put back (as
+`measuring.memory.step_peak_bytes` does): a tensor of the last iteration still referenced then (its `fake`) and freed
+before the peak makes the peak read a little low."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,7 +64,7 @@ class MemoryWatch:
         self.obs, self.device, self.compiled = obs, obs.device_in_use(), compiled
         self.modules = [m.module for m in obs.models.values() if m.module is not None]
         self.optimizers = [o.opt for o in obs.optimizers.values()]
-        self.saved = None if compiled else SavedActivations(label=running)
+        self.saved = None if compiled else SavedActivations(label=running, weights=self._weights())
         self.live = None
         self._cuda = self.device.type == "cuda"
 
@@ -83,12 +87,18 @@ class MemoryWatch:
             self.saved.start()
         return self
 
-    def stop(self) -> IterationMemory:
-        """Unhook everything `start` installed (whatever was measured or not), then the iteration's memory."""
-        if self.saved is not None:
-            self.saved.stop()
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
+    def stop(self, measure: bool = True) -> IterationMemory | None:
+        """Unhook everything `start` installed, whatever happens; then, where `measure`, the iteration's memory (not
+        after an error in your loop: on a GPU after a device-side assert every CUDA call would raise again)."""
+        try:
+            if self.saved is not None:
+                self.saved.stop()
+        finally:
+            if self.live is not None:
+                self.live.__exit__(None, None, None)
+        return self._measured() if measure else None
+
+    def _measured(self) -> IterationMemory:
         peak, room, counted_by = None, None, "tensors counted op by op"
         if self._cuda:
             torch.cuda.synchronize(self.device)
@@ -100,16 +110,15 @@ class MemoryWatch:
             counted_by = "the CUDA allocator's count"
         elif self.live is not None:
             peak = self.live.peak / MB
-        weights = held_bytes(self._weights(), self.device) / MB
-        grads = held_bytes([p for p in self._weights() if p.requires_grad], self.device) / MB
-        parts = {"weights": weights, "gradients": grads,
+        trained = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        parts = {"weights": held_bytes(self._weights(), self.device) / MB,
+                 "gradients": held_bytes(trained, self.device) / MB,  # one per trained weight, when all exist
                  "optimizer state": held_bytes(self.optimizers, self.device) / MB,
                  "activations": None if self.saved is None else self.saved.peak / MB}
         if peak is not None:
             parts["the rest"] = max(peak - sum(v for v in parts.values() if v), 0.0)
         left_out = "" if not self.compiled else (
-            "torch.compile compiled code in this loop: its saved activations are inside the compiled graphs"
-            + ("" if self._cuda else ", and the peak is not counted on a CPU (a dispatch mode would make dynamo "
-               "skip the compiled frames)"))
+            "torch.compile has compiled code in this process: activations are counted only where the step runs as "
+            "written" + ("" if self._cuda else ", and so is a CPU's peak"))
         return IterationMemory(peak, parts, dict(self.saved.at_peak) if self.saved else {}, room,
                                counted_by if peak is not None else "", left_out)

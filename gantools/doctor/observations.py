@@ -21,7 +21,10 @@ class Model:
         inner = getattr(module, "_orig_mod", module)
         if isinstance(inner, nn.parallel.DistributedDataParallel):  # your network inside DDP: its class, its file
             inner = getattr(inner.module, "_orig_mod", inner.module)
-        self.module, self.compiled = module, type(module).__name__ == "OptimizedModule"
+        # torch.compile(module) wraps it; module.compile() compiles it in place
+        self.module = module
+        in_place = getattr(module, "_compiled_call_impl", None) is not None
+        self.compiled = type(module).__name__ == "OptimizedModule" or in_place
         self._seen(name, type(inner).__name__, list(module.parameters()), _source_file(type(inner)))
 
     def _seen(self, name: str, cls: str, params: list, defined_in: str | None) -> None:

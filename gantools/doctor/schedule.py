@@ -9,7 +9,7 @@ from collections import Counter
 
 from ..measuring import hardware
 from ..errors import ScriptMeasured
-from ..measuring.compile_counts import since, snapshot
+from ..measuring.compile_counts import compiled_code_cached, since, snapshot
 from ..measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .memory_watch import MemoryWatch
@@ -103,7 +103,7 @@ class Schedule:
 
     def watch_memory(self) -> None:
         hooks = self.hooks
-        compiled = any(m.compiled for m in self.obs.models.values()) or since(self.compiler["start"]).compiled_graphs
+        compiled = any(m.compiled for m in self.obs.models.values()) or compiled_code_cached()
         self.memory = MemoryWatch(self.obs, lambda: hooks.top[0].model if hooks.top else None, bool(compiled))
         self.memory.start()
 
@@ -112,7 +112,7 @@ class Schedule:
         after it, not an error or its end)."""
         if self.memory is not None:
             watch, self.memory = self.memory, None
-            measured = watch.stop()
+            measured = watch.stop(measure=keep)
             if keep:
                 self.obs.memory = measured
 

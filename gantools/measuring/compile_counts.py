@@ -58,6 +58,19 @@ class CompileCount:
                             break_reasons=self.break_reasons + other.break_reasons)
 
 
+def compiled_code_cached() -> bool:
+    """Whether dynamo holds compiled code in this process (`convert_frame.output_codes`, the code objects it made,
+    which `torch._dynamo.reset()` clears): a compiled function called again from its cache compiles nothing, so no
+    count shows it. Where that record is missing, any graph compiled so far answers."""
+    if "torch._dynamo" not in sys.modules:
+        return False
+    from torch._dynamo import convert_frame
+    codes = getattr(getattr(convert_frame, "output_codes", None), "seen", None)
+    if codes is None:
+        return _records()[0]["compiled_graphs"] > 0
+    return any(ref() is not None for ref in list(codes))
+
+
 def snapshot() -> tuple:
     """The records now, for `since`."""
     return _records()

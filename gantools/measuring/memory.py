@@ -9,6 +9,7 @@ peak `torch.cuda.reset_peak_memory_stats` restarts); elsewhere `LiveTensorBytes`
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Callable, Iterable
 
@@ -119,51 +120,75 @@ def step_peak_bytes(step: Callable[[], object], device: torch.device, holders=()
 
 
 class _Held:
-    """What autograd keeps in place of a saved tensor while the hooks count it: freed with the graph that saved it."""
+    """What autograd keeps in place of a saved tensor while the hooks count it: freed with the graph that saved it.
+    It holds the tensor detached (the same storage): the tensor itself would hold its `grad_fn`, and an op that saves
+    its own output (tanh, ReLU) would then close a cycle through the graph that the garbage collector cannot break,
+    keeping a graph never run backward alive for good (pytorch/pytorch#115255). Autograd reattaches the graph when it
+    unpacks."""
     __slots__ = ("tensor", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
+        self.tensor = tensor.detach()
 
 
 class SavedActivations:
     """Inside the block, the bytes autograd holds for backward (`now`) and the most at any one moment (`peak`): the
     activations a step needs memory for. Each storage counts once however many tensors view it, and for as long as
-    any graph still holds it (a graph is let go by its backward, or when nothing refers to it any more). Parameters
-    are left out: they are held whether or not a graph is. `label()`, when given, names who saves each tensor (the
-    network running, say): `at_peak` then holds the bytes per (label, 32-bit or not) at the peak. Entered and left
-    as a context manager, or with `start()` and `stop()` where the two ends are in different calls."""
+    any graph still holds it (a graph is let go by its backward, or when nothing refers to it any more). Weights are
+    left out: they are held whether or not a graph is (`weights`: their storages, a frozen network's included; by
+    default any leaf tensor that requires grad). `label()`, when given, names who saves each tensor (the network
+    running, say): `at_peak` then holds the bytes per (label, 32-bit floating point or not) at the peak. Entered and
+    left as a context manager, or with `start()` and `stop()` where the two ends are in different calls. A lock
+    keeps the count whole where backward packs and frees on autograd's device threads (a penalty's double
+    backward)."""
 
-    def __init__(self, label: Callable[[], object] | None = None):
+    def __init__(self, label: Callable[[], object] | None = None, weights=None):
         self.label = label
+        self._weights = None if weights is None else {t.untyped_storage().data_ptr() for t in weights}
         self._live: dict = {}  # storage key -> [bytes, graphs' references to it, (label, 32 bits)]
         self._by: dict = {}
         self.now = self.peak = 0
         self.at_peak: dict = {}
+        self._lock = threading.RLock()  # re-entered where the collector frees a graph inside a pack
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _release(self, key) -> None:
-        entry = self._live[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            self._by[entry[2]] -= entry[0]
-            del self._live[key]
+        with self._lock:
+            entry = self._live[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.now -= entry[0]
+                self._by[entry[2]] -= entry[0]
+                del self._live[key]
+
+    def _is_weight(self, tensor: torch.Tensor) -> bool:
+        """A weight, or (given `weights`) autocast's 16-bit copy of a trained one: a weight's size whatever the batch,
+        so not an activation (the peak still counts it)."""
+        if self._weights is None:
+            return tensor.is_leaf and tensor.requires_grad
+        if tensor.untyped_storage().data_ptr() in self._weights:
+            return True
+        cast = (tensor if tensor._base is None else tensor._base).grad_fn  # a view of the copy (the transpose)
+        if cast is None or not type(cast).__name__.startswith("ToCopyBackward"):
+            return False
+        sources = (getattr(fn, "variable", None) for fn, _ in cast.next_functions if fn is not None)
+        return any(w is not None and w.untyped_storage().data_ptr() in self._weights for w in sources)
 
     def _pack(self, tensor: torch.Tensor):
-        if tensor.is_leaf and tensor.requires_grad:  # a parameter
+        if self._is_weight(tensor):
             return tensor
         storage = tensor.untyped_storage()
         key = (str(tensor.device), storage.data_ptr())
-        if key in self._live:
-            self._live[key][1] += 1
-        else:
-            who = (self.label() if self.label else None, tensor.element_size() >= 4)
-            self._live[key] = [storage.nbytes(), 1, who]
-            self._by[who] = self._by.get(who, 0) + storage.nbytes()
-            self.now += storage.nbytes()
-            if self.now > self.peak:
-                self.peak, self.at_peak = self.now, dict(self._by)
+        with self._lock:
+            if key in self._live:
+                self._live[key][1] += 1
+            else:
+                who = (self.label() if self.label else None, tensor.is_floating_point() and tensor.element_size() >= 4)
+                self._live[key] = [storage.nbytes(), 1, who]
+                self._by[who] = self._by.get(who, 0) + storage.nbytes()
+                self.now += storage.nbytes()
+                if self.now > self.peak:
+                    self.peak, self.at_peak = self.now, dict(self._by)
         held = _Held(tensor)
         weakref.finalize(held, self._release, key)
         return held
