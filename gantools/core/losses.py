@@ -152,7 +152,9 @@ class GradientPenalty:
 
 
 class R1:
-    """R1: gamma / 2 * E[||grad D(real)||^2]; lazily every `interval` D steps, then weighted by `interval`."""
+    """R1: gamma / 2 * E[||grad D(real)||^2]; lazily every `interval` D steps, then weighted by `interval`. Added to
+    the loss of the D step it is due in, so D's optimizer steps as often as without it and needs none of StyleGAN2's
+    lr and beta correction, which is for its penalty run as a separate optimizer step (docs/gan-family.md)."""
 
     name, mixes = "R1", False
 
