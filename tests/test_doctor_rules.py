@@ -60,6 +60,18 @@ def memory(peak, room, **parts) -> dict:
             "activations_32bit_share": 1.0, "counted_by": "the CUDA allocator's count", "left_out": ""}
 
 
+def penalty(calls=1.0, d_steps=1.0, ms=20.0, **phases) -> DoctorReport:
+    """R1 at train.py:80 `calls` times per iteration, D stepping `d_steps` times, its gradient and double backward
+    `ms` of the 100 ms iteration; D's Adam built at train.py:40 with StyleGAN2's settings."""
+    site = {"where": "train.py:80", "at": ["/project/train.py", 80], "per_step": calls,
+            "code": "grad = torch.autograd.grad(d_real.sum(), real, create_graph=True)[0]"}
+    return report(phases={"D penalty": ms, **phases},
+                  settings={"gradient_penalty": {"calls_per_iteration": calls, "sites": [site]}},
+                  optimizers={"D": {"name": "opt_d", "role": "D", "class": "Adam", "implementation": "fused",
+                                    "steps_per_iteration": d_steps, "built_at": ["/project/train.py", 40],
+                                    "settings": {"lr": 0.002, "betas": (0.0, 0.99)}}})
+
+
 ROOMY = memory(1000.0, 80000.0, activations=600.0)   # batch 64 at 1 GB of an 80 GB GPU
 FULL = memory(70000.0, 80000.0, activations=60000.0)  # activations fill a GPU near its limit
 FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case where it must not
@@ -91,6 +103,7 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
                                                    "break_reasons": ["Unsupported Tensor.item() call"]}}), CPU),
     "batch-below-memory": (report("cuda:0", settings={"memory": ROOMY}, batch_size=64), A100),
     "activation-memory": (report("cuda:0", settings={"memory": FULL, "autocast": False}, batch_size=64), A100),
+    "gradient-penalty-every-step": (penalty(), CPU),
 }
 NOT_FIRING = {
     "per-sample-transforms": (report(phases={"data wait": 2.0},  # waiting under 5% of the step: not worth it
@@ -116,6 +129,7 @@ NOT_FIRING = {
     "graph-breaks": (report(settings={"compiler": COMPILED}), CPU),
     "batch-below-memory": (report(settings={"memory": ROOMY}, batch_size=64), CPU),  # a CPU swaps: no room to judge
     "activation-memory": (report("cuda:0", settings={"memory": ROOMY}, batch_size=64), A100),  # room to spare
+    "gradient-penalty-every-step": (penalty(calls=0.25), CPU),  # lazy already: one D step in four
 }
 
 
@@ -239,3 +253,31 @@ def test_activation_memory_offers_16_bit_only_where_activations_are_32_bit():
 def rules_of(r, facts):
     from gantools.doctor import memory_rules
     return memory_rules.activation_memory(r, facts)
+
+
+def test_a_gradient_penalty_at_every_d_step_is_worth_a_finding_by_its_measured_share():
+    """Its gain is Amdahl's on the penalty's share saved 15 times in 16; a WGAN-GP's five critic steps with five
+    penalties is every step too; under 5% of the iteration it is not worth a finding."""
+    from gantools.doctor import penalty_rules
+    found = penalty_rules.gradient_penalty_every_step(penalty(), CPU)
+    assert found.estimated_speedup == pytest.approx(100 / (100 - 20 * 15 / 16))
+    assert "train.py:80 `grad = torch.autograd.grad(d_real.sum(), real, create_graph=True)[0]` (1/it)" in found.seen
+    assert "20.0 ms of a 100.0 ms iteration (20%" in found.seen and "by design" in found.why
+    assert penalty_rules.gradient_penalty_every_step(penalty(calls=5.0, d_steps=5.0), CPU) is not None
+    assert penalty_rules.gradient_penalty_every_step(penalty(calls=14 / 3, d_steps=4.67), CPU)  # D's steps rounded
+    assert penalty_rules.gradient_penalty_every_step(penalty(ms=4.0), CPU) is None
+
+
+def test_the_lazy_form_corrects_d_adam_as_stylegan2_does():
+    """StyleGAN2's D: Adam(lr=0.002, betas=(0, 0.99)), R1 every 16 minibatches in a step of its own: c = 16/17, so
+    lr 0.002 * 16/17 = 0.00188 and beta2 0.99 ** (16/17) = 0.99058 (its training loop's `mb_ratio`)."""
+    from gantools.doctor import penalty_rules
+    lr, betas = penalty_rules.lazy_adam(0.002, (0.0, 0.99))
+    assert lr == pytest.approx(0.0018823529) and betas == pytest.approx((0.0, 0.9905849))
+    change = penalty_rules.gradient_penalty_every_step(penalty(), CPU).change
+    assert "opt_d = torch.optim.Adam(..., lr=0.00188, betas=(0, 0.9906))  # at /project/train.py:40" in change
+    assert "if d_steps % 16 == 0:" in change and "(16 * penalty).backward()" in change
+    unknown = penalty()
+    unknown.optimizers["D"]["settings"] = {}
+    assert "lr=lr * 16 / 17, betas=(beta1 ** (16 / 17), beta2 ** (16 / 17))" in \
+        penalty_rules.gradient_penalty_every_step(unknown, CPU).change

@@ -21,7 +21,9 @@ from gantools import doctor
 from gantools.doctor import trial
 from gantools.doctor.analysis import machine_facts
 from gantools.doctor.fixes import AUTOCAST, FREEZE_D, LOGITS, Applied, candidates, context
+from gantools.doctor.lazy import LAZY
 from gantools.doctor.patching import make_patch
+from gantools.doctor.penalty_rules import lazy_adam
 from gantools.doctor.trainer_fixes import PRECISION
 from gantools.doctor.trying import pacer_index, try_fixes
 
@@ -29,6 +31,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 CGAN, WGAN_GP, ACCELERATE = SCRIPTS / "cgan_mlp.py", SCRIPTS / "wgan_gp_mlp.py", SCRIPTS / "accelerate_dcgan.py"
 VANILLA, TRAINER_CLASS = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "trainer_class_dcgan.py"
 LIGHTNING = SCRIPTS / "lightning_gan.py"
+R1 = SCRIPTS / "r1_dcgan.py"
 TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
 PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
 LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
@@ -45,6 +48,8 @@ def flags(script, pngs, epochs=50) -> list:
     if script == LIGHTNING:
         return common + ["--accelerator", "cpu", "--batch_size", "16", "--img_size", "32", "--latent_dim", "16",
                          "--hidden", "256", "--max_epochs", str(epochs)]
+    if script == R1:
+        return common + ["--batch-size", "16", "--nz", "16", "--ngf", "8", "--ndf", "8", "--epochs", str(epochs)]
     if script == VANILLA:
         return common + ["--batch-size", "16", "--img-size", "16", "--nz", "16", "--hidden", "32",
                          "--epochs", str(epochs)]
@@ -248,6 +253,69 @@ def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, small_pn
                           pacer_index(report), report.images_per_step, warmup=1, steps=3, timeout=60)
     assert run.measured and run.finite, run.traceback
     assert seen == [1 + 1 + 3]  # one frozen call per G step: the warm-up's, the clock's start and three timed
+
+
+R1_LINE = "grad = torch.autograd.grad(d_real.sum(), real, create_graph=True)[0]"
+
+
+def test_r1_at_every_d_step_is_found_at_its_line_timed_and_its_lazy_form_given_in_its_names(diagnose):
+    """R1 on the real batch at every D step, in one backward with D's loss: the doctor places the autograd.grad call
+    on its line, times the gradient and its double backward as the "D penalty" phase (not counted twice: the phases
+    fit in the iteration), and gives StyleGAN2's lazy form with D's Adam corrected, its gain from that share."""
+    report = diagnose(R1)
+    assert report.complete, report.note
+    (line,) = lines_of(R1, R1_LINE)
+    script = str(R1.resolve())
+    gp = report.settings["gradient_penalty"]
+    assert gp["calls_per_iteration"] == 1 and [x["at"] for x in gp["sites"]] == [[script, line]]
+    penalty = report.phases_ms["D penalty"]
+    assert 0 < penalty and sum(ms for k, ms in report.phases_ms.items() if k != doctor.OTHER) <= report.step_time_ms
+    found = next(f for f in report.findings if f.kind == "gradient-penalty-every-step")
+    assert f"r1_dcgan.py:{line} `{R1_LINE}` (1/it)" in found.seen
+    assert found.estimated_speedup == pytest.approx(report.step_time_ms / (report.step_time_ms - penalty * 15 / 16))
+    (built,) = lines_of(R1, "opt_d = torch.optim.Adam(D.parameters(), lr=args.lr, betas=(0.0, 0.99))")
+    lr, (_, beta2) = lazy_adam(2e-4, (0.0, 0.99))
+    assert f"opt_d = torch.optim.Adam(..., lr={lr:.3g}, betas=(0, {beta2:.4g}))  # at " in found.change
+    assert f"r1_dcgan.py:{built}: lr * c, betas ** c" in found.change and "changes what your loop computes" in found.why
+    assert not found.patch and f"r1_dcgan.py:{line}" in found.by_hand  # lazy regularisation is written by hand
+    assert context(report, facts()).penalty_sites == {(script, line)}
+    assert LAZY in {f.name for f in candidates(report, facts())[0]}
+    assert not hasattr(torch.autograd.grad, "__wrapped__")  # the doctor's watch is off again
+    assert_in_script_terms(report, R1)
+
+
+def test_r1_taken_lazily_at_run_time_computes_one_gradient_in_sixteen_d_steps(diagnose, small_pngs, monkeypatch):
+    """--try's lazy penalty on the R1 script: of the five D steps a run makes (one warm-up, one to start the clock,
+    three timed), only the first takes the gradient; the run trains with finite losses."""
+    report = diagnose(R1)
+    computed, grad = [], torch.autograd.grad
+
+    def counted(*args, **kwargs):
+        computed.append(kwargs.get("create_graph"))
+        return grad(*args, **kwargs)
+    monkeypatch.setattr(torch.autograd, "grad", counted)
+    run = trial.run_trial(R1, flags(R1, small_pngs), (LAZY,), context(report, facts()), pacer_index(report),
+                          report.images_per_step, warmup=1, steps=3, timeout=60)
+    assert run.measured and run.finite, run.traceback
+    assert len(run.losses) == 3 and computed == [True]
+
+
+def test_try_measures_r1_taken_lazily_against_every_step(diagnose, small_pngs, monkeypatch):
+    """--try measures the lazy penalty against the loop as written (the other fixes left out here, for time), kept or
+    not as this CPU decides, its losses held to be finite only, since it changes D's loss by design."""
+    from gantools.doctor import trying
+
+    report = diagnose(R1)
+
+    def lazy_only(*args):
+        fixes, skipped = candidates(*args)
+        return [f for f in fixes if f.name == LAZY], skipped
+    monkeypatch.setattr(trying, "candidates", lazy_only)
+    result = try_fixes(R1, flags(R1, small_pngs), report, facts(), warmup=1, steps=3, repeats=2)
+    print(result)
+    (tried,) = result.tried
+    assert tried.outcome in ("kept", "not faster"), str(result)
+    assert "losses held to be finite only (lazy regularisation changes D's loss by design" in tried.why
 
 
 def run_copy(script: Path, folder: Path, pngs: Path) -> list:

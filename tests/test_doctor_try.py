@@ -21,6 +21,7 @@ from gantools import doctor
 from gantools.cli import main
 from gantools.doctor import fixes, patching, trying
 from gantools.doctor.analysis import machine_facts
+from gantools.doctor.lazy import LAZY
 from gantools.doctor.trial import Trial
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -286,6 +287,43 @@ def test_the_guard_compares_iterations_of_the_common_width():
     assert "changed how many losses" in trying.guard(best, [more])
 
 
+def test_a_lazy_penalty_takes_the_gradient_every_16th_call_and_weights_its_backward_by_16():
+    """--try's lazy penalty at the diagnosed line: the 1st and 17th calls give the true gradient, whose backward
+    reaches D's weights 16 times as strong (as `16 * penalty` would); the calls between give zeros that train
+    nothing, and a call from another line is left alone."""
+    torch.manual_seed(0)
+    d = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def penalty_grads():
+        d.zero_grad()
+        (grad,) = torch.autograd.grad(d(x).sum(), x, create_graph=True)  # the penalty's line
+        grad.pow(2).sum().backward()
+        return [p.grad.clone() if p.grad is not None else None for p in d.parameters()]
+    every = penalty_grads()
+    line = penalty_grads.__code__.co_firstlineno + 2
+    ctx = fixes.Context("cpu", True, 0, None, None, None, penalty_sites=frozenset({(os.path.abspath(__file__), line)}))
+    with fixes.Applied((LAZY,), ctx):
+        lazy = [penalty_grads() for _ in range(17)]
+        (elsewhere,) = torch.autograd.grad(d(x).sum(), x, create_graph=True)
+    for i in (0, 16):  # (the last bias has no part in the gradient: none either way)
+        assert all(a is b is None or torch.allclose(a, 16 * b) for a, b in zip(lazy[i], every)), i
+    assert sum(g is not None for g in every) == 3
+    assert all(g is None or not g.any() for grads in lazy[1:16] for g in grads)
+    assert elsewhere.requires_grad and elsewhere.abs().sum() > 0
+    assert torch.autograd.grad.__module__ == "torch.autograd" and not hasattr(torch.autograd.grad, "__wrapped__")
+
+
+def test_the_guard_holds_a_fix_that_changes_the_losses_by_design_to_finite_losses_as_many():
+    best = [Trial((), "measured", [10, 10], [[0.7, 1.0], [0.6, 1.2]], 16) for _ in range(2)]
+    lazier = [Trial((), "measured", [9, 9], [[0.2, 1.0], [0.1, 1.2]], 16)]  # D's loss without its penalty
+    assert trying.guard(best, lazier).startswith("loss 1 of each iteration averaged 0.15")
+    assert trying.guard(best, lazier, by_design=True) is None
+    assert "non-finite" in trying.guard(best, [Trial((), "measured", [9], [[float("inf"), 1.0]], 16)], by_design=True)
+    assert "how many losses" in trying.guard(best, [Trial((), "measured", [9], [[0.2]], 16)], by_design=True)
+    assert fixes.by_name((LAZY,))[0].changes_losses and not fixes.by_name((fixes.FREEZE_D,))[0].changes_losses
+
+
 class _Pairs:
     """A runner whose `pair` returns prepared rounds: (ms per iteration of the best so far, of the candidate, or
     "raised" where the candidate's run broke)."""
@@ -303,7 +341,7 @@ class _Pairs:
 
 
 class _Fix:
-    name, title, parts = fixes.AUTOCAST, "autocast", (fixes.AUTOCAST,)
+    name, title, parts, changes_losses = fixes.AUTOCAST, "autocast", (fixes.AUTOCAST,), ""
 
 
 def test_a_close_call_runs_as_many_pairs_again_and_is_decided_on_all_of_them():

@@ -131,6 +131,7 @@ class Technique:
 MIXED_PRECISION, DATA_LOADING = "02_mixed_precision.ipynb", "03_data_loading.ipynb"
 OPTIMIZERS, ALL_TOGETHER = "04_optimizers_and_accumulation.ipynb", "05_all_together.ipynb"
 YOUR_OWN_GAN = "06_your_own_gan.ipynb"  # the doctor's findings about a hand-written loop (host syncs, D's grads)
+GAN_VARIANTS = "07_gan_variants.ipynb"  # the GAN family at its papers' settings; R1 and its lazy form (exercises)
 MEMORY, COMPILER = "08_memory.ipynb", "09_compiler.ipynb"
 
 OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches

@@ -35,7 +35,8 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
   `cuda*Synchronize` calls, gantools' own left out, show whether any was not placed.
 - **Settings.** Conv/Linear output dtypes and autocast, conv input memory format, loss ops, D's last module,
   DataLoader knobs and per-image transforms, optimizer implementations, whether D's parameters receive gradients in
-  G's step (post-accumulate-grad hooks), compiled modules, cudnn.benchmark, TF32, peak memory.
+  G's step (post-accumulate-grad hooks), a gradient penalty (`torch.autograd.grad` with create_graph on a tensor
+  D was fed, patched: `penalties`), compiled modules, cudnn.benchmark, TF32, peak memory.
 
 Measurement (`gantools.measuring.protocol`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
 warm-up iteration and `steps` iterations under torch.profiler; then `steps` iterations are timed with nothing
@@ -58,7 +59,8 @@ the gradient all-reduce's share of a step, accumulation without `no_sync`, a Dat
 
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
 `lightning` (Lightning's Trainer running the loop), `feeds` (what fed each model call), `functions` (networks
-written as plain functions), `schedule`, `syncs` (the device syncs the hooks do not see), `analysis`, `rules`,
+written as plain functions), `penalties` (a gradient penalty, seen and timed), `schedule`, `syncs` (the device syncs
+the hooks do not see), `analysis`, `rules` (with `penalty_rules`, and `lazy`: its `--try` fix),
 `pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the front object, `Watch`).
 """
 from ..errors import DoctorError, ScriptError

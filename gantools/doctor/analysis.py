@@ -23,6 +23,7 @@ from .hooks import COUNTED_READ, RANGE
 from .lightning import in_trainer_terms
 from .lightning import settings as lightning_settings
 from .observations import DATA, Call, Observations, Optimizer
+from .penalties import PENALTY, described, penalty_spans, within
 from .pipeline import describe_loader
 from .report import DoctorReport, Verdict
 from .rules import MachineFacts, findings, not_judged
@@ -181,10 +182,12 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
 
 
 def _phases(events: list, obs: Observations) -> dict:
-    """Milliseconds in each phase over the profiled iterations: each labelled range, data waits and host syncs, and
-    each backward node charged to the forward phase whose op made it."""
+    """Milliseconds in each phase over the profiled iterations: each labelled range, data waits, host syncs and a
+    gradient penalty's gradient, and each backward node charged to the phase whose op made it (the penalty's: the
+    double backward, `penalties`). A backward run inside autograd.grad is the penalty range's own time already."""
     phases: dict = defaultdict(float)
-    seq: dict = {}
+    spans, made = penalty_spans(events)
+    seq: dict = dict.fromkeys(made, PENALTY)
     for e in events:
         if e.name.startswith(RANGE):
             label = _label(obs.ranges.get(int(e.name[len(RANGE):])))
@@ -196,10 +199,10 @@ def _phases(events: list, obs: Observations) -> dict:
                     if c.sequence_nr >= 0:
                         seq[(c.thread, c.sequence_nr)] = label.replace("forward", "backward")
                     stack.extend(c.cpu_children)
-        elif e.name in ("data wait", "host sync"):
+        elif e.name in ("data wait", "host sync", PENALTY):
             phases[e.name] += e.cpu_time_total / 1e3
-    backward = sorted((e for e in events if e.name.startswith("autograd::engine::evaluate_function")),
-                      key=lambda e: e.time_range.start)
+    backward = sorted((e for e in events if e.name.startswith("autograd::engine::evaluate_function")
+                       and not (spans and within(spans, e))), key=lambda e: e.time_range.start)
     # A backward node's event carries the sequence number and the forward thread of the op that made it
     # (ATen's record_function.h: forwardThreadId "used alongside with sequence number to correlate backward
     # functions with the forward ones"; FunctionEvent.fwd_thread, .sequence_nr). On CUDA the backward runs on
@@ -320,6 +323,7 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
                         for loader in obs.loaders]
     g_opt = obs.optimizer_of("G")
     s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / n) if g_opt and d else 0
+    s["gradient_penalty"] = described(obs, sched.profiled)
     if facts.cuda:
         s["cudnn_benchmark"], s["tf32"], s["gpu"] = facts.cudnn_benchmark, facts.tf32, facts.gpu
     return s

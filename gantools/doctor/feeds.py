@@ -22,10 +22,12 @@ class Feeds:
     def __init__(self):
         self.made: dict = {}  # id(storage) -> (weakref to it, the model whose output it holds, its rows of data)
         self.data: dict = {}  # (id(storage), offset, id(model)) -> weakref to it: the data fed this iteration
+        self.with_grad: dict = {}  # id(tensor) -> (weakref to it, the model): inputs that require grad (a penalty's)
 
     def new_iteration(self) -> None:
         self.made.clear()
         self.data.clear()
+        self.with_grad.clear()
 
     def output(self, model, out: torch.Tensor) -> None:
         """A model's call returned `out`."""
@@ -52,6 +54,8 @@ class Feeds:
         """`model` called on the batch `x`: its rows counted in the window by what fed them, and the model whose
         output it holds noted as feeding it."""
         producer, rows = self.fed(model, x)
+        if x.requires_grad:
+            self.with_grad[id(x)] = (weakref.ref(x), model)
         if producer is not None and producer is not model:
             model.fed_by[producer] += 1
         window.inputs.update({(model, kind): n for kind, n in rows.items()})
@@ -73,6 +77,11 @@ class Feeds:
         seen = self.data.get(key)
         self.data[key] = weakref.ref(storage)
         return None, {AGAIN if seen is not None and seen() is storage else DATA: x.shape[0]}
+
+    def fed_with_grad(self, x: torch.Tensor):
+        """The model this iteration fed `x` (the very tensor, one that requires grad), or None."""
+        entry = self.with_grad.get(id(x))
+        return entry[1] if entry is not None and entry[0]() is x else None
 
     def _maker(self, x: torch.Tensor) -> tuple:
         """(the model whose output `x` holds, the rows of data in it), or (None, 0)."""

@@ -16,6 +16,8 @@ How a fix reaches code it did not write (all of it global, so one run at a time,
 - **fp16 without bf16**, **optimizers** and **DataLoaders** (keywords at construction): `fixing`.
 - **Backend flags**: cudnn.benchmark and TF32 through `core.process.backend_flags`, the trainer's switch, which works
   whichever TF32 API (legacy or per-backend) the script itself used, and restores both exactly.
+- **A gradient penalty taken lazily**: `torch.autograd.grad` at the penalty's lines, as the diagnosis placed them
+  (`lazy`: it changes the losses by design, `Fix.changes_losses`).
 - **torch.compile**: `module.compile()` on first sight (in place; the first call runs eagerly), CUDA only: on a CPU
   compiling costs minutes per trial and rarely pays for models this small."""
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .fixing import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwa
                      with_kwargs)
 from . import logits
 from .frames import location
+from .lazy import LAZY_PENALTY, penalty_sites
 from .report import DoctorReport
 from .rules import MachineFacts, faster_impl
 from .trainer_fixes import PRECISION, TrainerPrecision
@@ -56,6 +59,7 @@ class Context:
     loop_optimizers: tuple = ()     # classes of the optimizers using the for-loop implementation
     bce: bool = False               # the loop calls binary_cross_entropy
     loaders: tuple = ()             # (num_workers, persistent_workers, pin_memory) of each DataLoader
+    penalty_sites: frozenset = frozenset()  # (file, line) of D's gradient penalty calls (autograd.grad)
 
     def to_dict(self) -> dict:
         return {k: (sorted(map(list, v)) if isinstance(v, frozenset) else v) for k, v in self.__dict__.items()}
@@ -86,7 +90,7 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
     loaders = tuple((x["num_workers"], x["persistent_workers"], x["pin_memory"])
                     for x in report.settings.get("dataloaders", []))
     return Context(report.device.split(":")[0], facts.bf16, facts.workers, model("G"), model("D"),
-                   report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders)
+                   report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders, penalty_sites(report))
 
 
 # -- one object per fix ----------------------------------------------------------------------------------------------
@@ -284,6 +288,7 @@ FIXES = (
     Cudnn(name=CUDNN, title="cudnn.benchmark", answers=("cudnn-benchmark",)),
     Tf32(name=TF32, title="TF32 matmuls and convolutions", answers=("tf32",)),
     Compile(name=COMPILE, title="torch.compile on G and D"),
+    LAZY_PENALTY,
 )
 BY_HAND = {"host-sync": "the values your code reads each step are yours to keep on the device (a source change "
                         "with no run-time equivalent)",

@@ -37,6 +37,8 @@ class Fix:
     title: str
     answers: tuple = ()
     parts: tuple = ()
+    changes_losses = ""  # not a field: why a fix changes your losses by design (the guard then asks only that they
+    #                      stay finite); empty for a fix that keeps what your code computes
 
     def __post_init__(self):
         if not self.parts:

@@ -22,6 +22,7 @@ from .feeds import Feeds, wrap_cat
 from .functions import FunctionWatch
 from .lightning import TrainerWatch, is_lightning_module
 from .observations import Call, Model, Observations, Optimizer
+from .penalties import wrap_grad
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
 RANGE = "gantools-doctor#"  # provisional profiler range names, renamed to phases once the loop is understood
@@ -83,7 +84,7 @@ class Hooks:
     def _unpatch(self, keep_light: bool) -> None:
         kept = []
         for owner, name, original, own in reversed(self._patches):
-            if keep_light and owner not in (torch.Tensor, torch):
+            if keep_light and owner not in (torch.Tensor, torch, torch.autograd):
                 kept.append((owner, name, original, own))
                 continue
             if own:
@@ -93,7 +94,8 @@ class Hooks:
         self._patches = kept[::-1]
 
     def set_full(self, on: bool) -> None:
-        """Module hooks, value-read patches and grad hooks: on for warm-up and profiling, off while timing."""
+        """Module hooks, value-read patches, grad hooks and the gradient penalty's watch: on for warm-up and profiling,
+        off while timing."""
         if on == self.full:
             return
         self.full = on
@@ -103,6 +105,7 @@ class Hooks:
             for name in SYNC_METHODS:
                 self._patch(torch.Tensor, name, lambda original, n=name: _wrap_read(self, n, original))
             self._patch(torch, "cat", lambda original: wrap_cat(self, original))
+            self._patch(torch.autograd, "grad", lambda original: wrap_grad(self, original))
             for m in self.obs.models.values():
                 self._hook_grads(m)
             self.functions.start()

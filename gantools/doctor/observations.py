@@ -114,6 +114,8 @@ class Window:
     located: int = 0                                   # of the syncs, those the sync watch placed (syncs.SyncWatch)
     dtypes: Counter = field(default_factory=Counter)   # (Conv/Linear output dtype, autocast) -> outputs
     formats: Counter = field(default_factory=Counter)  # conv input memory format -> inputs
+    penalties: Counter = field(default_factory=Counter)  # (Model, FILE:LINE, (file, line), code) -> gradient
+    #                                                      penalty calls on that model's input (`penalties`)
 
 
 @dataclass

@@ -14,6 +14,8 @@ from .hooks import SYNC_METHODS
 
 READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them
 UNKNOWN_RATE = "images/s unknown (no batch size found)"
+MIN_SHARE = 0.05  # a cost under 5% of the step (data wait, copies, optimizer steps) is not worth a finding
+MIN_GAIN = 1.02   # a finding whose whole estimated gain is under 2% would be noise
 
 
 @dataclass

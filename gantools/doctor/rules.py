@@ -16,11 +16,10 @@ from ..core.techniques import YOUR_OWN_GAN, notebook
 from .compile_rules import RULES as COMPILE_RULES
 from .memory_rules import RULES as MEMORY_RULES
 from .frames import shown
-from .report import READ_METHODS, DoctorReport, Finding, describe_site
+from .penalty_rules import RULES as PENALTY_RULES
+from .report import MIN_GAIN, MIN_SHARE, READ_METHODS, DoctorReport, Finding, describe_site
 from .syncs import NOT_LOCATED, SYNC_OP
 
-MIN_SHARE = 0.05        # a cost under 5% of the step (data wait, copies, optimizer steps) is not worth a finding
-MIN_GAIN = 1.02         # a finding whose whole estimated gain is under 2% would be noise
 SYNCS_PER_STEP = 1.0    # reading values at least once per iteration, on average, is a per-step sync
 
 
@@ -370,7 +369,7 @@ def not_judged(facts: MachineFacts) -> list:
 
 RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync, sigmoid_bce,
          fp32_convolutions, d_grads_in_g_step, optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES,
-         *MEMORY_RULES)
+         *MEMORY_RULES, *PENALTY_RULES)
 
 
 def findings(r: DoctorReport, facts: MachineFacts) -> list:

@@ -25,11 +25,11 @@ from torch.utils.data import dataloader as _dataloader
 from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ..measuring.protocol import IterationClock
 from ..core.process import ProcessSnapshot, on_interrupt
-from . import fixing, trainer_fixes
+from . import fixing, lazy, trainer_fixes
 from .fixes import Applied, Context
 
 _FIXES_FILES = {os.path.realpath(inspect.getsourcefile(m))  # the fixes and their mechanisms
-                for m in (Applied, fixing, trainer_fixes)}
+                for m in (Applied, fixing, lazy, trainer_fixes)}
 
 
 @dataclass

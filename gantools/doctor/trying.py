@@ -11,8 +11,9 @@ The quality guard, per candidate, against the runs of the current best in the sa
 losses go non-finite is rejected, as is one whose mean of any loss (the scalars your code calls backward() on, in
 order) leaves the range the current best's losses took over the same measured steps, widened by half that range
 (the noise of the loss itself: the range moves from step to step, and a fix that changes the numbers by rounding
-stays inside it). With `--fid`, the kept fixes are also held to FID the way tune holds its own (`keep.judge_fid`:
-a second seed of the start trained only when the FID rose past the target, `quality_check`)."""
+stays inside it). A fix that changes the losses by design (lazy regularisation: `fixing.Fix.changes_losses`) is held
+to finite losses only, and says so. With `--fid`, the kept fixes are also held to FID the way tune holds its own
+(`keep.judge_fid`: a second seed of the start trained only when the FID rose past the target, `quality_check`)."""
 from __future__ import annotations
 
 import math
@@ -313,7 +314,7 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
     def checked(a: list, b: list) -> None:
         if b and not b[-1].measured:
             raise ended("broke the script", _failed(b[-1]), b[-1].traceback)
-        bad = guard(a, b)
+        bad = guard(a, b, by_design=bool(fix.changes_losses))
         if bad:
             raise ended("failed the guard", bad)
 
@@ -333,6 +334,8 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
     except _Ended as e:
         return e.tried, a
     why = why.split(": ", 1)[1]  # decide's "kept: " / "not kept: " is the outcome, said once
+    if fix.changes_losses:
+        why += f"; losses held to be finite only ({fix.changes_losses})"
     return Tried(fix.name, fix.title, fix.parts, "kept" if kept else "not faster", why, ratio, spread), a
 
 
@@ -352,16 +355,20 @@ def _failed(trial: Trial) -> str:
     return f"{trial.outcome} after {len(trial.times_ms)} of the iterations the doctor times"
 
 
-def guard(best: list, candidate: list) -> str | None:
+def guard(best: list, candidate: list, by_design: bool = False) -> str | None:
     """Why the candidate's losses are not the current best's, or None (see the module docstring). Iterations of one
     loop may compute different numbers of losses (a G step every n critic steps, restarted each epoch, leaves a short
     iteration at an epoch's end): every run measures the same iterations, so each must show the same widths, and the
-    k-th loss is compared over the iterations of the most common width (a rare width's few values span no noise)."""
+    k-th loss is compared over the iterations of the most common width (a rare width's few values span no noise).
+    `by_design`: the fix changes the losses on purpose (`fixing.Fix.changes_losses`): finite, and as many, is all
+    that is asked."""
     if not all(t.finite for t in candidate):
         return "its losses went non-finite (nan or inf) in the measured steps"
     if len({frozenset(len(row) for row in t.losses) for t in best + candidate}) > 1:
         widths = sorted({len(row) for t in best + candidate for row in t.losses})
         return f"it changed how many losses your loop computes per iteration ({widths})"
+    if by_design:
+        return None
     common = Counter(len(row) for t in best for row in t.losses).most_common(1)
     width = common[0][0] if common else 0
     for k in range(width):
