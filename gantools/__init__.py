@@ -6,6 +6,7 @@ from .core.data import (ImageFolderDataset, ImageTensorDataset, data_root, datas
 from .core.history import History
 from .core.loaders import DeviceLoader, HostLoader, make_loader
 from .core.models import Discriminator, Generator, build_dcgan, dcgan_init
+from .core.r3gan import R3GANDiscriminator, R3GANGenerator, build_r3gan
 from .core.trainer import Trainer
 from .errors import (CheckpointError, ConfigError, DataError, DoctorError, GantoolsError, NonFiniteLossError,
                      OutOfMemory, QualityError)
@@ -14,9 +15,10 @@ from .tuning import TuneResult, tune
 
 __version__ = "0.1.0"
 __all__ = [
-    "autocast_precision", "build_dcgan", "CheckpointError", "ConfigError", "data_root", "DataError",
+    "autocast_precision", "build_dcgan", "build_r3gan", "CheckpointError", "ConfigError", "data_root", "DataError",
     "dataset_from_config", "dcgan_init", "DeviceLoader", "Discriminator", "DoctorError", "GantoolsError", "Generator",
     "History", "HostLoader", "ImageFolderDataset", "ImageTensorDataset", "load_checkpoint", "load_glyphs",
     "machine_info", "make_dataset", "make_loader", "NonFiniteLossError", "OutOfMemory", "preset", "QualityError",
-    "render_glyphs", "resolve_device", "save_checkpoint", "Timer", "TrainConfig", "Trainer", "tune", "TuneResult",
+    "R3GANDiscriminator", "R3GANGenerator", "render_glyphs", "resolve_device", "save_checkpoint", "Timer",
+    "TrainConfig", "Trainer", "tune", "TuneResult",
 ]

@@ -25,14 +25,16 @@ def test_each_loss_is_its_formula():
         "hinge": ((1 - real).clamp(min=0).mean() + (1 + fake).clamp(min=0).mean(), -fake.mean()),
         "lsgan": (0.5 * ((real - 1) ** 2).mean() + 0.5 * (fake ** 2).mean(), 0.5 * ((fake - 1) ** 2).mean()),
         "wgan-gp": (fake.mean() - real.mean(), -fake.mean()),
+        "rpgan": (torch.log1p(torch.exp(fake - real)).mean(), torch.log1p(torch.exp(real - fake)).mean()),
     }
     for name, (d, g) in expected.items():
         loss = LOSSES[name]
         args = (p_real, p_fake) if loss.outputs == "probabilities" else (real, fake)
         assert loss.d(*args).item() == pytest.approx(d.item(), rel=1e-6), name
-        assert loss.g(args[1]).item() == pytest.approx(g.item(), rel=1e-6), name
+        assert loss.g(args[1], args[0]).item() == pytest.approx(g.item(), rel=1e-6), name
     assert {n: LOSSES[n].outputs for n in LOSSES} == {
-        "bce": "logits", "hinge": "scores", "bce-sigmoid": "probabilities", "lsgan": "scores", "wgan-gp": "scores"}
+        "bce": "logits", "hinge": "scores", "bce-sigmoid": "probabilities", "lsgan": "scores", "wgan-gp": "scores",
+        "rpgan": "scores"}
     from gantools.core.losses import d_loss, g_loss
     assert d_loss("hinge", real, fake) == LOSSES["hinge"].d(real, fake) and g_loss("bce", fake) == LOSSES["bce"].g(fake)
 

@@ -15,6 +15,9 @@ PAPER_SETTINGS = {
                   batch_size=64, d_steps=1, r1_gamma=0.0),
     "wgan-gp": dict(loss="wgan-gp", gp_weight=10.0, d_steps=5, d_norm="layer", optimizer="adam", lr_g=1e-4,
                     lr_d=1e-4, betas=(0.0, 0.9), batch_size=64, r1_gamma=0.0),
+    # R3GAN's CIFAR-10 settings at the start of its schedules, scaled down (the preset's comment says how)
+    "r3gan": dict(architecture="r3gan", loss="rpgan", r1_gamma=0.05, r2_gamma=0.05, optimizer="adam", lr_g=2e-4,
+                  lr_d=2e-4, betas=(0.0, 0.9), nz=64, d_steps=1),
 }
 
 
@@ -52,6 +55,8 @@ def test_wgan_gp_reads_five_real_batches_per_generator_step():
     (dict(r1_gamma=1.0), "layer"),
     (dict(d_norm="layer"), "layer"),
     (dict(d_norm="none", loss="wgan-gp"), "none"),
+    (dict(r2_gamma=1.0), "layer"),
+    (dict(architecture="r3gan"), "none"),
 ])
 def test_auto_normalisation_is_batchnorm_unless_a_penalty_needs_per_image_gradients(changes, norm):
     assert discriminator_norm(preset("default", **changes).validate()) == norm

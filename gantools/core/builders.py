@@ -13,6 +13,7 @@ from ..errors import ConfigError
 from .activation_checkpointing import switch_on
 from .config import TrainConfig, discriminator_norm
 from .models import build_dcgan
+from .r3gan import build_r3gan
 
 
 def _import_cpp_extension_quietly() -> None:
@@ -31,11 +32,12 @@ def _import_cpp_extension_quietly() -> None:
 
 def build_networks(cfg: TrainConfig, generator: nn.Module | None, discriminator: nn.Module | None, classes: int,
                    device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """G and D on the device, in the config's memory format: the caller's, or the built-in DCGAN when both are None.
+    """G and D on the device, in the config's memory format: the caller's, or the built-in pair (`architecture`:
+    DCGAN or R3GAN) when both are None.
 
     Args:
-        cfg: the run's config (sizes, loss, seed, sync_batchnorm, channels_last).
-        generator, discriminator: the caller's networks, or None for the built-in DCGAN.
+        cfg: the run's config (architecture, sizes, loss, seed, sync_batchnorm, channels_last).
+        generator, discriminator: the caller's networks, or None for the built-in pair.
         classes: the dataset's class count for a conditional run, else 0.
         device: where the networks train.
 
@@ -43,10 +45,8 @@ def build_networks(cfg: TrainConfig, generator: nn.Module | None, discriminator:
         (generator, discriminator)
     """
     if generator is None:  # the same weights on every rank; the caller's RNG is not touched
-        with hardware.seeded(cfg.seed):  # a penalty is per image: 'auto' gives D layer norm, not BatchNorm
-            generator, discriminator = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf,
-                                                   sigmoid=(cfg.loss == "bce-sigmoid"),
-                                                   d_norm=discriminator_norm(cfg), classes=classes)
+        with hardware.seeded(cfg.seed):
+            generator, discriminator = built_in_networks(cfg, classes)
     try:
         switch_on(generator, discriminator, cfg.activation_checkpointing)
     except ValueError as e:
@@ -59,6 +59,23 @@ def build_networks(cfg: TrainConfig, generator: nn.Module | None, discriminator:
     fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
     return generator.to(device, memory_format=generator_format(cfg, device)), \
         discriminator.to(device, memory_format=fmt)
+
+
+def built_in_networks(cfg: TrainConfig, classes: int) -> tuple[nn.Module, nn.Module]:
+    """The built-in pair the config's `architecture` names, initialised as its paper does (seed first).
+
+    Args:
+        cfg: the run's config (architecture, sizes, loss, d_norm).
+        classes: the dataset's class count for a conditional run, else 0 (DCGAN only; validation refuses labels
+            for R3GAN).
+    Returns:
+        (generator, discriminator)
+    """
+    if cfg.architecture == "r3gan":
+        return build_r3gan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf)
+    # a penalty is per image: d_norm 'auto' gives D layer norm then, not BatchNorm
+    return build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf, sigmoid=(cfg.loss == "bce-sigmoid"),
+                       d_norm=discriminator_norm(cfg), classes=classes)
 
 
 def generator_format(cfg: TrainConfig, device: torch.device) -> torch.memory_format:

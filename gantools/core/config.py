@@ -17,7 +17,7 @@ import torch
 from ..errors import ConfigError
 from .activation_checkpointing import NETWORKS as CHECKPOINTED
 from .lr_schedule import SCHEDULES
-from .validation import value_problems
+from .validation import penalised, value_problems
 
 __all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags", "differences",
            "discriminator_norm", "knobs", "preset", "scale_batch", "speed_knobs"]
@@ -53,7 +53,8 @@ def uses_cuda_graphs(mode: str) -> bool:
     return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs", False))
 
 
-LOSSES = ("bce", "hinge", "bce-sigmoid", "lsgan", "wgan-gp")
+LOSSES = ("bce", "hinge", "bce-sigmoid", "lsgan", "wgan-gp", "rpgan")
+ARCHITECTURES = ("dcgan", "r3gan")
 LOADERS = ("dataloader", "device")
 NONFINITE = ("stop", "skip")
 TRANSFORMS = ("on-device", "per-sample")
@@ -171,12 +172,15 @@ class TrainConfig:
                                         speed=True)
     drop_last: bool = _f(True, "drop the last incomplete batch of each epoch")
     # model
+    architecture: str = _f("dcgan", "the built-in networks: dcgan (Radford et al. 2015: 28, 32 or 64 px), or r3gan "
+                           "(Huang et al. 2024: residual blocks with grouped convs, no normalisation, 32 or 64 px, "
+                           "unconditional)", ARCHITECTURES)
     nz: int = _f(100, "latent size")
-    ngf: int = _f(64, "generator width (feature maps in its last hidden layer)")
-    ndf: int = _f(64, "discriminator width (feature maps in its first layer)")
-    d_norm: str = _f("auto", "the built-in D's normalisation: batch (DCGAN's BatchNorm), layer (per image, as a "
-                     "gradient penalty needs; WGAN-GP's recommendation), none, or auto: layer when loss='wgan-gp' "
-                     "or r1_gamma > 0, else batch", D_NORMS)
+    ngf: int = _f(64, "generator width (dcgan: feature maps in its last hidden layer; r3gan: each stage's width)")
+    ndf: int = _f(64, "discriminator width (dcgan: feature maps in its first layer; r3gan: each stage's width)")
+    d_norm: str = _f("auto", "the built-in DCGAN D's normalisation: batch (DCGAN's BatchNorm), layer (per image, as "
+                     "a gradient penalty needs; WGAN-GP's recommendation), none, or auto: layer when loss='wgan-gp' "
+                     "or r1_gamma or r2_gamma > 0, else batch (r3gan has none)", D_NORMS)
     sync_batchnorm: bool = _f(False, "under torchrun: BatchNorm statistics over the global batch (SyncBatchNorm, "
                               "CUDA only; costs one extra collective per BatchNorm layer in every forward and "
                               "backward). Off: each process normalises over its own share of the batch")
@@ -217,11 +221,15 @@ class TrainConfig:
     warmup_steps: int = _f(0, "steps over which both learning rates rise linearly to lr_g and lr_d (0: none)")
     loss: str = _f("bce", "bce: non-saturating BCE with logits; hinge; bce-sigmoid: the tutorial's "
                    "Sigmoid + BCELoss (fp32 only); lsgan: least squares; wgan-gp: Wasserstein with a gradient "
-                   "penalty (with d_norm='auto' the built-in D then uses layer norm, not BatchNorm)", LOSSES)
+                   "penalty (with d_norm='auto' the built-in D then uses layer norm, not BatchNorm); rpgan: "
+                   "relativistic pairing (R3GAN's loss), each real image scored against a fake one", LOSSES)
     gp_weight: float = _f(10.0, "loss=wgan-gp: weight of the gradient penalty (10 in the WGAN-GP paper)")
     r1_gamma: float = _f(0.0, "R1 penalty on D's gradient at real images, gamma/2 * E||grad D||^2 (0: off; with "
                          "d_norm='auto' the built-in D then uses layer norm, not BatchNorm)")
     r1_interval: int = _f(1, "lazy R1: every N discriminator steps, weighted by N (StyleGAN2 uses 16)")
+    r2_gamma: float = _f(0.0, "R2 penalty on D's gradient at G's images, gamma/2 * E||grad D||^2 (0: off; R3GAN uses "
+                         "r1_gamma = r2_gamma; with d_norm='auto' the built-in D then uses layer norm)")
+    r2_interval: int = _f(1, "lazy R2: every N discriminator steps, weighted by N")
     ema_decay: float = _f(0.0, "exponential moving average of G's weights, used for samples, quality scores and "
                           "checkpoints (0: off; it averages over about 1/(1-decay) steps, e.g. 0.999)")
     conditional: bool = _f(False, "class-conditional: the dataset's labels go to G (an embedding joined to z) and "
@@ -282,8 +290,8 @@ class TrainConfig:
 
 def preset(name: str, **overrides) -> TrainConfig:
     """Named starting points: `reference` is the PyTorch DCGAN tutorial's loop, the baseline for every speed-up;
-    `dcgan`, `lsgan` and `wgan-gp` are each GAN's paper settings (see `PRESETS`), so a user gets them without
-    reading the papers; `default` is TrainConfig().
+    `dcgan`, `lsgan`, `wgan-gp` and `r3gan` are each GAN's paper settings (see `PRESETS`; `r3gan` scaled down for
+    small images and short runs), so a user gets them without reading the papers; `default` is TrainConfig().
 
     Args:
         name: one of `PRESETS`.
@@ -323,6 +331,18 @@ PRESETS = {
     "wgan-gp": lambda: TrainConfig(
         loss="wgan-gp", gp_weight=10.0, d_steps=5, d_norm="layer", optimizer="adam", lr_g=1e-4, lr_d=1e-4,
         betas=(0.0, 0.9), batch_size=64),
+    # Huang et al. 2024, "The GAN is dead; long live the GAN! A modern GAN baseline", config E (section 3), as the
+    # authors' train.py sets it for CIFAR-10, the paper's 32 px run (github.com/brownvc/R3GAN): R3GAN's networks,
+    # the RpGAN loss with R1 and R2 at one gamma, Adam with beta1 0, noise of 64, an EMA of G. Its schedules run
+    # cosines over 20M images (lr 2e-4 -> 5e-5, gamma 0.05 -> 0.005, beta2 0.9 -> 0.99, the EMA's half-life from 0 up
+    # to 5M images); a run on a CPU sees a small share of that, where they have barely left their start, so the
+    # start is kept, constant: lr 2e-4, gamma 0.05, beta2 0.9 (gantools schedules no gamma or beta2, and its cosine
+    # decays lr to 0 at `steps`, not to a quarter over 20M images). Scaled down: width 32 per stage (the paper's
+    # 768), batch 64 (its 512), and an EMA decay of 0.99 per step, a half-life of about 70 steps. At 64 px the
+    # paper's FFHQ-64 run uses gamma 2 (r1_gamma = r2_gamma = 2.0).
+    "r3gan": lambda: TrainConfig(
+        architecture="r3gan", ngf=32, ndf=32, nz=64, loss="rpgan", r1_gamma=0.05, r2_gamma=0.05, optimizer="adam",
+        lr_g=2e-4, lr_d=2e-4, betas=(0.0, 0.9), ema_decay=0.99, batch_size=64),
 }
 
 # Where each paper preset's settings come from, for tables and the notebook (preset name -> citation).
@@ -330,16 +350,19 @@ PAPERS = {
     "dcgan": "Radford et al. 2015",
     "lsgan": "Mao et al. 2017",
     "wgan-gp": "Gulrajani et al. 2017",
+    "r3gan": "Huang et al. 2024",
 }
 
 
 def discriminator_norm(cfg: TrainConfig) -> str:
-    """The normalisation the built-in D gets: `d_norm` as set, or for 'auto' layer norm when D's input gradient is
-    penalised (wgan-gp, R1: each image's gradient must be its own, which BatchNorm's batch statistics break) and
-    DCGAN's BatchNorm otherwise."""
+    """The normalisation the built-in D gets: none in R3GAN's; in DCGAN's `d_norm` as set, or for 'auto' layer norm
+    when D's input gradient is penalised (wgan-gp, R1, R2: each image's gradient must be its own, which BatchNorm's
+    batch statistics break) and DCGAN's BatchNorm otherwise."""
+    if cfg.architecture == "r3gan":
+        return "none"
     if cfg.d_norm != "auto":
         return cfg.d_norm
-    return "layer" if cfg.loss == "wgan-gp" or cfg.r1_gamma > 0 else "batch"
+    return "layer" if penalised(cfg) else "batch"
 
 
 def knobs() -> dict[str, Knob]:

@@ -2,16 +2,18 @@
 readable loop.
 
 A loss (`LOSSES[name]`) gives D's loss from its outputs on real and fake images and G's loss from its outputs on
-fakes, all in fp32, and says what D must output: `logits` (bce: BCE-with-logits applies the sigmoid itself, safely
-under autocast), `probabilities` (bce-sigmoid: the PyTorch tutorial's Sigmoid + BCELoss, fp32 only) or `scores`
-(hinge, lsgan, wgan-gp: raw outputs, never squashed).
+fakes (and, for a relativistic loss, `paired`, on real images too), all in fp32, and says what D must output:
+`logits` (bce: BCE-with-logits applies the sigmoid itself, safely under autocast), `probabilities` (bce-sigmoid: the
+PyTorch tutorial's Sigmoid + BCELoss, fp32 only) or `scores` (hinge, lsgan, wgan-gp, rpgan: raw outputs, never
+squashed).
 
 A penalty (`penalties(cfg)`) regularises D through the gradient of its output with respect to its input, per image:
 - `GradientPenalty` (WGAN-GP, Gulrajani et al. 2017): weight * E[(||grad D(x_hat)||_2 - 1)^2] at random points
   x_hat = a * real + (1 - a) * fake between real and fake images, a ~ U(0, 1) per image.
-- `R1` (Mescheder et al. 2018): gamma / 2 * E[||grad D(x)||^2] on real images. Lazy as in StyleGAN2 (Karras et al.
-  2020): computed every `interval` D steps only and weighted by `interval`, so on average it pulls as hard as the
-  penalty every step, at 1/interval of its cost.
+- `R1` (Mescheder et al. 2018): gamma / 2 * E[||grad D(x)||^2] on real images; `R2` the same on G's images (R3GAN,
+  Huang et al. 2024, penalises both). One `ZeroCentredPenalty`, told where to take the gradient. Lazy as in StyleGAN2
+  (Karras et al. 2020): computed every `interval` D steps only and weighted by `interval`, so on average it pulls as
+  hard as the penalty every step, at 1/interval of its cost.
 The gradient is taken per image, so D must treat each image on its own: BatchNorm (statistics over the batch) would
 make each image's gradient depend on the others'. The trainer refuses a D with BatchNorm for a penalty, and builds its
 own D with layer normalisation instead (as WGAN-GP's paper recommends).
@@ -25,7 +27,15 @@ import torch
 import torch.nn.functional as F
 
 
-class BCE:
+class Loss:
+    """What every loss says about itself: its `name`, what D must `outputs`, and whether G's loss is `paired` (needs
+    D's outputs on real images beside those on its fakes: a relativistic loss). `d(real, fake)` and
+    `g(fake, real)` take D's outputs; a loss that is not paired ignores `real` in `g`."""
+
+    name, outputs, paired = "", "scores", False
+
+
+class BCE(Loss):
     """Non-saturating GAN (Goodfellow et al. 2014): D classifies real against fake with binary cross-entropy on
     its logits; G maximises log D(G(z)) rather than minimising log(1 - D(G(z))), which saturates early on."""
 
@@ -37,7 +47,7 @@ class BCE:
     def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         return self._bce(real, 1.0) + self._bce(fake, 0.0)
 
-    def g(self, fake: torch.Tensor) -> torch.Tensor:
+    def g(self, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         return self._bce(fake, 1.0)
 
 
@@ -51,7 +61,7 @@ class BCESigmoid(BCE):
         return F.binary_cross_entropy(x, torch.full_like(x, target))
 
 
-class Hinge:
+class Hinge(Loss):
     """Hinge loss (Lim & Ye 2017; SAGAN, BigGAN): D pushes real scores above 1 and fake ones below -1."""
 
     name, outputs = "hinge", "scores"
@@ -59,11 +69,11 @@ class Hinge:
     def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         return F.relu(1 - real).mean() + F.relu(1 + fake).mean()
 
-    def g(self, fake: torch.Tensor) -> torch.Tensor:
+    def g(self, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         return -fake.mean()
 
 
-class LSGAN:
+class LSGAN(Loss):
     """Least squares (Mao et al. 2017, a = 0, b = c = 1): D regresses real images to 1 and fakes to 0; G pulls its
     fakes' scores to 1. Gradients do not vanish for fakes D already scores far from the real ones."""
 
@@ -72,11 +82,11 @@ class LSGAN:
     def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         return 0.5 * ((real - 1) ** 2).mean() + 0.5 * (fake ** 2).mean()
 
-    def g(self, fake: torch.Tensor) -> torch.Tensor:
+    def g(self, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         return 0.5 * ((fake - 1) ** 2).mean()
 
 
-class Wasserstein:
+class Wasserstein(Loss):
     """WGAN (Arjovsky et al. 2017): the critic D maximises E[D(real)] - E[D(fake)], an estimate of the Wasserstein
     distance if D is 1-Lipschitz; the gradient penalty (`GradientPenalty`) is what keeps it so in WGAN-GP."""
 
@@ -85,11 +95,30 @@ class Wasserstein:
     def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         return fake.mean() - real.mean()
 
-    def g(self, fake: torch.Tensor) -> torch.Tensor:
+    def g(self, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         return -fake.mean()
 
 
-LOSSES = {loss.name: loss for loss in (BCE(), Hinge(), BCESigmoid(), LSGAN(), Wasserstein())}
+class RpGAN(Loss):
+    """Relativistic pairing GAN (Jolicoeur-Martineau 2019; R3GAN's loss, Huang et al. 2024, with R1 and R2): each
+    real image is scored against a fake one, D's loss E[softplus(-(D(real) - D(fake)))] and G's
+    E[softplus(-(D(fake) - D(real)))], means over the batch's pairs (pair i: the i-th real and fake images). Only
+    differences of D's outputs count, so D gives raw scores; G's loss needs D's scores on real images too (`paired`:
+    the step scores the last D step's real batch again, through the updated D, with no gradient, since they are
+    constants to G; R3GAN draws a fresh real batch for its G step)."""
+
+    name, outputs, paired = "rpgan", "scores", True
+
+    def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        return F.softplus(-(real - fake)).mean()
+
+    def g(self, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+        if real is None:
+            raise ValueError("loss='rpgan' pairs each fake with a real image: G's loss needs D's outputs on both")
+        return F.softplus(-(fake - real)).mean()
+
+
+LOSSES = {loss.name: loss for loss in (BCE(), Hinge(), BCESigmoid(), LSGAN(), Wasserstein(), RpGAN())}
 
 
 def d_loss(loss: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
@@ -97,9 +126,9 @@ def d_loss(loss: str, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     return LOSSES[loss].d(real, fake)
 
 
-def g_loss(loss: str, fake: torch.Tensor) -> torch.Tensor:
-    """Generator loss from D's outputs on fake images (fp32)."""
-    return LOSSES[loss].g(fake)
+def g_loss(loss: str, fake: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+    """Generator loss from D's outputs on fake images, and on real ones for a paired loss (fp32)."""
+    return LOSSES[loss].g(fake, real)
 
 
 # -- penalties on D's input gradient ------------------------------------------------------------------------------
@@ -151,12 +180,15 @@ class GradientPenalty:
         return self.weight * ((grads.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
 
 
-class R1:
-    """R1: gamma / 2 * E[||grad D(real)||^2]; lazily every `interval` D steps, then weighted by `interval`. Added to
-    the loss of the D step it is due in, so D's optimizer steps as often as without it and needs none of StyleGAN2's
-    lr and beta correction, which is for its penalty run as a separate optimizer step (docs/gan-family.md)."""
+class ZeroCentredPenalty:
+    """gamma / 2 * E[||grad D(x)||^2] at real images (`on` 'real': R1) or at G's images ('fake': R2); lazily every
+    `interval` D steps, then weighted by `interval`. Zero-centred: it pulls D's gradient towards 0 there, so D
+    cannot grow steep around the data (R1) or around G's images (R2); R3GAN's local convergence needs both. A lazy
+    penalty is added to the loss of the D step it is due in, so D's optimizer steps as often as without it and needs
+    none of StyleGAN2's lr and beta correction, which is for its penalty run as a separate optimizer step
+    (docs/gan-family.md)."""
 
-    name, mixes = "R1", False
+    name, mixes, on = "zero-centred penalty", False, "real"
 
     def __init__(self, gamma: float, interval: int = 1):
         self.gamma, self.interval = gamma, interval
@@ -165,10 +197,22 @@ class R1:
         return d_step % self.interval == 0
 
     def points(self, real: torch.Tensor, fake: torch.Tensor, mix: torch.Tensor | None) -> torch.Tensor:
-        return real
+        return real if self.on == "real" else fake.detach().to(real.dtype)
 
     def __call__(self, grads: torch.Tensor) -> torch.Tensor:
         return self.interval * self.gamma / 2 * grads.flatten(1).pow(2).sum(1).mean()
+
+
+class R1(ZeroCentredPenalty):
+    """R1 (Mescheder et al. 2018): the zero-centred penalty at real images."""
+
+    name, on = "R1", "real"
+
+
+class R2(ZeroCentredPenalty):
+    """R2: the zero-centred penalty at G's images (detached: it trains D only, as R3GAN's does)."""
+
+    name, on = "R2", "fake"
 
 
 def penalties(cfg) -> list:
@@ -178,6 +222,8 @@ def penalties(cfg) -> list:
         found.append(GradientPenalty(cfg.gp_weight))
     if cfg.r1_gamma > 0:
         found.append(R1(cfg.r1_gamma, cfg.r1_interval))
+    if cfg.r2_gamma > 0:
+        found.append(R2(cfg.r2_gamma, cfg.r2_interval))
     return found
 
 

@@ -147,7 +147,7 @@ class TrainStep:
             real, labels = batch if isinstance(batch, (tuple, list)) else (batch, None)
             fakes, zs, ys, d_values = self._d_step(real, labels, first_d_index + i, 1 / len(batches),
                                                    keep_fakes=i == len(batches) - 1)
-        loss_g = self._g_step(fakes, zs, ys)
+        loss_g = self._g_step(fakes, zs, ys, real.chunk(cfg.grad_accum_steps))
         if self.parts.ema is not None:
             with phase("EMA update"):
                 self.parts.ema.update()
@@ -230,9 +230,9 @@ class TrainStep:
             total = term if total is None else total + term
         return total
 
-    def _g_step(self, fakes, zs, ys) -> torch.Tensor:
+    def _g_step(self, fakes, zs, ys, reals) -> torch.Tensor:
         """One optimizer step of G through the updated D (frozen, with `freeze_d`); returns the last micro-batch's
-        loss."""
+        loss. `reals`: the last D step's real micro-batches, which a paired (relativistic) loss scores G's against."""
         cfg, k = self.cfg, self.cfg.grad_accum_steps
         weights = [z.shape[0] / sum(z.shape[0] for z in zs) for z in zs]
         if cfg.freeze_d:  # G's backward then computes no weight gradients for D (they would be thrown away)
@@ -241,7 +241,7 @@ class TrainStep:
             self.parts.opt_g.zero_grad(set_to_none=True)
             for i, (zi, yi, w) in enumerate(zip(zs, ys, weights)):
                 with distributed.no_sync(self.ddp_g, skip=i < k - 1):
-                    loss_g = self._g_micro_batch(fakes[i] if k == 1 else None, zi, yi, w)
+                    loss_g = self._g_micro_batch(fakes[i] if k == 1 else None, zi, yi, w, reals[i])
             with self.label_phase("G optimizer step"):
                 self.parts.scaler_g.step(self.parts.opt_g)
                 self.parts.scaler_g.update()
@@ -249,9 +249,10 @@ class TrainStep:
             self.parts.discriminator.requires_grad_(True)
         return loss_g
 
-    def _g_micro_batch(self, fake, z, labels, w: float) -> torch.Tensor:
+    def _g_micro_batch(self, fake, z, labels, w: float, real) -> torch.Tensor:
         """G's loss on one micro-batch (weight `w`), through D, added to the metric sums and backpropagated; `fake`
-        is D's step's kept one, or None to run G here. Returns the loss."""
+        is D's step's kept one, or None to run G here; `real`, scored without a graph for a paired loss only (D's
+        scores on real images are constants to G). Returns the loss."""
         phase = self.label_phase
         if fake is None:
             with phase("G forward"), self.parts.autocast():
@@ -263,7 +264,11 @@ class TrainStep:
         with phase("D forward (G step)"):
             with self.parts.autocast():
                 out = forward(self.d_in_g_step, judged, labels).float()
-            loss_g = self.parts.loss.g(out)
+                against = None
+                if self.parts.loss.paired:  # a relativistic loss: D's scores on real images, constants to G
+                    with torch.no_grad():
+                        against = forward(self.d_in_g_step, real, labels).float()
+            loss_g = self.parts.loss.g(out, against)
             self.metrics.add(w, loss_g=loss_g.detach())
         with phase("D backward (G step)"):
             self.parts.scaler_g.scale(loss_g * w).backward()

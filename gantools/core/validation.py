@@ -9,6 +9,7 @@ from dataclasses import fields
 import torch
 
 from . import distributed
+from .r3gan import IMAGE_SIZES as R3GAN_SIZES
 from ..measuring import hardware
 
 
@@ -47,6 +48,12 @@ class _Problems:
         return self.at_least(name, low)
 
 
+def penalised(c) -> bool:
+    """Whether a config penalises D's input gradient: wgan-gp's penalty, R1 or R2 (`losses.penalties` builds them;
+    here, below the config, so that validation and `config.discriminator_norm` ask one place)."""
+    return c.loss == "wgan-gp" or c.r1_gamma > 0 or c.r2_gamma > 0
+
+
 def value_problems(c) -> list[str]:
     """Every impossible value or combination of a TrainConfig whose types are right.
 
@@ -60,6 +67,7 @@ def value_problems(c) -> list[str]:
     device = _device_problems(p, c, world)
     _data_problems(p, c, device)
     _model_problems(p, c)
+    _architecture_problems(p, c)
     _schedule_problems(p, c, world)
     _numerics_problems(p, c, device)
     _optimisation_problems(p, c)
@@ -130,10 +138,33 @@ def _model_problems(p: _Problems, c) -> None:
     p.at_least("nz", 1)
     p.at_least("ngf", 1)
     p.at_least("ndf", 1)
-    if p.choice("d_norm") and c.d_norm == "batch" and (c.loss == "wgan-gp" or c.r1_gamma > 0):
-        p.add("d_norm='batch' with a gradient penalty (loss='wgan-gp' or r1_gamma > 0): BatchNorm mixes the "
-                 "images of a batch, so no image's input gradient is its own; use d_norm='layer' (or 'none', or "
-                 "'auto')")
+    if p.choice("d_norm") and c.d_norm == "batch" and penalised(c):
+        p.add("d_norm='batch' with a gradient penalty (loss='wgan-gp', r1_gamma or r2_gamma > 0): BatchNorm mixes "
+              "the images of a batch, so no image's input gradient is its own; use d_norm='layer' (or 'none', or "
+              "'auto')")
+
+
+def _architecture_problems(p: _Problems, c) -> None:
+    """What R3GAN's networks cannot do: other sizes, a normalisation, labels, DCGAN's checkpointed blocks, a
+    Sigmoid."""
+    if not p.choice("architecture") or c.architecture != "r3gan":
+        return
+    sizes = " or ".join(map(str, R3GAN_SIZES))
+    if c.image_size not in R3GAN_SIZES and c.image_size in p.knobs["image_size"].choices:
+        p.add(f"architecture='r3gan' is built for {sizes} px, not image_size={c.image_size}: use image_size=32 or "
+              "64, or architecture='dcgan'")
+    if c.d_norm not in ("auto", "none"):
+        p.add(f"d_norm={c.d_norm!r} with architecture='r3gan': its D has no normalisation layers (the paper removes "
+              "them), so there is none to choose; leave d_norm='auto'")
+    if c.conditional:
+        p.add("conditional=True with architecture='r3gan': R3GAN's networks here take no labels; set "
+              "conditional=False, or use architecture='dcgan' for a conditional run")
+    if c.activation_checkpointing != "off":
+        p.add(f"activation_checkpointing={c.activation_checkpointing!r} cuts the DCGAN's layers into blocks; "
+              "architecture='r3gan' has none to cut: set activation_checkpointing='off'")
+    if c.loss == "bce-sigmoid":
+        p.add("loss='bce-sigmoid' needs D to end in a Sigmoid, but architecture='r3gan' gives logits: use "
+              "loss='rpgan' (R3GAN's) or 'bce'")
 
 
 def _schedule_problems(p: _Problems, c, world) -> None:
@@ -199,13 +230,15 @@ def _family_problems(p: _Problems, c) -> None:
                      "distance and training diverges: use gp_weight > 0 (10 in the paper)")
         elif c.loss != "wgan-gp" and c.gp_weight != p.default("gp_weight"):
             p.add(f"gp_weight is only used with loss='wgan-gp' (loss={c.loss!r}); remove it")
-    if p.finite_at_least("r1_gamma", 0) and p.at_least("r1_interval", 1):
-        if c.r1_gamma == 0 and c.r1_interval != 1:
-            p.add("r1_interval sets how often R1 runs, but R1 is off (r1_gamma=0): set r1_gamma > 0, or remove "
-                     "r1_interval")
-        if c.r1_gamma > 0 and c.loss == "bce-sigmoid":
-            p.add("r1_gamma penalises the gradient of D's raw output, but loss='bce-sigmoid' squashes it through a "
-                     "Sigmoid: use loss='bce' (BCE with logits)")
+    for r in ("r1", "r2"):  # R1 and R2: the same penalty at real or at G's images
+        gamma, interval = f"{r}_gamma", f"{r}_interval"
+        if p.finite_at_least(gamma, 0) and p.at_least(interval, 1):
+            if getattr(c, gamma) == 0 and getattr(c, interval) != 1:
+                p.add(f"{interval} sets how often {r.upper()} runs, but {r.upper()} is off ({gamma}=0): set "
+                      f"{gamma} > 0, or remove {interval}")
+            if getattr(c, gamma) > 0 and c.loss == "bce-sigmoid":
+                p.add(f"{gamma} penalises the gradient of D's raw output, but loss='bce-sigmoid' squashes it "
+                      "through a Sigmoid: use loss='bce' (BCE with logits)")
     p.at_least("d_steps", 1)
     if not (math.isfinite(c.ema_decay) and 0 <= c.ema_decay < 1):
         p.add(f"ema_decay={c.ema_decay}: must be in [0, 1) (0: off; 0.999 averages over about the last 1000 "
