@@ -106,7 +106,7 @@ def test_every_error_of_every_subcommand_is_one_message_not_a_traceback(tmp_path
     assert err.startswith("gantools: error: out of cpu memory at step 1") and "Traceback" not in err
     monkeypatch.undo()
     monkeypatch.setattr(losses.BCE, "d", lambda self, real, fake: real.mean() * float("nan"))  # NaN from step 1
-    monkeypatch.setattr(losses.BCE, "g", lambda self, fake: fake.mean() * float("nan"))
+    monkeypatch.setattr(losses.BCE, "g", lambda self, fake, real: fake.mean() * float("nan"))
     assert main(["bench", "--device", "cpu", "--variants", "bf16 autocast", "--no-compile",
                  "--json", str(tmp_path / "b.json"), "--png", str(tmp_path / "b.png")]) == 2
     err = capsys.readouterr().err
