@@ -392,15 +392,15 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 
 def _tune(args: dict) -> int:
     from .core.checkpoint import ensure_writable
-    from .core.config import speed_knobs
     from .tuning.autotune import tune
+    from .tuning.space import default_space
 
     minutes, path, quality = args.pop("minutes"), args.pop("json"), args.pop("quality")
     images, batch, name = args.pop("quality_images"), args.pop("tune_batch_size"), args.pop("preset")
     if path:
         ensure_writable(Path(path).parent)  # before minutes of tuning, not after
     result = tune(preset(name, **args), minutes, quality=quality, quality_images=images,
-                  space=(*speed_knobs(), "batch_size") if batch else None)
+                  space=default_space(batch_size=True) if batch else None)
     print()
     print(result.summary())
     if path:

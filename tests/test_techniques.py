@@ -28,7 +28,7 @@ def _in_list_order(names: list, owners: dict) -> bool:
 
 def test_every_speed_field_is_one_technique_with_a_notebook_that_exists():
     assert [t.knob for t in TECHNIQUES] == list(dict.fromkeys(t.knob for t in TECHNIQUES)), "each once"
-    assert {t.knob for t in TECHNIQUES} == set(speed_knobs()) | {"batch_size"}
+    assert {t.knob for t in TECHNIQUES} == set(speed_knobs()) | {"batch_size", "r1_interval"}  # r2's comes with r1's
     for t in TECHNIQUES:
         assert (ROOT / "notebooks" / t.notebook).exists(), t.notebook
         assert set(t.devices) <= {"cpu", "cuda"} and len(t.prior) == 2
@@ -78,7 +78,8 @@ def test_tunes_priors_and_search_order_follow_the_list():
     order = [(-c.prior, index[next(iter(c.change))]) for c in candidates]
     assert order == sorted(order), "likeliest first; among equal priors, the list's order"
     offered = {next(iter(c.change)) for c in candidates} | {c.split("=")[0] for c, _ in skipped}
-    assert offered >= {t.knob for t in TECHNIQUES} - {"persistent_workers", "prefetch_factor", "grad_accum_steps"}
+    assert offered >= {t.knob for t in TECHNIQUES} - {"persistent_workers", "prefetch_factor", "grad_accum_steps",
+                                                      "r1_interval"}  # no penalty here
     for t in TECHNIQUES:
         if t.devices == ("cuda",):  # a CUDA technique is never a candidate on a CPU, and says why
             assert t.knob not in {k for c in candidates for k in c.change}

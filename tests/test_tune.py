@@ -302,6 +302,78 @@ def test_only_out_of_memory_is_measured_again_where_activation_checkpointing_is_
     assert len(asked) == 1 and step.change == change and step.why == f"rejected: {failure}"
 
 
+def test_lazy_penalties_are_offered_only_where_a_zero_centred_penalty_runs_every_step(tmp_path):
+    """R1 and R2 every D step: one candidate makes each penalty that runs every step lazy, at StyleGAN2's interval;
+    none where no penalty runs every step, and none where the space keeps to the speed knobs."""
+    from gantools import preset
+    from gantools.core.losses import LAZY_INTERVAL
+    from gantools.doctor import penalty_rules
+    from gantools.tuning.space import PRIOR
+
+    cpu, r3gan = torch.device("cpu"), preset("r3gan", out_dir=str(tmp_path))
+
+    def lazy(cfg, space=None):
+        return [c for c in search_space(cfg, cpu, space)[0] if {"r1_interval", "r2_interval"} & set(c.change)]
+    [both] = lazy(r3gan)
+    assert both.change == {"r1_interval": LAZY_INTERVAL, "r2_interval": LAZY_INTERVAL} == {"r1_interval": 16,
+                                                                                          "r2_interval": 16}
+    assert both.prior == PRIOR["r1_interval"][0] and penalty_rules.LAZY_INTERVAL == LAZY_INTERVAL
+    r3gan.replace(**both.change).validate()
+    assert [c.change for c in lazy(r3gan.replace(r1_interval=4))] == [{"r2_interval": 16}], "R1 is lazy already"
+    assert [c.change for c in lazy(TrainConfig(r1_gamma=10.0))] == [{"r1_interval": 16}]
+    for cfg in (TrainConfig(), r3gan.replace(r1_interval=16, r2_interval=16), TrainConfig(loss="wgan-gp")):
+        assert lazy(cfg) == []
+    assert lazy(r3gan, space=speed_knobs()) == [], "the speed knobs alone keep every GAN setting"
+
+
+def test_tune_starts_from_the_r3gan_preset_and_holds_its_lazy_penalties_to_fid(tmp_path, monkeypatch):
+    """From `preset('r3gan')`, with the measuring and the scoring replaced: every candidate is a valid config; one
+    out of memory is not tried again with activation checkpointing (R3GAN has no blocks to checkpoint); the lazy
+    candidate is kept when faster, not offered again, and backed off when it costs FID past the limit."""
+    from gantools import preset
+    from gantools.tuning.space import checkpointed
+
+    start = preset("r3gan", out_dir=str(tmp_path / "run"))
+    candidates, _ = search_space(start, torch.device("cpu"))
+    for cand in candidates:
+        start.replace(**cand.change).validate()
+    assert checkpointed(start, Candidate({"channels_last": True}, "search space")) is None
+    tuner = _tuner(start, lambda c: {"fid": 30.0 if c.r1_interval > 1 else 10.5 if c.seed == 1 else 10.0})
+    asked = _measuring(tuner, monkeypatch, lambda c: OUT_OF_MEMORY if c.channels_last else None)
+    step = tuner._try(Candidate({"channels_last": True}, "search space"), start, 1.0)
+    assert len(asked) == 1 and step.why == f"rejected: {OUT_OF_MEMORY}"
+    lazy = next(c for c in candidates if "r1_interval" in c.change)
+    assert tuner._try(lazy, start, 1.0).accepted and tuner.chain[-1].r2_interval == 16
+    assert not any("r1_interval" in c.change for c in search_space(tuner.chain[-1], torch.device("cpu"))[0])
+    tuner._hold_quality()
+    assert tuner.chain == [start] and tuner.kept[0].backed_off and tuner.result.quality["held"]
+
+
+def test_tune_from_the_command_line_starts_from_a_preset(monkeypatch, capsys):
+    """`gantools tune --preset r3gan` hands tune the preset, its flags winning, and the default space (the lazy
+    penalties' intervals in it); --tune-batch-size adds batch_size to that space."""
+    from gantools import preset
+    from gantools.tuning import autotune
+    from gantools.tuning.space import default_space
+
+    given = []
+
+    class Result:
+        stopped = False
+
+        def summary(self):
+            return "tuned"
+
+    def fake_tune(cfg, minutes, **kwargs):
+        given.append((cfg, kwargs["space"]))
+        return Result()
+    monkeypatch.setattr(autotune, "tune", fake_tune)
+    assert main(["tune", "--preset", "r3gan", "--minutes", "1", "--ngf", "16"]) == 0
+    assert main(["tune", "--preset", "r3gan", "--minutes", "1", "--tune-batch-size"]) == 0
+    assert given == [(preset("r3gan", ngf=16), None), (preset("r3gan"), default_space(batch_size=True))]
+    assert {"r1_interval", "r2_interval", "batch_size"} <= set(given[1][1]) and "tuned" in capsys.readouterr().out
+
+
 class OutOfMemoryAbove(BatchFreeG):
     """Your own generator, which runs out of memory training above a batch of 16 (what a GPU does at some batch size;
     the sample grid's 64 images, drawn without gradients, still fit)."""

@@ -180,6 +180,10 @@ class GradientPenalty:
         return self.weight * ((grads.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
 
 
+# StyleGAN2's lazy interval for R1 (its config's d_reg_interval): the doctor's lazy form and tune's use it.
+LAZY_INTERVAL = 16
+
+
 class ZeroCentredPenalty:
     """gamma / 2 * E[||grad D(x)||^2] at real images (`on` 'real': R1) or at G's images ('fake': R2); lazily every
     `interval` D steps, then weighted by `interval`. Zero-centred: it pulls D's gradient towards 0 there, so D

@@ -1,8 +1,9 @@
 """Every performance technique gantools knows, once, in the workbook's teaching order.
 
-Each `Technique` is one speed field of `TrainConfig` (batch_size included): the config changes that turn it on, the
-notebook that teaches it, the devices it applies to, the values the tuner may try (`candidates`), its rows in the
-benchmark ladder and in `gantools check`, the profiler's fix it proposes, and the tuner's prior. The benchmark ladder
+Each `Technique` is one speed field of `TrainConfig` (batch_size and the lazy penalties' interval included: these two
+change what is learned, and tune's quality phase holds them to FID): the config changes that turn it on, the notebook
+that teaches it, the devices it applies to, the values the tuner may try (`candidates`), its rows in the benchmark
+ladder and in `gantools check`, the profiler's fix it proposes, and the tuner's prior. The benchmark ladder
 (`bench.ladder`), `gantools check`'s rows (`check.techniques`), tune's priors and search space (`tuning.PRIOR`,
 `search_space`), the widget panels' controls (`panel.CONTROL_FIELDS`, `panel.PROFILE_FIELDS`) and the profiler's
 verdict (`profiling.diagnose`) are all read from `TECHNIQUES`, in its order: a technique added here shows up in each.
@@ -20,6 +21,7 @@ import torch
 
 from ..measuring import hardware
 from .config import TrainConfig, optimizer_kernels, scale_batch
+from .losses import LAZY_INTERVAL
 
 BOTH = ("cpu", "cuda")
 
@@ -212,6 +214,17 @@ def _batch_size(cfg: TrainConfig, where: Where) -> list:
                   exact={"batch_size": bigger.batch_size, "lr_g": bigger.lr_g, "lr_d": bigger.lr_d})]
 
 
+def _lazy_penalties(cfg: TrainConfig, where: Where) -> list:
+    """R1 and R2 taken lazily where either runs at every D step: both that do, every `LAZY_INTERVAL` D steps and
+    weighted by it (StyleGAN2's lazy regularisation; `losses.ZeroCentredPenalty`), in one change, as R3GAN runs them
+    at one gamma. Not a pure speed knob: it changes what is computed (the penalty pulls as hard on average, not at
+    every step), so tune keeps it only as it keeps any change, faster by more than the spread, and its quality phase
+    holds it to FID like every kept change, backing it off if it costs quality."""
+    change = {f"{r}_interval": LAZY_INTERVAL for r in ("r1", "r2")
+              if getattr(cfg, f"{r}_gamma") > 0 and getattr(cfg, f"{r}_interval") == 1}
+    return [Offer(next(iter(change)), LAZY_INTERVAL, exact=change)] if change else []
+
+
 def _graphs_text(where: Where) -> tuple[str, str]:
     """The compile mode for a GPU left idle, and its words: reduce-overhead (CUDA graphs) only where `gantools check`
     ran it on this GPU with this torch and it passed (gantools' own tests run on a CPU, so not recommended blind)."""
@@ -351,7 +364,11 @@ TECHNIQUES = (
     # the ladder's batch row is its max-throughput preset ('all together' with batch x2), built in bench.ladder
     Technique("batch_size", "a larger batch", ALL_TOGETHER, (1.08, 1.2), panel=("batch_size",),
               candidates=_batch_size),
+    # R2's interval comes with R1's (`LAZY_FIELDS`); the prior: the r3gan preset's profile on a CPU, where R1 and R2
+    # (their gradient and its backward) are a large share of the step (evidence: docs/tune.md), and on CUDA an order
+    Technique("r1_interval", "lazy R1 and R2", GAN_VARIANTS, (1.5, 1.5), candidates=_lazy_penalties),
 )
+LAZY_FIELDS = ("r1_interval", "r2_interval")  # the fields the lazy technique turns
 
 
 def by_knob(knob: str) -> Technique:

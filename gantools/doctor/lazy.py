@@ -15,10 +15,10 @@ import sys
 
 import torch
 
+from ..core.losses import LAZY_INTERVAL
 from .fixing import Fix
 from .frames import location, shown
 from .penalties import creates_graph, grad_inputs
-from .penalty_rules import LAZY_INTERVAL
 from .report import DoctorReport
 
 LAZY = "lazy-penalty"

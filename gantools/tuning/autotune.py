@@ -6,7 +6,7 @@ machine, with every step it took shown.
 1. Profile the incumbent for a few steps (`profiling.profile`, on the trainer already built for it).
 2. The next candidate is the verdict's fix, if it has not been tried and is not already in place; otherwise the
    next untried change of the search space (`search_space`: every speed knob of `TrainConfig`, each value that
-   applies on this device, likeliest gain first).
+   applies on this device, and lazy R1 and R2 where they run at every D step, likeliest gain first).
 3. Candidate and incumbent train side by side in this process with the benchmark's protocol (`bench.interleave`:
    warm-up excluded and reported, synchronised timing, `repeats` interleaved chunks each).
 4. The candidate is kept only if it is faster by more than the measured spread (`decide`, the rule). One that
@@ -26,9 +26,12 @@ final are measured against each other, interleaved: the speed-up the result repo
 Only speed knobs change (`config.speed_knobs()`: how fast a run trains, not what it learns), plus two equivalences:
 Sigmoid + BCELoss (`loss='bce-sigmoid'`) becomes BCE with logits (`'bce'`) when 16-bit precision needs it, the same
 loss computed safely; and activation checkpointing comes on for a candidate that ran out of memory without it, the
-same computation with its activations recomputed in backward. batch_size is left out by default (see
-`search_space`). Every other field, the loss and every GAN setting included, stays as given: tune tunes the config
-it is given.
+same computation with its activations recomputed in backward. One change of what is computed is in the space too: R1
+or R2 taken at every D step becomes lazy (StyleGAN2's lazy regularisation, every 16 D steps and weighted by 16:
+`techniques`' lazy R1 and R2), kept only as any candidate is, then held to FID by the quality phase like every kept
+change. batch_size is left out by default (see `search_space`). Every other field, the loss and every other GAN
+setting included, stays as given: tune tunes the config it is given (`space=config.speed_knobs()` keeps the
+penalties' intervals too).
 
 The time budget (`minutes`, wall clock): the quality phase and the final speed check are estimated from what has
 been measured (each config trains `quality_images` at its measured images/s, plus its measured warm-up, plus
@@ -76,8 +79,8 @@ def tune(cfg: TrainConfig | None = None, minutes: float = 15.0, *, generator=Non
         quality: True trains start and final on `quality_images` each and scores them against the config's dataset;
             False skips the check (say so where you report it); or a function `TrainConfig -> {'fid': ...}` of yours.
         quality_images: images each quality run trains on; None: the plan's (the benchmark's, `bench.PLAN`).
-        space: the knobs to search; None: every speed knob (add 'batch_size' to let the batch grow, the learning
-            rates scaled by the square root of the batch ratio).
+        space: the knobs to search; None: every speed knob and the penalties' intervals (`space.default_space`; add
+            'batch_size' to let the batch grow, the learning rates scaled by the square root of the batch ratio).
         plan: the measurement protocol, as changes to the benchmark's (`bench.PLAN`); None: the benchmark's.
         stop: an Event that ends tune between measurements (a panel's Stop button).
         progress: called with each line tune reports (the path table row by row, and what it is doing); default: print.

@@ -1,5 +1,6 @@
-"""tune's search space: every change of the speed knobs worth trying from a config on a device, likeliest gain
-first (`techniques.TECHNIQUES`' priors, in its order), each completed to a valid config."""
+"""tune's search space: every change of the speed knobs (and the lazy penalties' intervals) worth trying from a
+config on a device, likeliest gain first (`techniques.TECHNIQUES`' priors, in its order), each completed to a valid
+config."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,13 @@ from ..core.config import TrainConfig, speed_knobs
 from ..errors import ConfigError
 
 PRIOR = techniques.priors()  # knob: (cpu, cuda), the expected speed-up of each change on its own
+
+
+def default_space(batch_size: bool = False) -> tuple[str, ...]:
+    """The fields tune may change unless told otherwise: every speed knob, and the zero-centred penalties' intervals
+    (lazy R1 and R2: a change of what is computed, which only the quality phase keeps); batch_size only when asked
+    (`search_space` says why). Pass `config.speed_knobs()` as the space to keep every GAN setting as given."""
+    return (*speed_knobs(), *techniques.LAZY_FIELDS, *(("batch_size",) if batch_size else ()))
 
 
 @dataclass
@@ -67,8 +75,8 @@ def checkpointed(cfg: TrainConfig, cand: Candidate) -> Candidate | None:
 
 
 def allowed(change: dict, cfg: TrainConfig, space: tuple, cpu_tensors: bool = True) -> bool:
-    """Only speed knobs (and batch_size when in the space) may change, plus bce-sigmoid -> bce; at least one
-    field of the change must be in the space. With a dataset whose tensors are not on the CPU (`cpu_tensors`
+    """Only speed knobs and the fields in the space may change, plus bce-sigmoid -> bce; at least one field of the
+    change must be in the space. With a dataset whose tensors are not on the CPU (`cpu_tensors`
     False: `data.returns_cpu_tensors`), never workers or pinned memory (`loaders.make_loader` says why)."""
     fine = set(speed_knobs()) | set(space)
     ok = all(k in fine or (k == "loss" and cfg.loss == "bce-sigmoid" and v == "bce") for k, v in change.items())
@@ -79,7 +87,7 @@ def allowed(change: dict, cfg: TrainConfig, space: tuple, cpu_tensors: bool = Tr
 
 def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset: bool = False,
                  main_thread: bool = True, cpu_tensors: bool = True) -> tuple[list, list]:
-    """Every change of the speed knobs in `space` worth trying from `cfg` on `device`: each technique's candidates
+    """Every change of the fields in `space` worth trying from `cfg` on `device`: each technique's candidates
     (`techniques.TECHNIQUES`, which say what each offers and why a value is left out here), likeliest gain first
     (`PRIOR`; among equals, the list's order), each completed to a valid config (`complete`). batch_size is out of
     the default space: a bigger batch means fewer optimizer steps per image, so it changes what is learned, and the
@@ -88,7 +96,7 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
     Args:
         cfg: the config to start from.
         device: where it trains.
-        space: the fields tune may change (default: `config.speed_knobs`).
+        space: the fields tune may change (default: `default_space()`).
         own_dataset: a dataset of your own (it brings its own transforms).
         main_thread: False in a background thread, where CUDA graphs are refused.
         cpu_tensors: whether the dataset returns CPU tensors (workers and pinning need them: `loaders.make_loader`).
@@ -97,7 +105,7 @@ def search_space(cfg: TrainConfig, device: torch.device, space=None, own_dataset
     """
     from ..speed import check
 
-    space = tuple(space if space is not None else speed_knobs())
+    space = tuple(space if space is not None else default_space())
     where = techniques.Where(device=device, compile_ok="compile" not in space or bench.can_compile(device),
                              validated=lambda name: check.validated(name, device), main_thread=main_thread,
                              own_dataset=own_dataset, cpu_tensors=cpu_tensors, cores=os.cpu_count() or 1)

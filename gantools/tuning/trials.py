@@ -16,10 +16,11 @@ import torch
 
 from ..speed import bench, keep
 from ..core.checkpoint import ensure_writable
-from ..core.config import TrainConfig, speed_knobs
+from ..core.config import TrainConfig
 from ..core.recovery import is_out_of_memory
 from ..errors import ConfigError, GantoolsError
 from ..quick import QUICK
+from .space import default_space
 
 # Seconds to score one config (generate 2048 images, classifier features, FID and KID) on a small CPU (evidence:
 # docs/tune.md); less on a GPU, so the reserve errs long there. Used until a score has been timed.
@@ -40,8 +41,8 @@ class StopWhen:
 @dataclass(kw_only=True)
 class TuneOptions:
     """`tune`'s arguments (see `tuning.tune`), each checked when built, so bad input is refused before any work:
-    `plan` is completed from the benchmark's (`bench.plan_for`), `quality_images` from the plan, `space` from the
-    speed knobs, and `stop`, `progress` and `on_update` get their do-nothing defaults."""
+    `plan` is completed from the benchmark's (`bench.plan_for`), `quality_images` from the plan, `space` from
+    `space.default_space`, and `stop`, `progress` and `on_update` get their do-nothing defaults."""
 
     cfg: TrainConfig
     minutes: float = 15.0
@@ -65,11 +66,11 @@ class TuneOptions:
         self.device = resolve_device(self.cfg.device)
         if (self.generator is None) != (self.discriminator is None):
             raise ConfigError("pass both generator and discriminator, or neither (for the built-in DCGAN)")
-        self.space = tuple(self.space) if self.space is not None else speed_knobs()
-        unknown = [k for k in self.space if k not in speed_knobs() and k != "batch_size"]
+        self.space = tuple(self.space) if self.space is not None else default_space()
+        unknown = [k for k in self.space if k not in default_space(batch_size=True)]
         if unknown:
-            raise ConfigError(f"tune changes only speed knobs (and batch_size when asked); not {', '.join(unknown)}: "
-                              f"choose from {', '.join(speed_knobs())}, batch_size")
+            raise ConfigError(f"tune changes only speed knobs, the lazy penalties' intervals and batch_size; not "
+                              f"{', '.join(unknown)}: choose from {', '.join(default_space(batch_size=True))}")
         if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
             raise ConfigError(f"minutes={self.minutes!r}: give the time budget as a positive number of minutes")
         self.minutes = float(self.minutes)
