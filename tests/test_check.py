@@ -1,5 +1,6 @@
 """`python -m gantools check`: every technique on this machine, each verified; a broken one makes it fail."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
     names = [r["technique"] for r in result["rows"]]
     expected = ["fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
                 "accumulation, 2 micro-batches", "channels_last", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
-                "conditional", "warm-up + cosine schedule", "activation checkpointing",
+                "conditional", "warm-up + cosine schedule", "activation checkpointing", "R3GAN: rpgan, R1 + R2",
                 "DDP, 2 processes (gloo, CPU)"]
     assert [n for n in names if n != "compile default"] == expected
     assert result["ok"] is True and set(result) >= {"machine", "device", "torch", "date", "rows"}
@@ -37,6 +38,8 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
         assert all(row["checks"].values()), row
         if row["technique"] != names[-1]:  # one process: gradients into D watched, resume compared bit for bit
             assert row["checks"]["exact resume"] and row["checks"]["no gradients into frozen D"]
+    penalised = {"WGAN-GP, 2 D steps", "R1 lazy + EMA", "R3GAN: rpgan, R1 + R2"}
+    assert {r["technique"] for r in result["rows"] if "penalty applied" in r["checks"]} == penalised
     if "compile default" in names:  # wherever a C++ compiler is present, as on this project's machine
         assert next(r for r in result["rows"] if r["technique"] == "compile default")["checks"]["compiled graphs"] == 3
     assert "every technique works here" in out and "DDP, 2 processes (gloo, CPU)" in out
@@ -118,6 +121,45 @@ def test_on_cuda_a_dataset_returning_gpu_tensors_is_checked_with_the_defaults(gl
     assert len(data) == 64 and all(t.device.type == "meta" for t in data[0])
     loader = make_loader(data, TrainConfig(**check.BASE), torch.device("cuda")).loader
     assert loader.pin_memory is False and loader.num_workers == 0
+
+
+R3GAN_CUDA = ("R3GAN, fp16 + GradScaler", "R3GAN, bf16 autocast", "R3GAN + compile reduce-overhead")
+
+
+def test_r3gan_runs_everywhere_and_its_16_bit_and_compiled_rows_on_cuda_bf16_only_where_fast(monkeypatch):
+    r3gan = check.techniques(torch.device("cpu"), True)[check.R3GAN_ROW]
+    cfg = TrainConfig(**{**check.BASE, **r3gan}).validate()  # R3GAN's networks build at the check's sizes
+    assert (cfg.architecture, cfg.loss, cfg.r1_gamma > 0, cfg.r2_gamma > 0) == ("r3gan", "rpgan", True, True)
+    assert not set(R3GAN_CUDA) & set(check.techniques(torch.device("cpu"), True))
+    a100 = check.techniques(torch.device("cuda"), True, fast_bf16=True)
+    assert [[a100[name].get("precision"), a100[name].get("compile")] for name in R3GAN_CUDA] == [
+        ["fp16", None], ["bf16", None], [None, "reduce-overhead"]]
+    assert all(a100[name].items() >= r3gan.items() for name in R3GAN_CUDA)
+    t4 = check.techniques(torch.device("cuda"), True, fast_bf16=False)
+    assert "R3GAN, bf16 autocast" not in t4 and {"R3GAN, fp16 + GradScaler", check.R3GAN_ROW} <= set(t4)
+    # compiled, R3GAN's step needs one graph more than DCGAN's: D on real images under no_grad in G's step
+    assert check.expected_graphs(cfg.replace(compile="default")) == check.expected_graphs(TrainConfig()) + 1 == 4
+
+
+def test_a_penalty_that_overflows_every_step_fails_its_row(tmp_path, monkeypatch, glyphs64):
+    """With a GradScaler an inf penalty is logged as 0 and its D step skipped, so the losses stay finite: the row
+    must still fail. Played on the CPU with the GradScaler turned on for fp32, the relativistic loss with R1 + R2
+    on the check's DCGAN (cheaper than R3GAN's networks)."""
+    import gantools.core.step as step
+
+    real_scaler, real_grads = torch.amp.GradScaler, step.input_gradients
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: real_scaler(device, enabled=True))
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)  # the host syncs are counted with a scaler
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    cfg = TrainConfig(**check.BASE, loss="rpgan", r1_gamma=1.0, r2_gamma=1.0, out_dir=str(tmp_path)).validate()
+    row = check.check_technique(cfg, glyphs64, tmp_path / "scaled")
+    assert row["ok"] and row["checks"]["penalty applied"], row  # the scaled input gradients, unscaled
+    monkeypatch.setattr(step, "input_gradients", lambda *a: real_grads(*a) * math.inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the scale falling, as it should when every D step overflows
+        row = check.check_technique(cfg, glyphs64, tmp_path / "overflowing")
+    assert row["checks"]["finite losses"] and not row["checks"]["penalty applied"] and not row["ok"]
+    assert "penalty was 0 or overflowed" in row["reason"]
 
 
 FP16_ADAM = {"fp16 + Adam fused": "fused", "fp16 + Adam foreach": "foreach", "fp16 + Adam for-loop": "for-loop"}

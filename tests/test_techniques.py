@@ -199,13 +199,14 @@ def test_checks_rows_are_pinned():
     assert list(check.techniques(CPU, True)) == [
         "fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
         "accumulation, 2 micro-batches", "channels_last", "compile default", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
-        "conditional", "warm-up + cosine schedule", "activation checkpointing"]
+        "conditional", "warm-up + cosine schedule", "activation checkpointing", "R3GAN: rpgan, R1 + R2"]
     assert list(check.techniques(CUDA, False, fast_bf16=False)) == [
         "fp32", "fp16 autocast + GradScaler", "device loader", "DataLoader, 2 workers, pinned", "Adam fused",
         "Adam foreach", "fp16 + Adam fused", "fp16 + Adam foreach", "fp16 + Adam for-loop",
         "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
         "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "warm-up + cosine schedule",
-        "activation checkpointing", "WGAN-GP, fp16 + GradScaler", "WGAN-GP + compile reduce-overhead",
+        "activation checkpointing", "R3GAN: rpgan, R1 + R2", "WGAN-GP, fp16 + GradScaler",
+        "WGAN-GP + compile reduce-overhead", "R3GAN, fp16 + GradScaler", "R3GAN + compile reduce-overhead",
         check.CUDA_TENSORS]
 
 

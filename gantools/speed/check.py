@@ -4,16 +4,18 @@ minute or two, which techniques work with their driver, GPU and torch.
 
 For each technique's check rows that apply on the device (`Technique.checks`, in `techniques.TECHNIQUES`' order:
 `techniques.rows`), the GAN variants
-(WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN; on CUDA the
-penalty also with fp16 + GradScaler and with CUDA graphs), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
+(WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN, R3GAN:
+its networks, the relativistic loss, R1 and R2; on CUDA WGAN-GP's and R3GAN's penalties also with fp16 + GradScaler
+and with CUDA graphs, R3GAN's under bf16 where it is fast), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
 no host sync, so `gantools profile` must count none, its own synchronisations left out), a dataset of your own
 that returns its images already on the GPU (trained with the defaults: nothing pinned, no workers) and a real
 out-of-memory (`OOM_ROW`: told apart by `recovery.is_out_of_memory`, then training goes on), and DDP with
 2 processes (gloo on a CPU, NCCL where 2 GPUs exist) it checks:
-- every logged loss is finite;
+- every logged loss is finite, and a penalty of D (WGAN-GP's, R1, R2) was applied in the last logged steps;
 - no weight gradient reaches a frozen D in G's step (a gradient hook on D's weights, told the phase of the step);
 - torch.compile built no more graphs than the step needs (G once, plus once more without gradients when
-  accumulating; D twice: its inputs with and without gradients) and none after warm-up, and skipped no CUDA graphs;
+  accumulating; D twice: its inputs with and without gradients, and once more under no_grad for a paired loss)
+  and none after warm-up, and skipped no CUDA graphs;
 - on a CPU, resuming from a checkpoint gives bit-identical weights (the EMA generator's too) and losses (on a GPU
   kernels need not be deterministic, so there it is not required);
 - with a GradScaler (fp16, CUDA), the host syncs in the optimizer steps, counted and shown (`counting_syncs`): none
@@ -45,9 +47,11 @@ from ..core.checkpoint import atomic_write, load_checkpoint
 from ..core.config import TrainConfig, cli_flags, uses_cuda_graphs
 from ..core.data import ImageTensorDataset, data_root, render_glyphs
 from ..errors import ConfigError
-from ..measuring.hardware import SYNC_WARNING, machine_info
+from ..measuring.hardware import SYNC_WARNING, machine_info, supports_bf16
 from ..core.recovery import is_out_of_memory
 from ..core.history import METRICS
+from ..core.losses import LOSSES
+from ..core.validation import penalised
 from ..core.trainer import Trainer
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
@@ -59,6 +63,11 @@ PROFILE_ROW = "profile: no host syncs in the step"
 OOM_ROW = "out of memory told apart, then training again"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
 CUDA_TENSORS = "a dataset returning CUDA tensors"
+R3GAN_ROW = "R3GAN: rpgan, R1 + R2"
+# R3GAN's networks at BASE's sizes, its loss and both penalties at one gamma, as the paper trains it; half BASE's batch,
+# as its deeper networks and two double backwards make its step the check's slowest on a CPU (its rows then do not
+# cross an epoch: the DCGAN rows check that)
+R3GAN = {"architecture": "r3gan", "loss": "rpgan", "r1_gamma": 1.0, "r2_gamma": 1.0, "batch_size": 8}
 
 
 class DeviceTensors(torch.utils.data.Dataset):
@@ -94,9 +103,14 @@ def techniques(device: torch.device, compile_ok: bool, fast_bf16: bool | None = 
     rows["conditional"] = {"conditional": True}
     rows["warm-up + cosine schedule"] = {"lr_schedule": "cosine", "warmup_steps": 2}  # rates set each step, resumed
     rows["activation checkpointing"] = {"activation_checkpointing": "both"}  # recomputed blocks, BatchNorm exact
-    if cuda:  # the penalty's AMP recipe (scaled input gradients), and its eager D beside CUDA graphs
+    rows[R3GAN_ROW] = R3GAN  # its residual networks, the relativistic loss, R1 and R2 every step
+    if cuda:  # the penalties' AMP recipe (scaled input gradients), and their eager D beside CUDA graphs
         rows["WGAN-GP, fp16 + GradScaler"] = {"loss": "wgan-gp", "precision": "fp16"}
         rows["WGAN-GP + compile reduce-overhead"] = {"loss": "wgan-gp", "compile": "reduce-overhead"}
+        rows["R3GAN, fp16 + GradScaler"] = {**R3GAN, "precision": "fp16"}
+        if supports_bf16(device) if fast_bf16 is None else fast_bf16:  # as `techniques.rows` picks 16-bit rows
+            rows["R3GAN, bf16 autocast"] = {**R3GAN, "precision": "bf16"}
+        rows["R3GAN + compile reduce-overhead"] = {**R3GAN, "compile": "reduce-overhead"}
         rows[CUDA_TENSORS] = {}  # the defaults (pin_memory auto, no workers), on ROW_DATASETS' dataset
     return rows
 
@@ -110,9 +124,10 @@ def cuda_only(compile_ok: bool = True) -> list[str]:
 
 def expected_graphs(cfg: TrainConfig) -> int:
     """Graphs the step needs compiled: G (and G under no_grad when accumulating, or for the D steps before the last
-    of several), D on inputs without and with gradients (the D step, and the G step, where D's weights are frozen).
-    A penalty's D forward runs uncompiled (losses.input_gradients)."""
-    return 1 + (cfg.grad_accum_steps > 1 or cfg.d_steps > 1) + 2
+    of several), D on inputs without and with gradients (the D step, and the G step, where D's weights are frozen),
+    and for a paired loss D under no_grad in the G step (its scores on real images, constants to G). A penalty's D
+    forward runs uncompiled (losses.input_gradients)."""
+    return 1 + (cfg.grad_accum_steps > 1 or cfg.d_steps > 1) + 2 + LOSSES[cfg.loss].paired
 
 
 @contextlib.contextmanager
@@ -190,6 +205,10 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
     checks["finite losses"] = not bad
     if bad:
         problems.append(f"non-finite losses at step(s) {bad}")
+    if penalised(cfg):  # an fp16 penalty that overflows each time is logged as 0 while its D steps are skipped
+        checks["penalty applied"] = records[-1]["penalty"] > 0
+        if not checks["penalty applied"]:
+            problems.append("D's penalty was 0 or overflowed (its D steps skipped) in each of the last logged steps")
     checks["no gradients into frozen D"] = probe.leaks == 0
     if probe.leaks:
         problems.append(f"{probe.leaks} weight gradient(s) reached the frozen D in G's step")
