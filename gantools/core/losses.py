@@ -148,7 +148,7 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
     Mixed precision follows PyTorch's AMP examples, "Gradient penalty" (docs.pytorch.org/docs/stable/notes/
     amp_examples.html): D's forward runs under autocast; with fp16 the output is scaled by the GradScaler before
     `autograd.grad`, so small input gradients do not underflow in fp16, and the gradients are unscaled before the
-    penalty uses them. The recipe unscales with `1 / scaler.get_scale()`, a Python float read from the device: a
+    penalty uses them. What is scaled is D's mean output, as the recipe scales a loss (see the comment below). The recipe unscales with `1 / scaler.get_scale()`, a Python float read from the device: a
     host sync ("get_scale incurs a CPU-GPU sync", its docstring). Dividing by `scaler.scale(ones)`, the scale as a
     device tensor, unscales the same way with no sync. An overflow makes the gradients inf; the penalty and D's
     gradients are then inf too, and the scaler skips D's step and lowers its scale, as for any overflow. Without a
@@ -156,10 +156,15 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
     x = x.detach().requires_grad_(True)
     with autocast():
         out = d(x)
-    (grads,) = torch.autograd.grad(scaler.scale(out.float().sum()), x, create_graph=True)
-    if scaler.is_enabled():
-        grads = grads / scaler.scale(torch.ones((), device=x.device))
-    return grads
+    if not scaler.is_enabled():
+        (grads,) = torch.autograd.grad(out.float().sum(), x, create_graph=True)
+        return grads
+    # the scaled mean, as the AMP recipe scales a loss: the gradient reaching each of D's fp16 outputs is then
+    # scale / batch; the scaled sum would send the scale itself (2**16 at the start), past fp16's largest value
+    # (65504), so every fp16 run's first penalty would overflow. D scores each image on its own (no BatchNorm with a
+    # penalty), so the batch times the mean's gradient is the sum's.
+    (grads,) = torch.autograd.grad(scaler.scale(out.float().mean()), x, create_graph=True)
+    return grads * (out.shape[0] / scaler.scale(torch.ones((), device=x.device)))
 
 
 class GradientPenalty:
