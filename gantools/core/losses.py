@@ -148,9 +148,10 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
     Mixed precision follows PyTorch's AMP examples, "Gradient penalty" (docs.pytorch.org/docs/stable/notes/
     amp_examples.html): D's forward runs under autocast; with fp16 the output is scaled by the GradScaler before
     `autograd.grad`, so small input gradients do not underflow in fp16, and the gradients are unscaled before the
-    penalty uses them. What is scaled is D's mean output, as the recipe scales a loss (see the comment below). The recipe unscales with `1 / scaler.get_scale()`, a Python float read from the device: a
-    host sync ("get_scale incurs a CPU-GPU sync", its docstring). Dividing by `scaler.scale(ones)`, the scale as a
-    device tensor, unscales the same way with no sync. An overflow makes the gradients inf; the penalty and D's
+    penalty uses them. What is scaled is D's mean output, as the recipe scales a loss (see the comment below). The
+    recipe unscales with `1 / scaler.get_scale()`, a Python float read from the device: a host sync ("get_scale
+    incurs a CPU-GPU sync", its docstring). Dividing by `scaler.scale(ones)`, the scale as a device tensor, unscales
+    the same way with no sync. An overflow makes the gradients inf; the penalty and D's
     gradients are then inf too, and the scaler skips D's step and lowers its scale, as for any overflow. Without a
     scaler (fp32, bf16) the gradients are used as they come."""
     x = x.detach().requires_grad_(True)
