@@ -60,8 +60,8 @@ class MemoryWatch:
 
     def __init__(self, obs: Observations, running, compiled: bool):
         """`running()`: the network whose forward runs now (a `Model`, or None); `compiled`: torch.compile has
-        compiled code in this loop already."""
-        self.obs, self.device, self.compiled = obs, obs.device_in_use(), compiled
+        compiled code in this process (or a module of this loop compiled in place)."""
+        self.device, self.compiled = obs.device_in_use(), compiled
         self.modules = [m.module for m in obs.models.values() if m.module is not None]
         self.optimizers = [o.opt for o in obs.optimizers.values()]
         self.saved = None if compiled else SavedActivations(label=running, weights=self._weights())
