@@ -147,14 +147,15 @@ def test_a_penalty_that_overflows_every_step_fails_its_row(tmp_path, monkeypatch
     on the check's DCGAN (cheaper than R3GAN's networks)."""
     import gantools.core.step as step
 
-    real_scaler, real_grads = torch.amp.GradScaler, step.input_gradients
+    real_scaler, real_grads, real_at = torch.amp.GradScaler, step.input_gradients, step.gradients_at
     monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: real_scaler(device, enabled=True))
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)  # the host syncs are counted with a scaler
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
     cfg = TrainConfig(**check.BASE, loss="rpgan", r1_gamma=1.0, r2_gamma=1.0, out_dir=str(tmp_path)).validate()
     row = check.check_technique(cfg, glyphs64, tmp_path / "scaled")
     assert row["ok"] and row["checks"]["penalty applied"], row  # the scaled input gradients, unscaled
-    monkeypatch.setattr(step, "input_gradients", lambda *a: real_grads(*a) * math.inf)
+    monkeypatch.setattr(step, "input_gradients", lambda *a: real_grads(*a) * math.inf)  # a penalty's own forward
+    monkeypatch.setattr(step, "gradients_at", lambda *a: real_at(*a) * math.inf)  # or the loss's, shared
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the scale falling, as it should when every D step overflows
         row = check.check_technique(cfg, glyphs64, tmp_path / "overflowing")

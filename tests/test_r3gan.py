@@ -198,6 +198,47 @@ def test_the_preset_trains_through_the_trainer(tmp_path, glyphs64, accumulate):
     assert any(not torch.equal(v, weights(trainer.discriminator)[k]) for k, v in d_before.items())
 
 
+@pytest.mark.parametrize("changes, penalised", [
+    (dict(), 2), (dict(r1_interval=2, r2_interval=2), 1), (dict(grad_accum_steps=2), 4), (dict(d_steps=2), 4),
+    (dict(precision="bf16"), 2)])
+def test_r1_and_r2_reuse_the_loss_forward_and_give_d_the_gradients_of_a_forward_of_their_own(tmp_path, glyphs64,
+                                                                                             changes, penalised):
+    """Where D is called as it is (no compile, no DDP), R1 and R2 differentiate the outputs of D's loss forward
+    instead of running D again: two D forwards fewer for each penalised D micro-batch (`penalised` in 2 steps), and
+    the same gradients at every D step as with their own forward. gamma is large, so a penalty gradient lost on
+    either path would show far beyond the tolerance (gamma 0 is the check)."""
+    sizes = {k: TINY[k] for k in ("nz", "ngf", "ndf", "batch_size", "log_interval", "sample_interval")}
+    cfg = preset("r3gan", **sizes, steps=2, r1_gamma=10.0, r2_gamma=10.0, ema_decay=0.0, **changes)
+    grads, calls = {}, {}
+    for name, reuse, gamma in (("shared", True, 10.0), ("own", False, 10.0), ("none", True, 0.0)):
+        run = cfg.replace(r1_gamma=gamma, r2_gamma=gamma, out_dir=str(tmp_path / name))
+        if gamma == 0:
+            run = run.replace(r1_interval=1, r2_interval=1)
+        trainer = Trainer(run, dataset=glyphs64)
+        assert trainer.stepper.reuses_d_forward
+        trainer.stepper.reuses_d_forward = reuse
+        seen, counted = [], []
+        d = trainer.discriminator
+        trainer.stepper.parts.opt_d.register_step_pre_hook(
+            lambda *_: seen.append(torch.cat([q.grad.flatten() for q in d.parameters()])))
+        d.register_forward_hook(lambda *_: counted.append(1))
+        trainer.fit()
+        grads[name], calls[name] = torch.stack(seen), len(counted)
+    assert calls["own"] - calls["shared"] == 2 * penalised  # R1's forward on the reals, R2's on the fakes
+    tol = dict(rtol=2e-2, atol=1e-3) if changes.get("precision") == "bf16" else dict(rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grads["shared"], grads["own"], **tol)
+    # the first D step (same weights on every path, penalised in every setting): the penalty moves D's gradient
+    # far more than the two paths differ
+    penalty_part = (grads["none"][0] - grads["own"][0]).abs().max()
+    assert penalty_part > 10 * (grads["shared"][0] - grads["own"][0]).abs().max()
+
+
+def test_a_compiled_d_keeps_the_penalty_on_its_own_plain_forward(tmp_path, glyphs64):
+    sizes = {k: TINY[k] for k in ("nz", "ngf", "ndf", "batch_size", "log_interval", "sample_interval")}
+    trainer = Trainer(preset("r3gan", **sizes, steps=1, compile="default", out_dir=str(tmp_path)), dataset=glyphs64)
+    assert not trainer.stepper.reuses_d_forward  # compiled code has no double backward (losses.input_gradients)
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(architecture="stylegan"), "architecture='stylegan': choose one of dcgan, r3gan"),
     (dict(architecture="r3gan", image_size=28), "architecture='r3gan' is built for 32 or 64 px, not image_size=28"),
@@ -217,3 +258,15 @@ def test_each_impossible_r3gan_setting_is_one_clear_error(tiny, changes, message
     with pytest.raises(ConfigError) as e:
         tiny.replace(**changes).validate()
     assert message in str(e.value) and str(e.value).count("\n  - ") == 1
+
+
+def test_the_plain_loop_can_hold_r3gans_networks():
+    from gantools.workbook import tutorial
+
+    gan = tutorial.plain_gan("cpu", architecture="r3gan", nz=8, ngf=16, ndf=16, batch_size=4)
+    assert isinstance(gan.G, R3GANGenerator) and isinstance(gan.D, R3GANDiscriminator)
+    assert gan.D(gan.G(torch.randn(4, 8))).shape == (4,)
+    with pytest.raises(ValueError, match="its D has no normalisation layers"):
+        tutorial.plain_gan("cpu", architecture="r3gan", d_norm="layer")
+    with pytest.raises(ValueError, match="choose 'dcgan' or 'r3gan'"):
+        tutorial.plain_gan("cpu", architecture="stylegan")

@@ -157,6 +157,13 @@ def input_gradients(d, x: torch.Tensor, autocast, scaler: torch.amp.GradScaler) 
     x = x.detach().requires_grad_(True)
     with autocast():
         out = d(x)
+    return gradients_at(out, x, scaler)
+
+
+def gradients_at(out: torch.Tensor, x: torch.Tensor, scaler: torch.amp.GradScaler) -> torch.Tensor:
+    """grad_x of D's outputs `out` (computed from `x`, a leaf that requires grad) as a graph (`create_graph`),
+    AMP-correct as `input_gradients` says: the step calls it on the outputs of D's loss forward where that forward
+    can serve the penalty too (R1 at the real images, R2 at the fakes; as R3GAN's own code does), saving a forward."""
     if not scaler.is_enabled():
         (grads,) = torch.autograd.grad(out.float().sum(), x, create_graph=True)
         return grads

@@ -21,7 +21,9 @@ in the history is a G step. G's step judges the fakes of the last D step, as the
 Losses and penalties live in losses.py, the EMA of G in ema.py; the step calls them. A penalty's D forward runs
 through D's plain module (never compiled, never DDP-wrapped: `losses.input_gradients` says why) and its term joins
 D's loss in the one backward of that micro-batch, so accumulation, `no_sync` and DDP's all-reduce see it as part of
-D's gradient.
+D's gradient. Where the loss's own D forward is that plain module (no compile, no DDP), a penalty at the real or the
+fake images (R1, R2) reuses it: the images go in with their gradients kept, and the penalty differentiates the
+loss's outputs, one D forward fewer per penalty, as R3GAN's own code does (`reuses_d_forward`).
 
 Under torchrun (see distributed.py) both networks are wrapped in DistributedDataParallel and each process trains on
 its share of the global batch. In the G step D is called unwrapped: its weights are frozen there (or their gradients
@@ -39,7 +41,7 @@ from torch import nn
 
 from . import distributed
 from .history import METRICS
-from .losses import input_gradients
+from .losses import gradients_at, input_gradients
 from .network_checks import forward
 from .recovery import Rollback
 
@@ -121,6 +123,7 @@ class TrainStep:
         self.ddp_d = distributed.wrap(parts.discriminator, parts.device, parts.world)
         self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
         self.d_in_g_step = compiled(parts.discriminator) if parts.world.distributed else self.d
+        self.reuses_d_forward = self.d is parts.discriminator  # D's loss forward can serve R1 and R2 (see above)
 
     def __call__(self, *batches, first_d_index: int) -> None:
         """One optimizer step of G after one of D per batch (`d_steps` of them in training, each batch its own
@@ -192,12 +195,19 @@ class TrainStep:
         """D's loss and penalties on one micro-batch (weight `w` of the batch, `share` of the step), added to the
         metric sums and backpropagated. Returns (loss_d, d_real, d_fake)."""
         phase = self.label_phase
+        due = [p for p in self.parts.penalties if p.due(d_index)]
+        # R1 and R2 on the loss's forward; the fakes as the penalty's own forward takes them, in the reals' dtype
+        # (G's autocast output would make R2's input gradients 16-bit, unscaled in fp16)
+        shared = [p for p in due if getattr(p, "on", None) in ("real", "fake") and self.reuses_d_forward]
+        real_in = real.detach().requires_grad_(any(p.on == "real" for p in shared)) if shared else real
+        fake_in = fake.detach().to(real.dtype).requires_grad_(any(p.on == "fake" for p in shared))
         with phase("D forward"):
             with self.parts.autocast():
-                out_real = forward(self.d, real, labels).float()
-                out_fake = forward(self.d, fake.detach(), labels).float()
+                out_real = forward(self.d, real_in, labels).float()
+                out_fake = forward(self.d, fake_in, labels).float()
             loss = self.parts.loss.d(out_real, out_fake)
-        penalty = self._penalty(real, fake, labels, mix, d_index)
+        at = {"real": (out_real, real_in), "fake": (out_fake, fake_in)}
+        penalty = self._penalty(real, fake, labels, mix, due, {p: at[p.on] for p in shared})
         logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
         if penalty is not None and self.parts.scaler_d.is_enabled():
             # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
@@ -215,16 +225,18 @@ class TrainStep:
             self.parts.scaler_d.scale(loss * w).backward()
         return loss, d_real, d_fake
 
-    def _penalty(self, real, fake, labels, mix, d_index: int):
-        """The sum of D's penalties due at this D step (None when none is), each on D's gradient with respect to
-        its input, taken through D's plain module (`losses.input_gradients`: AMP-correct, no host sync)."""
+    def _penalty(self, real, fake, labels, mix, due: list, shared: dict):
+        """The sum of the penalties `due` at this D step (None when none is), each on D's gradient with respect to
+        its input (AMP-correct, no host sync): of the loss forward's outputs where `shared` holds them (penalty ->
+        (outputs, inputs)), else through a forward of D's plain module (`losses.input_gradients`)."""
         total = None
-        for penalty in self.parts.penalties:
-            if not penalty.due(d_index):
-                continue
+        for penalty in due:
             with self.label_phase("D penalty"):
-                grads = input_gradients(lambda x: forward(self.parts.discriminator, x, labels),
-                                        penalty.points(real, fake, mix), self.parts.autocast, self.parts.scaler_d)
+                if penalty in shared:
+                    grads = gradients_at(*shared[penalty], self.parts.scaler_d)
+                else:
+                    grads = input_gradients(lambda x: forward(self.parts.discriminator, x, labels),
+                                            penalty.points(real, fake, mix), self.parts.autocast, self.parts.scaler_d)
                 with self.parts.autocast():  # computed under autocast, as PyTorch's AMP recipe does
                     term = penalty(grads).float()
             total = term if total is None else total + term

@@ -15,6 +15,7 @@ from ..core.data import make_dataset
 from ..measuring.hardware import Timer, resolve_device, seeded
 from ..measuring.turns import SAME, Contender, Spread, take_turns
 from ..core.models import build_dcgan
+from ..core.r3gan import build_r3gan
 from ..core.sampling import generate
 
 
@@ -45,15 +46,23 @@ def tutorial_size() -> dict:
 
 
 def plain_gan(device="auto", seed: int = 0, optimizer: Callable = adam, batches: Iterator | None = None,
-              d_norm: str = "batch", **size) -> PlainGAN:
-    """A fresh DCGAN pair (initialised from `seed`, without touching the caller's random numbers), an optimizer
-    for each built by `optimizer(params)`, and `batches` (default: `device_batches`). `d_norm`: D's normalisation,
-    DCGAN's BatchNorm or 'layer' (per image, for a gradient penalty) or 'none'. `size` overrides nz, ngf, ndf,
-    batch_size."""
+              d_norm: str | None = None, architecture: str = "dcgan", **size) -> PlainGAN:
+    """A fresh pair of networks (initialised from `seed`, without touching the caller's random numbers), an
+    optimizer for each built by `optimizer(params)`, and `batches` (default: `device_batches`). `architecture`:
+    'dcgan' or 'r3gan' (R3GAN's residual networks, which have no normalisation). `d_norm`: DCGAN's D
+    normalisation, its BatchNorm (None, the default) or 'layer' (per image, for a gradient penalty) or 'none'.
+    `size` overrides nz, ngf, ndf, batch_size."""
+    if architecture not in ("dcgan", "r3gan"):
+        raise ValueError(f"architecture={architecture!r}: choose 'dcgan' or 'r3gan'")
+    if architecture == "r3gan" and d_norm is not None:
+        raise ValueError(f"d_norm={d_norm!r} with architecture='r3gan': its D has no normalisation layers")
     size = {**tutorial_size(), **size}
     device = resolve_device(device) if isinstance(device, str) else device
     with seeded(seed):
-        G, D = build_dcgan(32, 1, size["nz"], size["ngf"], size["ndf"], d_norm=d_norm)
+        if architecture == "r3gan":
+            G, D = build_r3gan(32, 1, size["nz"], size["ngf"], size["ndf"])
+        else:
+            G, D = build_dcgan(32, 1, size["nz"], size["ngf"], size["ndf"], d_norm=d_norm or "batch")
     G, D = G.to(device), D.to(device)
     batches = batches if batches is not None else device_batches(size["batch_size"], device, seed)
     return PlainGAN(G, D, optimizer(G.parameters()), optimizer(D.parameters()), batches, size["nz"], device)
