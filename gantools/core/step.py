@@ -199,8 +199,9 @@ class TrainStep:
         # R1 and R2 on the loss's forward; the fakes as the penalty's own forward takes them, in the reals' dtype
         # (G's autocast output would make R2's input gradients 16-bit, unscaled in fp16)
         shared = [p for p in due if getattr(p, "on", None) in ("real", "fake") and self.reuses_d_forward]
-        real_in = real.detach().requires_grad_(any(p.on == "real" for p in shared)) if shared else real
-        fake_in = fake.detach().to(real.dtype).requires_grad_(any(p.on == "fake" for p in shared))
+        on = {p.on for p in shared}
+        real_in = real.detach().requires_grad_(True) if "real" in on else real
+        fake_in = fake.detach().to(real.dtype).requires_grad_(True) if "fake" in on else fake.detach()
         with phase("D forward"):
             with self.parts.autocast():
                 out_real = forward(self.d, real_in, labels).float()

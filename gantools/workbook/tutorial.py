@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from ..core.config import ARCHITECTURES
 from ..core.data import make_dataset
 from ..measuring.hardware import Timer, resolve_device, seeded
 from ..measuring.turns import SAME, Contender, Spread, take_turns
@@ -52,8 +53,8 @@ def plain_gan(device="auto", seed: int = 0, optimizer: Callable = adam, batches:
     'dcgan' or 'r3gan' (R3GAN's residual networks, which have no normalisation). `d_norm`: DCGAN's D
     normalisation, its BatchNorm (None, the default) or 'layer' (per image, for a gradient penalty) or 'none'.
     `size` overrides nz, ngf, ndf, batch_size."""
-    if architecture not in ("dcgan", "r3gan"):
-        raise ValueError(f"architecture={architecture!r}: choose 'dcgan' or 'r3gan'")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture={architecture!r}: choose {' or '.join(map(repr, ARCHITECTURES))}")
     if architecture == "r3gan" and d_norm is not None:
         raise ValueError(f"d_norm={d_norm!r} with architecture='r3gan': its D has no normalisation layers")
     size = {**tutorial_size(), **size}
