@@ -1,4 +1,5 @@
 """Shared fixtures: tiny configs and datasets so the whole suite runs in minutes on a 2-core CPU."""
+import functools
 import os
 import shutil
 import signal
@@ -26,6 +27,23 @@ CHROMIUM_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable
 @pytest.fixture(autouse=True)
 def _quiet_threads():
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_with_fast_bf16(request, monkeypatch):
+    """Every test but those marked `slow_bf16` sees a CPU with native bf16 (AVX512-BF16 or AMX), whatever CPU runs
+    the suite: what the tools propose on a CPU depends on it (`hardware.fast_bf16`), and the specifications must not
+    change with the machine CI draws. The tests of a CPU without it say so with the mark."""
+    from gantools.measuring import hardware
+
+    fast = request.node.get_closest_marker("slow_bf16") is None
+    real = hardware.fast_bf16
+
+    @functools.wraps(real)  # the real one stays at `hardware.fast_bf16.__wrapped__`
+    def pinned(device):
+        return fast if device.type == "cpu" else real(device)
+
+    monkeypatch.setattr(hardware, "fast_bf16", pinned)
 
 
 @pytest.fixture(autouse=True)

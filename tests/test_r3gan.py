@@ -228,9 +228,11 @@ def test_r1_and_r2_reuse_the_loss_forward_and_give_d_the_gradients_of_a_forward_
     tol = dict(rtol=2e-2, atol=1e-3) if changes.get("precision") == "bf16" else dict(rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(grads["shared"], grads["own"], **tol)
     # the first D step (same weights on every path, penalised in every setting): the penalty moves D's gradient
-    # far more than the two paths differ
+    # more than the two paths differ (bf16 rounds each path's sums differently, by CPU: emulated or native bf16),
+    # and a path that lost it would fail the same tolerance
     penalty_part = (grads["none"][0] - grads["own"][0]).abs().max()
-    assert penalty_part > 10 * (grads["shared"][0] - grads["own"][0]).abs().max()
+    assert penalty_part > 4 * (grads["shared"][0] - grads["own"][0]).abs().max()
+    assert not torch.allclose(grads["none"][0], grads["own"][0], **tol)
 
 
 def test_a_compiled_d_keeps_the_penalty_on_its_own_plain_forward(tmp_path, glyphs64):

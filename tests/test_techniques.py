@@ -131,6 +131,29 @@ def test_the_ladder_benchmarks_bf16_where_the_gpu_has_it_and_fp16_with_a_gradsca
     assert steps["all together"]["loss"] == "bce"  # the reference's Sigmoid + BCELoss is unsafe in 16-bit
 
 
+@pytest.mark.slow_bf16
+def test_a_cpu_without_native_bf16_measures_bf16_but_neither_joins_it_to_all_together_nor_proposes_it():
+    """Emulated bf16 runs a GAN step many times slower than fp32 (docs/profiling.md): the ladder still measures its
+    row, but 'all together' and max throughput stay in fp32, and the profiler's verdict passes on to the next fix."""
+    steps = bench.ladder(CPU, False)
+    assert "bf16 autocast" in steps and "precision" not in steps["all together"]
+    assert "precision" not in steps["max throughput (batch x2)"]
+    report = ProfileReport("cpu", 5, 128, 100.0, 100.0, {"data wait": 0.0}, 100.0,
+                           top_ops=[("aten::convolution", 80.0)])
+    assert diagnose(report, TrainConfig(loss="bce-sigmoid")).fix.get("precision") is None
+
+
+@pytest.mark.parametrize("flags, fast", [((False, False), False), ((True, False), True), ((False, True), True)])
+def test_a_cpu_has_fast_bf16_only_with_avx512_bf16_or_amx(monkeypatch, flags, fast):
+    """`hardware.fast_bf16` itself (the suite pins its answer: tests/conftest.py) reads the CPU's flags through
+    torch.cpu; bf16 autocast runs on the CPU either way."""
+    from gantools.measuring import hardware
+
+    for name, value in zip(("_is_avx512_bf16_supported", "_is_amx_tile_supported"), flags):
+        monkeypatch.setattr(torch.cpu, name, lambda value=value: value, raising=False)
+    assert hardware.fast_bf16.__wrapped__(CPU) is fast and hardware.supports_bf16(CPU)
+
+
 @pytest.mark.parametrize("gpu", GPUS, indirect=True)
 def test_the_verdict_proposes_the_16_bit_precision_the_gpu_has(gpu):
     report = ProfileReport("cuda", 5, 128, 100.0, 100.0, {"data wait": 0.0}, 100.0,

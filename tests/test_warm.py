@@ -87,6 +87,29 @@ def test_a_trainer_starts_from_the_warm_start_and_a_mismatched_one_is_refused(st
         start.load_into(Trainer(cfg.replace(ngf=16), dataset=glyphs64))
 
 
+def test_a_start_taken_from_a_trained_run_goes_on_from_its_weights_and_moments_in_each_arm(tmp_path, glyphs64):
+    """`WarmStart.of_run`: arms go on from an R3GAN run of this kernel, each with its own copy, and training the run
+    further after taking it leaves the start as it was."""
+    cfg = TrainConfig(architecture="r3gan", loss="rpgan", nz=8, ngf=8, ndf=8, batch_size=16, steps=2, log_interval=1,
+                      sample_interval=0, checkpoint_interval=0, loader="device", out_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="has not taken a step"):
+        warm.WarmStart.of_run(Trainer(cfg, dataset=glyphs64))
+    run = Trainer(cfg, dataset=glyphs64)
+    run.fit()
+    start = warm.WarmStart.of_run(run)
+    weights = {k: v.clone() for k, v in run.generator.state_dict().items()}
+    moment = run.opt_d.state[next(run.discriminator.parameters())]["exp_avg"].clone()
+    assert start.steps == 2 and start.key["architecture"] == "r3gan" and str(tmp_path / "run") in start.describe()
+    run.fit(2)  # the run goes on: the start keeps the weights it was taken at
+    arm = Trainer(cfg.replace(out_dir=str(tmp_path / "arm")), dataset=glyphs64)
+    start.load_into(arm)
+    assert all(torch.equal(p, weights[k]) for k, p in arm.generator.state_dict().items())
+    assert any(not torch.equal(p, weights[k]) for k, p in run.generator.state_dict().items()), "the run trained on"
+    assert torch.equal(arm.opt_d.state[next(arm.discriminator.parameters())]["exp_avg"], moment)
+    plain = start.gan("cpu", batches=iter(()))  # the tutorial's loop holds R3GAN's networks too
+    assert all(torch.equal(p, weights[k]) for k, p in plain.G.state_dict().items())
+
+
 def test_train_side_by_side_starts_every_run_from_the_start(tmp_path):
     loaded = []
 

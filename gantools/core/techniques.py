@@ -258,6 +258,8 @@ def _fix_precision(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | Non
     Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too."""
     if bottleneck != "compute-bound" or cfg.precision != "fp32":
         return None
+    if not where.cuda and not hardware.fast_bf16(where.device):  # emulated bf16 runs slower than fp32
+        return None
     half = hardware.autocast_precision(where.device)
     return Fix(change={"precision": half, **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})},
                text="bf16 autocast" if half == "bf16" else "fp16 autocast + GradScaler (no fast bf16 on this GPU)")
@@ -391,11 +393,13 @@ def priors() -> dict[str, tuple]:
 
 def rows(kind: str, device: torch.device, compile_ok: bool, fast_bf16: bool | None = None) -> list[Row]:
     """The benchmark's (`kind='ladder'`) or the check's (`kind='checks'`) rows that apply on `device`, in order, each
-    with `together` decided for this device (a 16-bit row only with the device's own 16-bit precision). `fast_bf16`
-    answers `hardware.supports_bf16` for a device that is not here (the rows a GPU would run, listed on a CPU)."""
+    with `together` decided for this device (a 16-bit row only with the device's own fast 16-bit precision: none on
+    a CPU without native bf16, `hardware.fast_bf16`). `fast_bf16` answers `hardware.supports_bf16` and
+    `hardware.fast_bf16` for a device that is not here (the rows a GPU would run, listed on a CPU)."""
     bf16 = hardware.supports_bf16(device) if fast_bf16 is None else fast_bf16
+    fast = hardware.fast_bf16(device) if fast_bf16 is None else fast_bf16
     have = {None: True, "compile": compile_ok, "bf16": bf16}
-    own = ("fp32", "bf16" if bf16 else "fp16")
+    own = ("fp32", ("bf16" if fast else "fp32") if bf16 else "fp16")  # a CPU without native bf16: fp32 together
     return [dataclasses.replace(row, together=row.together and row.change.get("precision", "fp32") in own)
             for t in TECHNIQUES for row in getattr(t, kind)
             if device.type in (row.devices or t.devices) and have[row.needs]]

@@ -45,6 +45,21 @@ def supports_bf16(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 autocast is faster than fp32 on `device`, not only possible (`supports_bf16`). On CUDA the same
+    answer (Ampere and newer). On a CPU only with native bf16 instructions, AVX512-BF16 or AMX tiles (Cooper Lake,
+    Sapphire Rapids, Zen 4 and newer): without them oneDNN converts each bf16 tensor to fp32 and back around fp32
+    arithmetic, and a GAN step runs many times slower than in fp32 (the evidence: docs/profiling.md, "bf16 on a CPU").
+    torch.cpu's `_is_avx512_bf16_supported` and `_is_amx_tile_supported` read the CPU's flags through cpuinfo, as
+    torch's own CPU autocast tests do; where a torch lacks one, it counts as absent."""
+    if device.type == "cuda":
+        return supports_bf16(device)
+    if device.type != "cpu":
+        return False
+    return any(getattr(torch.cpu, check, lambda: False)()
+               for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
 def autocast_precision(device: torch.device) -> str:
     """The 16-bit precision to train in on `device`: 'bf16' where it is fast (`supports_bf16`: every CPU, Ampere and
     newer GPUs), else 'fp16' (a T4, V100 or P100), which the trainer pairs with a GradScaler per network. What the
@@ -170,6 +185,7 @@ def machine_info(device: torch.device | str = "auto") -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "bf16": supports_bf16(device),
+        "fast_bf16": fast_bf16(device),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -30,7 +30,7 @@ from ..core import distributed, techniques
 from ..core.config import TrainConfig, cli_flags, preset, scale_batch
 from ..errors import ConfigError, GantoolsError, ScalingCrash, Stopped
 from ..measuring.clock import logged_seconds
-from ..measuring.hardware import autocast_precision, machine_info, resolve_device
+from ..measuring.hardware import autocast_precision, fast_bf16, machine_info, resolve_device
 from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
 from ..quick import QUICK
 from .keep import QUALITY_TARGET
@@ -297,8 +297,9 @@ def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = 
     measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
     peak = peak_flops(dev)
     half = autocast_precision(dev)  # a GPU without fast bf16 has fast fp16
-    matmul = {"fp32": matmul_peak(dev, torch.float32),
-              half: matmul_peak(dev, torch.bfloat16 if half == "bf16" else torch.float16)}
+    matmul = {"fp32": matmul_peak(dev, torch.float32)}
+    if dev.type == "cuda" or fast_bf16(dev):  # emulated bf16 is never the peak, and its matmul takes minutes
+        matmul[half] = matmul_peak(dev, torch.bfloat16 if half == "bf16" else torch.float16)
     reference = measured[next(iter(measured))].images_per_sec
     rows, trainers = {}, {name: m.subject for name, m in measured.items()}
     for name, m in measured.items():
@@ -334,14 +335,17 @@ def markdown(result: dict) -> str:
     head = ["variant", "images/s", "spread", "vs reference", "peak tensor MB", "warm-up s", "TFLOP/s", "of matmul peak",
             "MFU"]
     head += ["FID", "KID", "classes"] if quality else []
-    half = next(k for k in result["measured_matmul_flops"] if k != "fp32")  # the device's 16-bit precision
+    peaks = result["measured_matmul_flops"]
+    half = next((k for k in peaks if k != "fp32"), None)  # the device's 16-bit precision, where it is fast
+    measured = (f"{peaks['fp32'] / 1e12:.2f} TFLOP/s in fp32 and {peaks[half] / 1e12:.2f} in {half} (\"of matmul "
+                "peak\": a row's TFLOP/s against the faster of the two)" if half else
+                f"{peaks['fp32'] / 1e12:.2f} TFLOP/s in fp32 (\"of matmul peak\": a row's TFLOP/s against it; this CPU "
+                "has no native bf16, so its emulated bf16 is not measured)")
     lines = [f"{m['device_name']} ({m['device']}), torch {m['torch']}, {result['date']}, preset {result['size']}: "
              f"DCGAN {result['config']['image_size']} px, {result['config']['channels']} ch, "
              f"{result['config']['dataset']}, batch {result['config']['batch_size']}, median of "
-             f"{result['plan']['repeats']} interleaved repeats. A large square matmul runs here at "
-             f"{result['measured_matmul_flops']['fp32'] / 1e12:.2f} TFLOP/s in fp32 and "
-             f"{result['measured_matmul_flops'][half] / 1e12:.2f} in {half} (\"of matmul peak\": a row's TFLOP/s "
-             f"against the faster of the two); MFU is against the GPU's published bf16 dense peak.", "",
+             f"{result['plan']['repeats']} interleaved repeats. A large square matmul runs here at {measured}; MFU "
+             "is against the GPU's published bf16 dense peak.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         cells = [r["variant"], f"{r['images_per_sec']:.0f}", f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f}",

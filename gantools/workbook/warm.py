@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..core.checkpoint import atomic_save
+from ..core.config import discriminator_norm
 from ..core.data import GLYPHS_VERSION
 from ..core.metrics import CLASSIFIER_VERSION
 from ..errors import ConfigError
@@ -44,8 +45,26 @@ class WarmStart:
     classes_covered: int | None
     fid: float | None
     seconds: float
-    path: Path
+    path: Path | None
     loaded: bool = False
+    origin: str = ""  # a run of this kernel it was taken from (`of_run`), where it is not a cached warm start
+
+    @classmethod
+    def of_run(cls, trainer) -> "WarmStart":
+        """A start taken from a gantools run trained in this kernel (a CPU copy of its networks and Adam moments,
+        at its last step): so arms can go on from a generator that already draws its classes, e.g. an architecture
+        with no cached warm start, to race a change where quality can be judged. Its coverage and FID are the run's
+        last scores."""
+        cfg, summary = trainer.cfg, trainer.history.summary()
+        if not trainer.step:
+            raise ConfigError("a start is taken from a run that has trained; this one has not taken a step yet")
+        key = {"data": f"{cfg.dataset}-{cfg.image_size}px-{cfg.channels}ch", "architecture": cfg.architecture,
+               "nz": cfg.nz, "ngf": cfg.ngf, "ndf": cfg.ndf, "batch_size": cfg.batch_size,
+               "d_norm": discriminator_norm(cfg), "seed": cfg.seed, "min_classes": MIN_CLASSES}
+        state = _to_cpu({"G": trainer.generator.state_dict(), "D": trainer.discriminator.state_dict(),
+                         "opt_g": trainer.opt_g.state_dict(), "opt_d": trainer.opt_d.state_dict()})
+        return cls(key, state, trainer.step, summary.get("classes_covered"), summary.get("fid"), 0.0, None,
+                   origin=cfg.out_dir)
 
     @property
     def judged(self) -> bool:
@@ -58,8 +77,10 @@ class WarmStart:
         there) holding a copy of the start's networks, and of its Adam moments when `optimizer` is Adam or AdamW
         (any other optimizer starts its state afresh; its own learning rate and betas are always kept)."""
         size = {k: self.key[k] for k in ("nz", "ngf", "ndf")}
+        architecture = self.key.get("architecture", "dcgan")  # cached starts are DCGAN's; `of_run` names its own
         gan = tutorial.plain_gan(device, self.key["seed"] if seed is None else seed, optimizer, batches,
-                                 self.key["d_norm"], batch_size=batch_size or self.key["batch_size"], **size)
+                                 None if architecture == "r3gan" else self.key["d_norm"],
+                                 architecture, batch_size=batch_size or self.key["batch_size"], **size)
         self._copy_into(gan.G, gan.D, gan.opt_g, gan.opt_d)
         return gan
 
@@ -93,14 +114,19 @@ class WarmStart:
 
     def describe(self) -> str:
         """One sentence for a notebook: how far the start got, and whether quality can be judged from it."""
-        where = f"read from {self.path}" if self.loaded else f"trained in {self.seconds / 60:.1f} min, cached in " \
-                                                             f"{self.path}"
-        if self.classes_covered is None:
+        if self.origin:
+            where = f"the run in {self.origin}, at its last step"
+        elif self.loaded:
+            where = f"read from {self.path}"
+        else:
+            where = f"trained in {self.seconds / 60:.1f} min, cached in {self.path}"
+        if self.classes_covered is None or self.fid is None:
             return f"Warm start: {self.steps} steps ({where}); quick mode, so quality is not judged."
         drawn = f"its G draws {self.classes_covered} of 10 classes (FID {self.fid:.1f})"
         verdict = ("quality is compared from here" if self.judged else
                    f"fewer than {self.key['min_classes']}, so quality is not judged from it")
-        return f"Warm start: {self.steps} steps of the tutorial's loop ({where}); {drawn}: {verdict}."
+        loop = "gantools' trainer" if self.origin else "the tutorial's loop"
+        return f"Warm start: {self.steps} steps of {loop} ({where}); {drawn}: {verdict}."
 
     def _repr_markdown_(self) -> str:
         return self.describe()
