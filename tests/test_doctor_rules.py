@@ -162,6 +162,19 @@ def test_findings_are_ranked_by_estimated_gain():
     assert found[0].estimated_speedup == pytest.approx(100 / 60) and found[2].estimated_speedup is None
 
 
+@pytest.mark.slow_bf16
+def test_a_cpu_without_native_bf16_gets_no_autocast_advice():
+    """Emulated bf16 runs slower than fp32 (docs/profiling.md): the doctor proposes no 16-bit autocast there."""
+    import torch
+
+    from gantools.doctor.analysis import machine_facts
+
+    facts = machine_facts(torch.device("cpu"))
+    assert facts.bf16 and not facts.fast16  # it runs, and it is slow
+    r = FIRES["fp32-convolutions"][0]
+    assert rules.fp32_convolutions(r, CPU) is not None and rules.fp32_convolutions(r, facts) is None
+
+
 def test_the_machine_facts_shape_the_advice():
     r = FIRES["fp32-convolutions"][0]
     assert "bfloat16" in rules.fp32_convolutions(r, A100).change

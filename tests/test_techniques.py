@@ -141,6 +141,8 @@ def test_a_cpu_without_native_bf16_measures_bf16_but_neither_joins_it_to_all_tog
     report = ProfileReport("cpu", 5, 128, 100.0, 100.0, {"data wait": 0.0}, 100.0,
                            top_ops=[("aten::convolution", 80.0)])
     assert diagnose(report, TrainConfig(loss="bce-sigmoid")).fix.get("precision") is None
+    offers = techniques.by_knob("precision").candidates(TrainConfig(), techniques.Where(device=CPU, cores=2))
+    assert {o.value: o.why for o in offers}["bf16"].startswith("no native bf16"), "tune lists bf16 as skipped"
 
 
 @pytest.mark.parametrize("flags, fast", [((False, False), False), ((True, False), True), ((False, True), True)])

@@ -91,13 +91,15 @@ def test_a_start_taken_from_a_trained_run_goes_on_from_its_weights_and_moments_i
     """`WarmStart.of_run`: arms go on from an R3GAN run of this kernel, each with its own copy, and training the run
     further after taking it leaves the start as it was."""
     cfg = TrainConfig(architecture="r3gan", loss="rpgan", nz=8, ngf=8, ndf=8, batch_size=16, steps=2, log_interval=1,
-                      sample_interval=0, checkpoint_interval=0, loader="device", out_dir=str(tmp_path / "run"))
+                      sample_interval=0, checkpoint_interval=0, loader="device", ema_decay=0.5,
+                      out_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match="has not taken a step"):
         warm.WarmStart.of_run(Trainer(cfg, dataset=glyphs64))
     run = Trainer(cfg, dataset=glyphs64)
     run.fit()
     start = warm.WarmStart.of_run(run)
     weights = {k: v.clone() for k, v in run.generator.state_dict().items()}
+    averaged = {k: v.clone() for k, v in run.ema.state_dict().items()}  # what the run's scores came from
     moment = run.opt_d.state[next(run.discriminator.parameters())]["exp_avg"].clone()
     assert start.steps == 2 and start.key["architecture"] == "r3gan" and str(tmp_path / "run") in start.describe()
     run.fit(2)  # the run goes on: the start keeps the weights it was taken at
@@ -106,6 +108,9 @@ def test_a_start_taken_from_a_trained_run_goes_on_from_its_weights_and_moments_i
     assert all(torch.equal(p, weights[k]) for k, p in arm.generator.state_dict().items())
     assert any(not torch.equal(p, weights[k]) for k, p in run.generator.state_dict().items()), "the run trained on"
     assert torch.equal(arm.opt_d.state[next(arm.discriminator.parameters())]["exp_avg"], moment)
+    assert all(torch.equal(v, averaged[k]) for k, v in arm.ema.state_dict().items()), "the arm's average is the run's"
+    assert any(not torch.equal(v, weights[k.removeprefix("module.")]) for k, v in averaged.items()
+               if k.removeprefix("module.") in weights), "the average differs from G, so the check above could fail"
     plain = start.gan("cpu", batches=iter(()))  # the tutorial's loop holds R3GAN's networks too
     assert all(torch.equal(p, weights[k]) for k, p in plain.G.state_dict().items())
 

@@ -30,10 +30,11 @@ BOTH = ("cpu", "cuda")
 class Row:
     """A named config change that exercises a technique: a row of the benchmark ladder or of `gantools check`.
     `devices` narrows the technique's own; `needs` names what the machine must have besides: "compile" (a compiler
-    torch.compile can use) or "bf16" (fast bf16: `hardware.supports_bf16`; validation refuses it elsewhere);
+    torch.compile can use) or "bf16" (bf16 runs: `hardware.supports_bf16`; validation refuses it elsewhere);
     `together` puts the change into the ladder's 'all together' (not pinned memory, which the device loader leaves
     nothing to do). A row that sets a 16-bit precision joins 'all together' only where that precision is the
-    device's own (`hardware.autocast_precision`): bf16, or fp16 on a GPU without fast bf16 (`rows` decides it)."""
+    device's own and fast (`hardware.autocast_precision`, `hardware.fast_bf16`): bf16, fp16 on a GPU without fast
+    bf16, none on a CPU without native bf16 (`rows` decides it)."""
 
     name: str
     change: dict
@@ -143,11 +144,14 @@ NOT_CPU_TENSORS = "your dataset's tensors are not on the CPU: "
 
 def _precision(cfg: TrainConfig, where: Where) -> list:
     """16-bit autocast from fp32: the device's own 16-bit precision (`hardware.autocast_precision`); fp16 never on
-    a CPU."""
+    a CPU, and bf16 there only with native bf16 (`hardware.fast_bf16`)."""
     if cfg.precision != "fp32":
         return []
-    cpu = [] if where.cuda else [Offer("precision", "fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)")]
-    return [*cpu, Offer("precision", hardware.autocast_precision(where.device))]
+    if where.cuda:
+        return [Offer("precision", hardware.autocast_precision(where.device))]
+    slow = None if hardware.fast_bf16(where.device) else "no native bf16 on this CPU: emulated, slower than fp32"
+    return [Offer("precision", "fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)"),
+            Offer("precision", "bf16", slow)]
 
 
 def _transform(cfg: TrainConfig, where: Where) -> list:

@@ -29,7 +29,8 @@ class MachineFacts:
 
     cuda: bool = False                      # the loop ran on a CUDA device
     compute_capability: tuple | None = None  # (major, minor) of that GPU
-    bf16: bool = True                       # bf16 autocast is fast there (hardware.supports_bf16)
+    bf16: bool = True                       # bf16 autocast runs there (hardware.supports_bf16), else fp16
+    fast16: bool = True                     # 16-bit autocast beats fp32 there (a CPU: hardware.fast_bf16)
     workers: int = 1                        # DataLoader workers to suggest (profiling.suggested_workers)
     cudnn_benchmark: bool = False           # torch.backends.cudnn.benchmark
     tf32: bool = False                      # TF32 matmuls on (hardware.tf32_matmuls)
@@ -251,8 +252,8 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     compute = r.compute_share * r.device_busy_ms
     fp32 = _fp32_outputs(r)
     gain16 = amdahl(step, compute / 2)
-    if not (fp32 and not r.settings["autocast"] and gain16 >= MIN_GAIN):
-        return None
+    if not (fp32 and not r.settings["autocast"] and gain16 >= MIN_GAIN and facts.fast16):
+        return None  # a CPU without native bf16 emulates it, slower than fp32: nothing to propose
     _, d, _, opt_d = _names(r)
     first = (f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n"
              if _bce_ops(r) else "")

@@ -47,9 +47,10 @@ def supports_bf16(device: torch.device) -> bool:
 
 def fast_bf16(device: torch.device) -> bool:
     """Whether bf16 autocast is faster than fp32 on `device`, not only possible (`supports_bf16`). On CUDA the same
-    answer (Ampere and newer). On a CPU only with native bf16 instructions, AVX512-BF16 or AMX tiles (Cooper Lake,
-    Sapphire Rapids, Zen 4 and newer): without them oneDNN converts each bf16 tensor to fp32 and back around fp32
-    arithmetic, and a GAN step runs many times slower than in fp32 (the evidence: docs/profiling.md, "bf16 on a CPU").
+    answer (Ampere and newer). On a CPU only with native bf16 instructions, AVX512-BF16 or AMX tiles (Intel Xeons
+    from Cooper Lake on, AMD from Zen 4 on; not Intel's client CPUs, which lack AVX-512, nor ARM here): without them
+    bf16 takes non-native code paths, and a GAN step runs many times slower than in fp32 (the evidence:
+    docs/profiling.md, "bf16 on a CPU").
     torch.cpu's `_is_avx512_bf16_supported` and `_is_amx_tile_supported` read the CPU's flags through cpuinfo, as
     torch's own CPU autocast tests do; where a torch lacks one, it counts as absent."""
     if device.type == "cuda":
@@ -61,9 +62,10 @@ def fast_bf16(device: torch.device) -> bool:
 
 
 def autocast_precision(device: torch.device) -> str:
-    """The 16-bit precision to train in on `device`: 'bf16' where it is fast (`supports_bf16`: every CPU, Ampere and
+    """The 16-bit precision to train in on `device`: 'bf16' where it runs (`supports_bf16`: every CPU, Ampere and
     newer GPUs), else 'fp16' (a T4, V100 or P100), which the trainer pairs with a GradScaler per network. What the
-    benchmark ladder, the profiler's verdict and tune propose, so none of them offers what validation refuses here.
+    benchmark ladder, the profiler's verdict and tune propose where it is also fast (`fast_precision`), so none of
+    them offers what validation refuses here.
 
     Args:
         device: the device to train on (`resolve_device`).
@@ -71,6 +73,12 @@ def autocast_precision(device: torch.device) -> str:
     Returns:
         "bf16" or "fp16", a value of `TrainConfig.precision`."""
     return "bf16" if supports_bf16(device) else "fp16"
+
+
+def fast_precision(device: torch.device) -> str:
+    """The fastest precision to train in on `device`, for a notebook's fast setting: its 16-bit autocast
+    (`autocast_precision`) on CUDA and on a CPU with native bf16 (`fast_bf16`), else 'fp32'."""
+    return autocast_precision(device) if device.type == "cuda" or fast_bf16(device) else "fp32"
 
 
 def synchronize(device: torch.device) -> None:

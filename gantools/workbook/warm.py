@@ -62,7 +62,8 @@ class WarmStart:
                "nz": cfg.nz, "ngf": cfg.ngf, "ndf": cfg.ndf, "batch_size": cfg.batch_size,
                "d_norm": discriminator_norm(cfg), "seed": cfg.seed, "min_classes": MIN_CLASSES}
         state = _to_cpu({"G": trainer.generator.state_dict(), "D": trainer.discriminator.state_dict(),
-                         "opt_g": trainer.opt_g.state_dict(), "opt_d": trainer.opt_d.state_dict()})
+                         "opt_g": trainer.opt_g.state_dict(), "opt_d": trainer.opt_d.state_dict(),
+                         **({"ema": trainer.ema.state_dict()} if trainer.ema is not None else {})})
         return cls(key, state, trainer.step, summary.get("classes_covered"), summary.get("fid"), 0.0, None,
                    origin=cfg.out_dir)
 
@@ -93,7 +94,9 @@ class WarmStart:
             raise ConfigError(f"the warm start draws unconditional 32 px glyphs; this run trains {cfg.dataset} at "
                               f"{cfg.image_size} px, {cfg.channels} channel(s), conditional={cfg.conditional}")
         self._copy_into(trainer.generator, trainer.discriminator, trainer.opt_g, trainer.opt_d)
-        if trainer.ema is not None:
+        if trainer.ema is not None and "ema" in self.state:  # the run's average, which its scores came from
+            trainer.ema.load_state_dict(copy.deepcopy(self.state["ema"]))
+        elif trainer.ema is not None:
             trainer.ema.reset()  # the average starts from the warm G
 
     def _copy_into(self, g, d, opt_g, opt_d) -> None:
