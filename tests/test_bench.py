@@ -41,6 +41,7 @@ def test_ladder_rows_are_measured_interleaved_and_saved(tmp_path):
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow_bf16  # all together in fp32: bf16 is beside the point here, and emulated, slowly, on some CPUs
 @pytest.mark.slow
 def test_quality_puts_fid_beside_speed_at_an_equal_image_budget(tmp_path):
     result = bench.run("cpu", "cpu", variants=["max throughput (batch x2)"], quality=True, overrides=TINY,
