@@ -124,7 +124,8 @@ class WarmStart:
         else:
             where = f"trained in {self.seconds / 60:.1f} min, cached in {self.path}"
         if self.classes_covered is None or self.fid is None:
-            return f"Warm start: {self.steps} steps ({where}); quick mode, so quality is not judged."
+            why = "the run was not scored" if self.origin else "quick mode"
+            return f"Warm start: {self.steps} steps ({where}); {why}, so quality is not judged."
         drawn = f"its G draws {self.classes_covered} of 10 classes (FID {self.fid:.1f})"
         verdict = ("quality is compared from here" if self.judged else
                    f"fewer than {self.key['min_classes']}, so quality is not judged from it")
