@@ -352,10 +352,10 @@ def check_try_it(nb: Notebook, button: str) -> None:
     widget.screenshot(path=str(ARTIFACTS / f"{Path(nb.name).stem}-try-it.png"))
 
 
-# 08's and 09's try-it widget is the ControlPanel that 02-04 and 07 render and click here, and nbval runs both
-# notebooks whole in quick mode: here they would add the minutes of the cells their panel needs (09's compiles), not
-# a widget or a path the others do not cover
-COVERED_ELSEWHERE = ("08_memory.ipynb", "09_compiler.ipynb")
+# 08's, 09's and 11's try-it widget is the ControlPanel that 02-04 and 07 render and click here, and nbval runs the
+# three notebooks whole in quick mode: here they would add the minutes of the cells their panel needs (09's compiles,
+# 11's R3GAN runs), not a widget or a path the others do not cover
+COVERED_ELSEWHERE = ("08_memory.ipynb", "09_compiler.ipynb", "11_modern_gan.ipynb")
 
 
 @pytest.mark.parametrize("name", [n for n in NOTEBOOKS if n not in COVERED_ELSEWHERE])

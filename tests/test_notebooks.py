@@ -21,7 +21,7 @@ TECHNIQUE_LINES = {
     "09_compiler.ipynb": [r"torch\.compile\(gan\.G\)", r"torch\.compile\(gan\.D\)", r"cudagraph_mark_step_begin\(\)"],
     "10_several_gpus.ipynb": [r"init_process_group\(", r"DDP\(gan\.D, .*broadcast_buffers", r"\.chunk\(world\)\[rank\]",
                               r"\.no_sync\(\)", r"if rank == 0:"],
-    "drafts/11_modern_gan.ipynb": [r"F\.softplus\(fake_scores - real_scores\)", r"autograd\.grad\(",
+    "11_modern_gan.ipynb": [r"F\.softplus\(fake_scores - real_scores\)", r"autograd\.grad\(",
                                    r"create_graph=True", r"requires_grad_\(penalise\)", r"% every == 0"],
 }
 # 01's technique is the profiler, which has no speed of its own: its fix is trained in turns with the trainer, and
@@ -32,7 +32,7 @@ MEASURED = {"01_profiling.ipynb": (r"\btrain_side_by_side\(", r"\bsame_story\(")
 TRY_IT = {"01_profiling.ipynb": r"ProfilePanel\(", "02_mixed_precision.ipynb": r"ControlPanel\(",
           "03_data_loading.ipynb": r"ControlPanel\(", "04_optimizers_and_accumulation.ipynb": r"ControlPanel\(",
           "07_gan_variants.ipynb": r"ControlPanel\(", "08_memory.ipynb": r"ControlPanel\(",
-          "09_compiler.ipynb": r"ControlPanel\(", "drafts/11_modern_gan.ipynb": r"ControlPanel\(",
+          "09_compiler.ipynb": r"ControlPanel\(", "11_modern_gan.ipynb": r"ControlPanel\(",
           "10_several_gpus.ipynb": r"ScalingPanel\("}  # a kernel is one process: the scaling bench instead
 
 
