@@ -262,7 +262,7 @@ def _fix_precision(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | Non
     Sigmoid + BCELoss is unsafe under autocast, so the fix moves to logits too."""
     if bottleneck != "compute-bound" or cfg.precision != "fp32":
         return None
-    if not where.cuda and not hardware.fast_bf16(where.device):  # emulated bf16 runs slower than fp32
+    if not hardware.fast_16bit(where.device):  # emulated bf16 runs slower than fp32
         return None
     half = hardware.autocast_precision(where.device)
     return Fix(change={"precision": half, **({"loss": "bce"} if cfg.loss == "bce-sigmoid" else {})},

@@ -64,7 +64,7 @@ def fast_bf16(device: torch.device) -> bool:
 def autocast_precision(device: torch.device) -> str:
     """The 16-bit precision to train in on `device`: 'bf16' where it runs (`supports_bf16`: every CPU, Ampere and
     newer GPUs), else 'fp16' (a T4, V100 or P100), which the trainer pairs with a GradScaler per network. What the
-    benchmark ladder, the profiler's verdict and tune propose where it is also fast (`fast_precision`), so none of
+    benchmark ladder, the profiler's verdict and tune propose where 16-bit is also fast (`fast_16bit`), so none of
     them offers what validation refuses here.
 
     Args:
@@ -75,10 +75,16 @@ def autocast_precision(device: torch.device) -> str:
     return "bf16" if supports_bf16(device) else "fp16"
 
 
+def fast_16bit(device: torch.device) -> bool:
+    """Whether 16-bit autocast runs faster than fp32 on `device`: on CUDA (bf16 from Ampere, else fp16), and on a CPU
+    only with native bf16 (`fast_bf16`), since an emulated one runs many times slower."""
+    return device.type == "cuda" or fast_bf16(device)
+
+
 def fast_precision(device: torch.device) -> str:
     """The fastest precision to train in on `device`, for a notebook's fast setting: its 16-bit autocast
-    (`autocast_precision`) on CUDA and on a CPU with native bf16 (`fast_bf16`), else 'fp32'."""
-    return autocast_precision(device) if device.type == "cuda" or fast_bf16(device) else "fp32"
+    (`autocast_precision`) where 16-bit is fast (`fast_16bit`), else 'fp32'."""
+    return autocast_precision(device) if fast_16bit(device) else "fp32"
 
 
 def synchronize(device: torch.device) -> None:

@@ -93,13 +93,14 @@ class WarmStart:
         if (cfg.dataset, cfg.image_size, cfg.channels, cfg.conditional) != ("glyphs", 32, 1, False):
             raise ConfigError(f"the warm start draws unconditional 32 px glyphs; this run trains {cfg.dataset} at "
                               f"{cfg.image_size} px, {cfg.channels} channel(s), conditional={cfg.conditional}")
-        self._copy_into(trainer.generator, trainer.discriminator, trainer.opt_g, trainer.opt_d)
-        if trainer.ema is not None and "ema" in self.state:  # the run's average, which its scores came from
-            trainer.ema.load_state_dict(copy.deepcopy(self.state["ema"]))
+        state = self._copy_into(trainer.generator, trainer.discriminator, trainer.opt_g, trainer.opt_d)
+        if trainer.ema is not None and "ema" in state:  # the run's average, which its scores came from
+            trainer.ema.load_state_dict(state["ema"])
         elif trainer.ema is not None:
             trainer.ema.reset()  # the average starts from the warm G
 
-    def _copy_into(self, g, d, opt_g, opt_d) -> None:
+    def _copy_into(self, g, d, opt_g, opt_d) -> dict:
+        """Load a copy of the start into the networks and the Adam moments; returns that copy (the arm's own)."""
         state = copy.deepcopy(self.state)  # optimizers keep the tensors they load: a copy per arm
         try:
             g.load_state_dict(state["G"])
@@ -110,6 +111,7 @@ class WarmStart:
         for opt, saved in ((opt_g, state["opt_g"]), (opt_d, state["opt_d"])):
             if isinstance(opt, _ADAM_FAMILY):  # moments only; hyperparameters stay the arm's own
                 opt.load_state_dict({"state": saved["state"], "param_groups": opt.state_dict()["param_groups"]})
+        return state
 
     def describe_size(self) -> str:
         k = self.key
