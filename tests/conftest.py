@@ -1,6 +1,7 @@
 """Shared fixtures: tiny configs and datasets so the whole suite runs in minutes on a 2-core CPU."""
 import functools
 import os
+import re
 import shutil
 import signal
 import threading
@@ -26,7 +27,10 @@ CHROMIUM_FLAGS = ["--disable-gpu", "--disable-background-networking", "--disable
 
 @pytest.fixture(autouse=True)
 def _quiet_threads():
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    """At most 2 threads, and under pytest-xdist the worker's share of the cores (the root conftest.py sets
+    OMP_NUM_THREADS for its workers)."""
+    share = re.match(r"\d+", os.environ.get("OMP_NUM_THREADS", ""))  # OpenMP also allows a list: "4,2"
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1, int(share.group()) if share else 2)))
 
 
 @pytest.fixture(autouse=True)

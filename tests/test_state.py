@@ -24,7 +24,7 @@ def test_a_snapshot_puts_back_what_a_script_changed(tmp_path):
         sys.path.insert(0, str(tmp_path))
         os.chdir(tmp_path)
         torch.manual_seed(123), torch.rand(5)
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads % 2 + 1)  # another count than the one it had, 1 or 2 alike
         torch.use_deterministic_algorithms(not deterministic)
         torch.backends.cudnn.benchmark = not benchmark
         torch.set_float32_matmul_precision("medium")

@@ -144,12 +144,12 @@ NOT_CPU_TENSORS = "your dataset's tensors are not on the CPU: "
 
 def _precision(cfg: TrainConfig, where: Where) -> list:
     """16-bit autocast from fp32: the device's own 16-bit precision (`hardware.autocast_precision`); fp16 never on
-    a CPU, and bf16 there only with native bf16 (`hardware.fast_bf16`)."""
+    a CPU, and bf16 there only where it is fast (`hardware.fast_16bit`: native bf16)."""
     if cfg.precision != "fp32":
         return []
     if where.cuda:
         return [Offer("precision", hardware.autocast_precision(where.device))]
-    slow = None if hardware.fast_bf16(where.device) else "no native bf16 on this CPU: emulated, slower than fp32"
+    slow = None if hardware.fast_16bit(where.device) else "no native bf16 on this CPU: emulated, slower than fp32"
     return [Offer("precision", "fp16", "fp16 needs CUDA (GradScaler and fast fp16 kernels)"),
             Offer("precision", "bf16", slow)]
 

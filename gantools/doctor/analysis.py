@@ -52,12 +52,12 @@ def default_trace(source: str) -> Path:
 def machine_facts(device: torch.device) -> MachineFacts:
     """The machine as the rules see it, read once, here."""
     if device.type != "cuda":
-        return MachineFacts(cuda=False, bf16=hardware.supports_bf16(device), fast16=hardware.fast_bf16(device),
+        return MachineFacts(cuda=False, bf16=hardware.supports_bf16(device), fast16=hardware.fast_16bit(device),
                             workers=suggested_workers(), cpus=_cpus())
     return MachineFacts(cuda=True, compute_capability=tuple(torch.cuda.get_device_capability(device)),
-                        bf16=hardware.supports_bf16(device), workers=suggested_workers(),
-                        cudnn_benchmark=torch.backends.cudnn.benchmark, tf32=hardware.tf32_matmuls(),
-                        gpu=torch.cuda.get_device_name(device), cpus=_cpus())
+                        bf16=hardware.supports_bf16(device), fast16=hardware.fast_16bit(device),
+                        workers=suggested_workers(), cudnn_benchmark=torch.backends.cudnn.benchmark,
+                        tf32=hardware.tf32_matmuls(), gpu=torch.cuda.get_device_name(device), cpus=_cpus())
 
 
 def _cpus() -> int:

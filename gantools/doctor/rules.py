@@ -30,7 +30,7 @@ class MachineFacts:
     cuda: bool = False                      # the loop ran on a CUDA device
     compute_capability: tuple | None = None  # (major, minor) of that GPU
     bf16: bool = True                       # bf16 autocast runs there (hardware.supports_bf16), else fp16
-    fast16: bool = True                     # 16-bit autocast beats fp32 there (a CPU: hardware.fast_bf16)
+    fast16: bool = True                     # 16-bit autocast beats fp32 there (hardware.fast_16bit)
     workers: int = 1                        # DataLoader workers to suggest (profiling.suggested_workers)
     cudnn_benchmark: bool = False           # torch.backends.cudnn.benchmark
     tf32: bool = False                      # TF32 matmuls on (hardware.tf32_matmuls)
