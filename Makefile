@@ -42,10 +42,9 @@ chromium:
 lint: setup
 	$(PY) -m ruff check .
 
-# Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium), in two
-# pytest-xdist workers, each test file (and each notebook) whole on one of them (conftest.py shares out the cores).
+# Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium).
 test: setup chromium lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 # The edit-test loop: the unit tests but those marked slow (more than a couple of seconds each) and the browser's,
 # no notebooks; under 3 minutes here. `make test` still runs everything.
