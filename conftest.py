@@ -1,5 +1,5 @@
 """Notebooks run in quick mode under pytest (nbval): tiny models and a handful of steps. With pytest-xdist
-(`pytest -n 2 --dist loadfile`: each test file, and each notebook's cells, on one worker) the workers share the cores."""
+(`pytest -n 2 --dist loadfile`: each test file, and each notebook's cells, on one worker) workers share the cores."""
 import os
 import warnings
 
