@@ -20,6 +20,7 @@ import gantools
 from gantools import doctor
 from gantools.cli import main
 from gantools.doctor.hooks import _ACTIVE, RANGE, SYNC_METHODS, Hooks
+from gantools.doctor.observations import CL, EITHER, NCHW
 from gantools.workbook.display import plot_phases
 from gantools.speed.profiling import DATA_BOUND, compare
 
@@ -213,6 +214,40 @@ def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
     assert "images/s" in str(compare(report, again))
     plot_phases(again)
     assert_nothing_left_behind()
+
+
+@pytest.mark.parametrize("models_channels_last", [False, True])
+def test_convolutions_count_in_the_layout_they_run_in(glyphs64, models_channels_last):
+    """A convolution runs in channels_last where its input or its weight is (ATen's choice): channels_last models fed
+    NCHW batches (and G's 1x1 noise) have nothing left to convert, so the channels-last finding stays silent."""
+    torch.manual_seed(0)
+    fmt = torch.channels_last if models_channels_last else torch.contiguous_format
+    G = nn.Sequential(nn.ConvTranspose2d(8, 4, 4, 1, 0), nn.ReLU(), nn.ConvTranspose2d(4, 1, 4, 4, 0)).to(
+        memory_format=fmt)  # noise (N, 8, 1, 1): both layouts at once -> 4 px -> 16 px
+    D = nn.Sequential(nn.Conv2d(1, 8, 4, 4, 0), nn.LeakyReLU(0.2), nn.Conv2d(8, 1, 4, 1, 0), nn.Flatten()).to(
+        memory_format=fmt)
+    opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+    bce = nn.BCEWithLogitsLoss()
+
+    def train_step(batch):
+        real = nn.functional.avg_pool2d(batch[0].float() / 127.5 - 1, 2)  # NCHW, as a loader gives it
+        fake = G(torch.randn(real.shape[0], 8, 1, 1))
+        out_real, out_fake = D(real), D(fake.detach())
+        loss_d = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        out = D(fake)
+        loss_g = bce(out, torch.ones_like(out))
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+
+    loader = DataLoader(glyphs64, batch_size=16, shuffle=True)
+    formats = doctor.run(train_step, loader, steps=2, warmup=1).settings["conv_input_formats"]
+    # Per iteration: G's two, D's two on reals, on fakes and in G's step. D's first reads one channel with a weight of
+    # one input channel, both layouts at once, in either model; each of the five others runs in the models' layout.
+    assert formats == {CL if models_channels_last else NCHW: 5, EITHER: 3}, formats
 
 
 def test_each_epoch_start_of_workers_that_do_not_persist_is_timed(glyphs64):

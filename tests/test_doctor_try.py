@@ -496,6 +496,7 @@ def test_an_already_tuned_script_keeps_nothing_and_the_patch_is_empty(pngs, tmp_
                        "--channels-last")])
     printed = capsys.readouterr().out
     assert code == 0, printed
+    assert "[channels-last]" not in printed  # its models are channels_last: a batch fed NCHW runs in their layout
     assert "nothing kept" in printed and "is empty: no fix was kept" in printed
     assert (tmp_path / "fix.patch").read_text() == ""
 

@@ -21,7 +21,7 @@ from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_
 from .feeds import Feeds, wrap_cat
 from .functions import FunctionWatch
 from .lightning import TrainerWatch, is_lightning_module
-from .observations import Call, Model, Observations, Optimizer
+from .observations import CL, EITHER, NCHW, Call, Model, Observations, Optimizer
 from .penalties import wrap_grad
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
@@ -227,8 +227,12 @@ class Hooks:
             window.dtypes[(str(output.dtype).replace("torch.", ""), autocast)] += 1
             x = first_tensor(args)
             if x is not None and x.dim() == 4 and isinstance(module, nn.modules.conv._ConvNd):
-                cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-                window.formats["channels_last" if cl else "contiguous (NCHW)"] += 1
+                # The layout the convolution runs in: channels_last where its input or its weight is (ATen's
+                # mkldnn_conv_use_channels_last and cudnn_conv_suggest_memory_format both ask either), so channels_last
+                # models fed NCHW batches count as channels_last. Where both are in both layouts at once (one input
+                # channel, say) the conversion changes nothing: counted apart.
+                layouts = {_layout(x), _layout(getattr(module, "weight", None))}
+                window.formats[CL if CL in layouts else NCHW if NCHW in layouts else EITHER] += 1
                 self.obs.conv_shapes[id(module)].add(tuple(x.shape))
 
     # -- optimizers ---------------------------------------------------------------------------------------------
@@ -323,6 +327,16 @@ class Hooks:
         return batch
 
     # -- value reads ----------------------------------------------------------------------------------------------
+
+
+def _layout(t) -> str | None:
+    """The memory layout of a 4-d tensor: CL, NCHW (what is not channels_last, contiguous or not), or EITHER where both
+    describe it (a size-1 channel or spatial dimension, as in grey images, 1x1 noise or one-channel weights)."""
+    if not (isinstance(t, torch.Tensor) and t.dim() == 4):
+        return None
+    if t.is_contiguous(memory_format=torch.channels_last):
+        return EITHER if t.is_contiguous() else CL
+    return NCHW
 
 
 def _wrap_read(hooks: Hooks, name: str, original):

@@ -13,6 +13,9 @@ from torch import nn
 
 from .frames import is_leaf
 
+# The layouts a convolution runs in (`Window.formats`, the report's conv_input_formats): see hooks' `_layout`.
+CL, NCHW, EITHER = "channels_last", "contiguous (NCHW)", "either (a size-1 dimension)"
+
 
 class Model:
     """A module with parameters called at the top level of your loop."""
@@ -113,7 +116,7 @@ class Window:
     sites: dict = field(default_factory=dict)          # FILE:LINE -> (source line, method)
     located: int = 0                                   # of the syncs, those the sync watch placed (syncs.SyncWatch)
     dtypes: Counter = field(default_factory=Counter)   # (Conv/Linear output dtype, autocast) -> outputs
-    formats: Counter = field(default_factory=Counter)  # conv input memory format -> inputs
+    formats: Counter = field(default_factory=Counter)  # the layout a convolution ran in -> convolutions
     penalties: Counter = field(default_factory=Counter)  # (Model, FILE:LINE, (file, line), code) -> gradient
     #                                                      penalty calls on that model's input (`penalties`)
 

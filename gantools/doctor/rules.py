@@ -16,6 +16,7 @@ from ..core.techniques import YOUR_OWN_GAN, notebook
 from .compile_rules import RULES as COMPILE_RULES
 from .memory_rules import RULES as MEMORY_RULES
 from .frames import shown
+from .observations import NCHW
 from .penalty_rules import RULES as PENALTY_RULES
 from .report import MIN_GAIN, MIN_SHARE, READ_METHODS, DoctorReport, Finding, describe_site
 from .syncs import NOT_LOCATED, SYNC_OP
@@ -317,7 +318,7 @@ def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
 
 
 def channels_last(r: DoctorReport, facts: MachineFacts) -> Finding | None:
-    nchw = r.settings["conv_input_formats"].get("contiguous (NCHW)", 0)
+    nchw = r.settings["conv_input_formats"].get(NCHW, 0)
     if not (nchw and r.compute_share >= 0.5 and fp32_convolutions(r, facts) is None):
         return None
     g, d = _names(r)[:2]
