@@ -160,3 +160,43 @@ def test_a_memory_saving_that_costs_speed_is_a_trade_not_a_default():
     assert not nothing.keep and "no memory saved" in nothing.text
     unjudged = conclusions.memory_trade("checkpointing", "off", 60, 100, 0.8)
     assert not unjudged.keep and "not judged" in unjudged.text
+
+
+def _curve(fids, steps=(300, 600, 900, 1200)):
+    from gantools.core.history import History
+
+    return History([{"step": s, "images_trained": 64 * s, "fid": f} for s, f in zip(steps, fids)])
+
+
+def test_a_fid_curve_that_rose_on_the_way_says_so_before_how_it_ended():
+    """07's LSGAN and 11's R3GAN: FID rose between two quarters, then fell by the end. The last two figures alone read
+    'still falling'; the rule names the largest rise above the best score before it first."""
+    text = conclusions.fid_trend(_curve([118.0, 68.5, 107.7, 38.0]), x="step")
+    assert text.startswith("FID **rose** 1.57x on the way, from 68.5 at step 600 to 107.7 at step 900; then FID 107.7")
+    assert text.endswith("107.7 at step 900, 38.0 at step 1200: still falling (by more than 1.1x since the score "
+                         "before), not settled at this budget")
+    images = conclusions.fid_trend(_curve([105.0, 110.0, 682.1, 154.5]))  # measured from the best: 105, not 110
+    assert "rose** 6.50x on the way, from 105.0 at 19,200 images to 682.1 at 57,600 images" in images
+
+
+def test_a_slow_climb_is_a_rise_though_no_step_of_it_passes_the_target():
+    climb = conclusions.fid_trend(_curve([50.0, 54.0, 59.0, 64.5]), x="step")
+    assert climb == "FID 50.0 at step 300, 64.5 at step 1200: **rose** 1.29x above its best by the end"
+
+
+def test_a_fid_curve_is_judged_by_the_quality_target_alone():
+    falling = conclusions.fid_trend(_curve([53.0, 42.4, 35.1, 18.0]), x="step")
+    assert falling == ("FID 35.1 at step 900, 18.0 at step 1200: still falling (by more than 1.1x since the score "
+                       "before), not settled at this budget")
+    wobble = QUALITY_TARGET * 0.99  # rises and falls inside the target are no change
+    settled = conclusions.fid_trend(_curve([50.0, 50.0 * wobble, 50.0, 50.0 / wobble]), x="step")
+    assert "rose" not in settled and settled.endswith("settled or stuck at this budget")
+    assert conclusions.fid_trend(_curve([40.0, 39.0, 30.0, 45.0])).endswith("**rose** 1.50x above its best by the end")
+
+
+def test_a_fid_curve_too_short_or_not_finite_gets_no_trend():
+    assert conclusions.fid_trend(_curve([])) == "no FID scores"
+    assert "one score, no trend" in conclusions.fid_trend(_curve([40.0]))
+    assert "not a finite score" in conclusions.fid_trend(_curve([40.0, float("nan"), 30.0]))
+    assert conclusions.fid_trend(_curve([40.0, 20.0])).endswith("still falling (by more than 1.1x since the score "
+                                                               "before), not settled at this budget")

@@ -21,7 +21,7 @@ from .frames import LIBRARIES, compiling, first_tensor, is_leaf, location, name_
 from .feeds import Feeds, wrap_cat
 from .functions import FunctionWatch
 from .lightning import TrainerWatch, is_lightning_module
-from .observations import CL, EITHER, NCHW, Call, Model, Observations, Optimizer
+from .observations import CL, NCHW, Call, Model, Observations, Optimizer
 from .penalties import wrap_grad
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__repr__", "__format__", "cpu")
@@ -226,13 +226,12 @@ class Hooks:
             autocast = torch.is_autocast_enabled(device_type) if device_type in ("cpu", "cuda") else False
             window.dtypes[(str(output.dtype).replace("torch.", ""), autocast)] += 1
             x = first_tensor(args)
-            if x is not None and x.dim() == 4 and isinstance(module, nn.modules.conv._ConvNd):
-                # The layout the convolution runs in: channels_last where its input or its weight is (ATen's
-                # mkldnn_conv_use_channels_last and cudnn_conv_suggest_memory_format both ask either), so channels_last
-                # models fed NCHW batches count as channels_last. Where both are in both layouts at once (one input
-                # channel, say) the conversion changes nothing: counted apart.
-                layouts = {_layout(x), _layout(getattr(module, "weight", None))}
-                window.formats[CL if CL in layouts else NCHW if NCHW in layouts else EITHER] += 1
+            if x is not None and x.dim() == 4 and isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+                # The layout the convolution runs in: channels_last where its input's or its weight's strides say so
+                # (ATen's _conv_suggest_memory_format_impl and mkldnn_conv_use_channels_last ask either), so
+                # channels_last models fed NCHW batches or 1x1 noise count as channels_last.
+                cl = _channels_last(x) or _channels_last(module.weight)
+                window.formats[CL if cl else NCHW] += 1
                 self.obs.conv_shapes[id(module)].add(tuple(x.shape))
 
     # -- optimizers ---------------------------------------------------------------------------------------------
@@ -329,14 +328,21 @@ class Hooks:
     # -- value reads ----------------------------------------------------------------------------------------------
 
 
-def _layout(t) -> str | None:
-    """The memory layout of a 4-d tensor: CL, NCHW (what is not channels_last, contiguous or not), or EITHER where both
-    describe it (a size-1 channel or spatial dimension, as in grey images, 1x1 noise or one-channel weights)."""
-    if not (isinstance(t, torch.Tensor) and t.dim() == 4):
-        return None
-    if t.is_contiguous(memory_format=torch.channels_last):
-        return EITHER if t.is_contiguous() else CL
-    return NCHW
+def _channels_last(t) -> bool:
+    """Whether ATen's `suggest_memory_format`, which its convolutions ask of input and weight, says channels_last:
+    c10's `is_channels_last_strides_2d` ported, since it reads strides, not contiguity, so a one-channel weight that
+    `Module.to(channels_last)` re-strode counts as channels_last and a tensor both layouts describe falls back to
+    NCHW, as in ATen. (torch's own Python copy, `torch._prims_common.suggest_memory_format`, is private.)"""
+    if not (isinstance(t, torch.Tensor) and t.dim() == 4 and t.layout == torch.strided):
+        return False
+    size, stride, low = t.shape, t.stride(), 0
+    if stride[1] == 0:
+        return False
+    for d in (1, 3, 2, 0):
+        if size[d] == 0 or stride[d] < low or (d == 0 and low == stride[1]):
+            return False
+        low = stride[d] * size[d]
+    return True
 
 
 def _wrap_read(hooks: Hooks, name: str, original):

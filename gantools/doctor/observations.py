@@ -13,8 +13,8 @@ from torch import nn
 
 from .frames import is_leaf
 
-# The layouts a convolution runs in (`Window.formats`, the report's conv_input_formats): see hooks' `_layout`.
-CL, NCHW, EITHER = "channels_last", "contiguous (NCHW)", "either (a size-1 dimension)"
+# The layouts a 2-d convolution runs in (`Window.formats`, the report's conv_input_formats; hooks' `_channels_last`)
+CL, NCHW = "channels_last", "contiguous (NCHW)"
 
 
 class Model:

@@ -323,11 +323,11 @@ def channels_last(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         return None
     g, d = _names(r)[:2]
     return Finding(
-        "channels-last", "convolutions read NCHW tensors",
-        f"{nchw:g} convolution inputs per iteration in NCHW; convolutions and matmuls are "
+        "channels-last", "convolutions run in NCHW",
+        f"{nchw:g} convolutions per iteration run in NCHW (input and weights); convolutions and matmuls are "
         f"{100 * r.compute_share:.0f}% of the busy time",
-        "cuDNN's and oneDNN's fastest 16-bit convolution kernels work on channels_last (NHWC); NCHW inputs are "
-        "converted, or a slower kernel runs",
+        "cuDNN's and oneDNN's fastest 16-bit convolution kernels work on channels_last (NHWC), which a convolution "
+        "runs in once its weights are (G's and D's), whatever the batch's layout",
         f"{g} = {g}.to(memory_format=torch.channels_last)\n{d} = {d}.to(memory_format=torch.channels_last)\n"
         "real = real.contiguous(memory_format=torch.channels_last)",
         notebook("channels_last"), None)

@@ -7,6 +7,8 @@ per kind of claim, shared by every notebook:
   otherwise; a single figure with no paired range is one measurement and gets no verdict;
 - quality (`quality_words`): judged only against a second seed's spread, by tune's and doctor --try's rule
   (`speed.keep.judge_fid`); with no second seed the FIDs are shown and quality is not judged;
+- a quality curve (`fid_trend`): one run's FID described, not judged: a rise above its best so far, or a fall over
+  the last interval, only by more than `keep.QUALITY_TARGET`, a rise on the way named before how the run ended;
 - a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`;
 - scaling (`scaling_prediction`): Amdahl's parallel share P only from a speed-up the paired range calls faster;
 - memory (`memory_verdict`): a step's peak tensor memory (`measuring.memory`) is "less" or "more" only beyond
@@ -15,12 +17,13 @@ per kind of claim, shared by every notebook:
   time each saves."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..measuring.results import megabytes
 from ..measuring.turns import Spread
-from ..speed.keep import judge_fid
+from ..speed.keep import QUALITY_TARGET, judge_fid
 
 SPEED_BAND = 0.05  # only where no paired range exists: a single ratio within 5% of 1 is read as no change
 DATA_BOTTLENECK = 0.05  # a step waiting for data this share of its time or more has a data bottleneck
@@ -120,6 +123,36 @@ def quality_words(fid: float, fid_start: float, early: bool = False, fid_spread=
     if judged.worse:
         return f"{text}: **quality fell** beyond that", True
     return text + (": **better** beyond that" if judged.better else ": quality kept"), False
+
+
+def fid_trend(curve, x: str = "images_trained") -> str:
+    """How one run's FID moved over its scores (`runs.quality_curve`: a History with `fid` and `x` columns), by the
+    factor that counts as a change of quality (`keep.QUALITY_TARGET`). It describes one run and judges no quality:
+    the largest rise above the best score before it, where one passed the factor (a collapse the end alone would
+    hide), then how the last interval ended: still falling, risen or neither (settled or stuck)."""
+    fid, at = curve.column("fid"), curve.column(x)
+    where = (lambda i: f"step {at[i]}") if x == "step" else (lambda i: f"{at[i]:,} images")
+    if not fid:
+        return "no FID scores"
+    broken = next((i for i, f in enumerate(fid) if not math.isfinite(f)), None)
+    if broken is not None:
+        return f"FID {fid[broken]} at {where(broken)}: not a finite score, so no trend is read"
+    if len(fid) < 2:
+        return f"FID {fid[0]:.1f} at {where(0)}: one score, no trend"
+    best = [min(range(i), key=fid.__getitem__) for i in range(1, len(fid))]  # the best index before each score
+    rise = max(range(1, len(fid)), key=lambda i: fid[i] / max(fid[best[i - 1]], 1e-9))
+    low = best[rise - 1]
+    risen = fid[rise] / max(fid[low], 1e-9) > QUALITY_TARGET
+    if risen and rise == len(fid) - 1:
+        return (f"FID {fid[low]:.1f} at {where(low)}, {fid[-1]:.1f} at {where(-1)}: **rose** "
+                f"{fid[-1] / fid[low]:.2f}x above its best by the end")
+    text = (f"FID **rose** {fid[rise] / fid[low]:.2f}x on the way, from {fid[low]:.1f} at {where(low)} to "
+            f"{fid[rise]:.1f} at {where(rise)}; then " if risen else "")
+    text += f"FID {fid[-2]:.1f} at {where(-2)}, {fid[-1]:.1f} at {where(-1)}"
+    if fid[-2] / max(fid[-1], 1e-9) > QUALITY_TARGET:
+        return text + (f": still falling (by more than {QUALITY_TARGET}x since the score before), not settled at "
+                       "this budget")
+    return text + f": no longer falling by more than {QUALITY_TARGET}x, settled or stuck at this budget"
 
 
 def _decision(verdict: str, worse: bool | None) -> str:
