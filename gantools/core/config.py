@@ -338,8 +338,9 @@ PRESETS = {
     # to 5M images); a run on a CPU sees a small share of that, where they have barely left their start, so the
     # start is kept, constant: lr 2e-4, gamma 0.05, beta2 0.9 (gantools schedules no gamma or beta2, and its cosine
     # decays lr to 0 at `steps`, not to a quarter over 20M images). Scaled down: width 32 per stage (the paper's
-    # 768), batch 64 (its 512), and an EMA decay of 0.99 per step, a half-life of about 70 steps. At 64 px the
-    # paper's FFHQ-64 run uses gamma 2 (r1_gamma = r2_gamma = 2.0).
+    # 768), batch 64 (its 512) at the paper's rate (the square-root rule's lower rate, and a larger gamma, measured no
+    # better beyond a second seed's spread: docs/gan-family.md), and an EMA decay of 0.99 per step, a half-life of
+    # about 70 steps. At 64 px the paper's FFHQ-64 run uses gamma 2 (r1_gamma = r2_gamma = 2.0).
     "r3gan": lambda: TrainConfig(
         architecture="r3gan", ngf=32, ndf=32, nz=64, loss="rpgan", r1_gamma=0.05, r2_gamma=0.05, optimizer="adam",
         lr_g=2e-4, lr_d=2e-4, betas=(0.0, 0.9), ema_decay=0.99, batch_size=64),
