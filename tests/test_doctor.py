@@ -46,6 +46,23 @@ def tutorial(pngs, *flags, epochs=50):
             "--epochs", str(epochs), *flags]
 
 
+def bce_step(G, D, opt_g, opt_d, real, z):
+    """The tutorial's iteration in plain code: D on real and fake, then G through D (not frozen: its weight
+    gradients are computed and thrown away)."""
+    bce = nn.BCEWithLogitsLoss()
+    fake = G(z)
+    out_real, out_fake = D(real), D(fake.detach())
+    loss_d = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
+    opt_d.zero_grad()
+    loss_d.backward()
+    opt_d.step()
+    out = D(fake)
+    loss_g = bce(out, torch.ones_like(out))
+    opt_g.zero_grad()
+    loss_g.backward()
+    opt_g.step()
+
+
 def assert_nothing_left_behind():
     assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
     assert not torch_optimizer._global_optimizer_pre_hooks and not torch_optimizer._global_optimizer_post_hooks
@@ -181,22 +198,11 @@ def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
     torch.manual_seed(0)
     G, D = BatchFreeG(), BatchFreeD()
     opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
-    bce = nn.BCEWithLogitsLoss()
     loader = DataLoader(glyphs64, batch_size=16, shuffle=True)
 
     def train_step(batch):
         real = batch[0].float() / 127.5 - 1
-        fake = G(torch.randn(real.shape[0], 8))
-        out_real, out_fake = D(real), D(fake.detach())
-        loss_d = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
-        opt_d.zero_grad()
-        loss_d.backward()
-        opt_d.step()
-        out = D(fake)  # D not frozen: its weight gradients are computed and thrown away
-        loss_g = bce(out, torch.ones_like(out))
-        opt_g.zero_grad()
-        loss_g.backward()
-        opt_g.step()
+        bce_step(G, D, opt_g, opt_d, real, torch.randn(real.shape[0], 8))
 
     report = doctor.run(train_step, loader, steps=2, warmup=1)
     assert report.complete and report.images_per_step == 16 and report.models["G"]["name"] == "G"
@@ -247,21 +253,10 @@ def test_convolutions_count_in_the_layout_they_run_in(glyphs64, models_channels_
     D = nn.Sequential(nn.Conv2d(1, 8, 4, 4, 0), nn.LeakyReLU(0.2), nn.Conv2d(8, 1, 4, 1, 0), nn.Flatten()).to(
         memory_format=fmt)
     opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
-    bce = nn.BCEWithLogitsLoss()
 
     def train_step(batch):
         real = nn.functional.avg_pool2d(batch[0].float() / 127.5 - 1, 2)  # NCHW, as a loader gives it
-        fake = G(torch.randn(real.shape[0], 8, 1, 1))
-        out_real, out_fake = D(real), D(fake.detach())
-        loss_d = bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
-        opt_d.zero_grad()
-        loss_d.backward()
-        opt_d.step()
-        out = D(fake)
-        loss_g = bce(out, torch.ones_like(out))
-        opt_g.zero_grad()
-        loss_g.backward()
-        opt_g.step()
+        bce_step(G, D, opt_g, opt_d, real, torch.randn(real.shape[0], 8, 1, 1))
 
     loader = DataLoader(glyphs64, batch_size=16, shuffle=True)
     formats = doctor.run(train_step, loader, steps=2, warmup=1).settings["conv_input_formats"]
