@@ -123,7 +123,8 @@ def test_on_cuda_a_dataset_returning_gpu_tensors_is_checked_with_the_defaults(gl
     assert loader.pin_memory is False and loader.num_workers == 0
 
 
-R3GAN_CUDA = ("R3GAN, fp16 + GradScaler", "R3GAN, bf16 autocast", "R3GAN + compile reduce-overhead")
+R3GAN_CUDA = ("R3GAN, fp16 + GradScaler", check.R3GAN_FP32_ROW, "R3GAN, bf16 autocast",
+              "R3GAN + compile reduce-overhead")
 
 
 def test_r3gan_runs_everywhere_and_its_16_bit_and_compiled_rows_on_cuda_bf16_only_where_fast(monkeypatch):
@@ -132,11 +133,13 @@ def test_r3gan_runs_everywhere_and_its_16_bit_and_compiled_rows_on_cuda_bf16_onl
     assert (cfg.architecture, cfg.loss, cfg.r1_gamma > 0, cfg.r2_gamma > 0) == ("r3gan", "rpgan", True, True)
     assert not set(R3GAN_CUDA) & set(check.techniques(torch.device("cpu"), True))
     a100 = check.techniques(torch.device("cuda"), True, fast_bf16=True)
-    assert [[a100[name].get("precision"), a100[name].get("compile")] for name in R3GAN_CUDA] == [
-        ["fp16", None], ["bf16", None], [None, "reduce-overhead"]]
+    assert [[a100[name].get(k) for k in ("precision", "compile", "fp32_stages")] for name in R3GAN_CUDA] == [
+        ["fp16", None, None], ["fp16", None, 1], ["bf16", None, None], [None, "reduce-overhead", None]]
+    TrainConfig(**{**check.BASE, **a100[check.R3GAN_FP32_ROW], "precision": "bf16"}).validate()  # fp16 is CUDA's
     assert all(a100[name].items() >= r3gan.items() for name in R3GAN_CUDA)
     t4 = check.techniques(torch.device("cuda"), True, fast_bf16=False)
-    assert "R3GAN, bf16 autocast" not in t4 and {"R3GAN, fp16 + GradScaler", check.R3GAN_ROW} <= set(t4)
+    assert "R3GAN, bf16 autocast" not in t4 and {"R3GAN, fp16 + GradScaler", check.R3GAN_FP32_ROW,
+                                                    check.R3GAN_ROW} <= set(t4)
     # compiled, R3GAN's step needs one graph more than DCGAN's: D on real images under no_grad in G's step
     assert check.expected_graphs(cfg.replace(compile="default")) == check.expected_graphs(TrainConfig()) + 1 == 4
 

@@ -47,6 +47,67 @@ def test_a_stage_per_resolution_from_4_px_with_the_last_halved_at_64_px():
         R3GANGenerator(28)
 
 
+@pytest.mark.parametrize("fp32", [0, 1, 4])
+def test_fp32_stages_keep_the_lowest_resolutions_in_fp32_under_a_16_bit_autocast(fp32):
+    """Stages from 4 x 4 up run in fp32 (G's first, D's last, with z's projection and the logit's map), the rest in
+    bf16; the weights are the same tensors at every setting, and without autocast the networks compute the same."""
+    torch.manual_seed(0)
+    g, d = build_r3gan(32, 1, nz=8, ngf=16, ndf=16, fp32_stages=fp32)
+    g0, d0 = build_r3gan(32, 1, nz=8, ngf=16, ndf=16)
+    assert g.state_dict().keys() == g0.state_dict().keys() and d.state_dict().keys() == d0.state_dict().keys()
+    g0.load_state_dict(g.state_dict()), d0.load_state_dict(d.state_dict())
+    seen = {}
+    for name, module in [("G start", g.project), *((f"G{i}", m) for i, m in enumerate(g.stages)),
+                         ("G image", g.to_image),
+                         ("D image", d.from_image), *((f"D{i}", m) for i, m in enumerate(d.stages)),
+                         ("D logit", d.to_logit)]:
+        module.register_forward_hook(lambda m, i, out, name=name: seen.__setitem__(name, out.dtype))
+    z = torch.randn(3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        d(g(z))
+    fp32_names = {*(f"G{i}" for i in range(fp32)), *(f"D{3 - i}" for i in range(fp32)),
+                  *(["G start", "D logit"] if fp32 else []), *(["G image", "D image"] if fp32 == 4 else [])}
+    assert {n for n, dtype in seen.items() if dtype == torch.float32} == fp32_names
+    assert all(dtype == torch.bfloat16 for n, dtype in seen.items() if n not in fp32_names)
+    assert torch.equal(g(z), g0(z)) and torch.equal(d(g(z)), d0(g0(z)))
+    with pytest.raises(ValueError, match="fp32_stages=5: these networks have 4 stages, so 0 to 4"):
+        R3GANGenerator(32, fp32_stages=5)
+
+
+@pytest.mark.slow
+def test_torch_compile_traces_the_fp32_stages_in_one_graph_and_keeps_their_dtypes():
+    """Dynamo takes the fp32 regions (autocast contexts) into the graph with no break (fullgraph), and the traced
+    networks compute what the eager ones do; AOTAutograd's eager backend: the tracing is checked, not a compiler.
+    With every stage in fp32 G's images come out fp32, so a region Dynamo dropped would show in their dtype."""
+    torch.manual_seed(0)
+    g, d = build_r3gan(32, 1, nz=8, ngf=16, ndf=16, fp32_stages=4)
+    z = torch.randn(3, 8)
+    torch._dynamo.reset()
+    traced_g, traced_d = (torch.compile(net, backend="aot_eager", fullgraph=True) for net in (g, d))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager_images, images = g(z), traced_g(z)
+        eager, traced = d(eager_images), traced_d(images)
+    assert eager_images.dtype == images.dtype == eager.dtype == traced.dtype == torch.float32
+    torch.testing.assert_close(images, eager_images)
+    torch.testing.assert_close(traced, eager)
+
+
+@pytest.mark.parametrize("fp32", [0, 1])
+def test_r1_through_r3gans_d_under_bf16_stays_within_tolerance_of_fp32_with_or_without_fp32_stages(fp32):
+    """R1 (its input gradients, then the penalty) through R3GAN's D under bf16 autocast, the 4 x 4 stage in bf16 or
+    in fp32, against the same D in fp32: within 5%, as test_losses holds the penalties on a DCGAN's D."""
+    torch.manual_seed(0)
+    d = R3GANDiscriminator(32, 1, width=16, fp32_stages=fp32)
+    with torch.no_grad():  # every branch's last conv starts at zero: wake the branches up, as training does
+        for p in d.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    real, r1, off = torch.randn(8, 1, 32, 32), R1(10.0), torch.amp.GradScaler("cpu", enabled=False)
+    fp32_value = r1(input_gradients(d, real, contextlib.nullcontext, off))
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    bf16_value = r1(input_gradients(d, real, bf16, off).float())
+    assert fp32_value.item() > 0 and bf16_value.item() == pytest.approx(fp32_value.item(), rel=0.05)
+
+
 def _blocks(*networks):
     return [m for net in networks for m in net.modules() if isinstance(m, ResidualBlock)]
 
@@ -200,7 +261,7 @@ def test_the_preset_trains_through_the_trainer(tmp_path, glyphs64, accumulate):
 
 @pytest.mark.parametrize("changes, penalised", [
     (dict(), 2), (dict(r1_interval=2, r2_interval=2), 1), (dict(grad_accum_steps=2), 4), (dict(d_steps=2), 4),
-    (dict(precision="bf16"), 2)])
+    (dict(precision="bf16"), 2), (dict(precision="bf16", fp32_stages=1), 2)])
 def test_r1_and_r2_reuse_the_loss_forward_and_give_d_the_gradients_of_a_forward_of_their_own(tmp_path, glyphs64,
                                                                                              changes, penalised):
     """Where D is called as it is (no compile, no DDP), R1 and R2 differentiate the outputs of D's loss forward
@@ -216,6 +277,7 @@ def test_r1_and_r2_reuse_the_loss_forward_and_give_d_the_gradients_of_a_forward_
             run = run.replace(r1_interval=1, r2_interval=1)
         trainer = Trainer(run, dataset=glyphs64)
         assert trainer.stepper.reuses_d_forward
+        assert trainer.generator.fp32_stages == trainer.discriminator.fp32_stages == changes.get("fp32_stages", 0)
         trainer.stepper.reuses_d_forward = reuse
         seen, counted = [], []
         d = trainer.discriminator
@@ -249,6 +311,10 @@ def test_a_compiled_d_keeps_the_penalty_on_its_own_plain_forward(tmp_path, glyph
     (dict(architecture="r3gan", conditional=True), "conditional=True with architecture='r3gan'"),
     (dict(architecture="r3gan", activation_checkpointing="d"), "architecture='r3gan' has none to cut"),
     (dict(architecture="r3gan", loss="bce-sigmoid"), "loss='bce-sigmoid' needs D to end in a Sigmoid"),
+    (dict(fp32_stages=1), "architecture='dcgan' has no such stages"),
+    (dict(architecture="r3gan", precision="bf16", fp32_stages=5), "R3GAN at 32 px has 4 stages (4 x 4 up to 32 x 32), "
+                                                                  "so at most fp32_stages=4"),
+    (dict(architecture="r3gan", precision="bf16", fp32_stages=-1), "fp32_stages=-1: must be >= 0"),
     (dict(r2_gamma=float("nan")), "r2_gamma=nan: must be a finite number"),
     (dict(r2_gamma=-1.0), "r2_gamma=-1.0: must be >= 0"),
     (dict(r2_interval=4), "r2_interval sets how often R2 runs, but R2 is off (r2_gamma=0)"),

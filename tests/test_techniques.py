@@ -231,8 +231,8 @@ def test_checks_rows_are_pinned():
         "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
         "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "warm-up + cosine schedule",
         "activation checkpointing", "R3GAN: rpgan, R1 + R2", "WGAN-GP, fp16 + GradScaler",
-        "WGAN-GP + compile reduce-overhead", "R3GAN, fp16 + GradScaler", "R3GAN + compile reduce-overhead",
-        check.CUDA_TENSORS]
+        "WGAN-GP + compile reduce-overhead", "R3GAN, fp16 + GradScaler", check.R3GAN_FP32_ROW,
+        "R3GAN + compile reduce-overhead", check.CUDA_TENSORS]
 
 
 @pytest.mark.parametrize("device, wait, busy, syncs, ops, cfg, fix, text", [

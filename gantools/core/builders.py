@@ -72,7 +72,7 @@ def built_in_networks(cfg: TrainConfig, classes: int) -> tuple[nn.Module, nn.Mod
         (generator, discriminator)
     """
     if cfg.architecture == "r3gan":
-        return build_r3gan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf)
+        return build_r3gan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf, cfg.fp32_stages)
     # a penalty is per image: d_norm 'auto' gives D layer norm then, not BatchNorm
     return build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf, sigmoid=(cfg.loss == "bce-sigmoid"),
                        d_norm=discriminator_norm(cfg), classes=classes)

@@ -194,6 +194,9 @@ class TrainConfig:
     # numerics and speed
     precision: str = _f("fp32", "fp32, fp16 (autocast + GradScaler, CUDA only) or bf16 (autocast)", PRECISIONS,
                         speed=True)
+    fp32_stages: int = _f(0, "architecture='r3gan' with precision bf16 or fp16: how many of its stages, from 4 x 4 up, "
+                          "run in fp32, the rest in 16-bit (0: every stage in 16-bit; StyleGAN2-ADA's split, 16-bit "
+                          "never at 4 x 4, is fp32_stages=1; nothing changes in fp32 or with networks of your own)")
     tf32: Optional[bool] = _f(None, "TF32 matmuls and convs on Ampere+ GPUs, during this run's fit() only (default: "
                               "the process's setting)", kind=bool, speed=True)
     channels_last: bool = _f(False, "NHWC memory format for convolutions", speed=True)

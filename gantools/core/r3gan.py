@@ -18,6 +18,12 @@ same at every stage and halved at 64 px as the paper halves it (the `r3gan` pres
 32 px run fits a CPU), with the paper's two blocks per stage, its expansion of 2, 3 x 3 kernels and 16 channels per
 group (fewer groups, as the width is smaller). G ends in a 1x1 conv with no tanh, as the paper's does
 (its images are clamped to [-1, 1] only for showing and scoring). Class conditioning is not built here.
+
+Under a 16-bit autocast, `fp32_stages` keeps the lowest-resolution stages in fp32, as StyleGAN2-ADA keeps 16-bit to
+its highest resolutions (its `num_fp16_res`, never at 4 x 4): there the maps are smallest, so 16-bit saves least.
+Only the split is taken, not StyleGAN2-ADA's clamp of its fp16 layers' outputs (`conv_clamp`). Each such region is
+torch.autocast's documented `enabled=False` subregion (autocast off for the input's device, the input cast to fp32
+by hand), which torch.compile traces as a context manager; the state dict is the same at every setting.
 """
 from __future__ import annotations
 
@@ -49,6 +55,14 @@ def _conv(c_in: int, c_out: int, kernel: int = 1, groups: int = 1, gain: float =
 def _groups(channels: int) -> int:
     """Groups for a grouped conv over `channels`: as many as keep at least GROUP_CHANNELS channels in each."""
     return max(g for g in range(1, max(1, channels // GROUP_CHANNELS) + 1) if channels % g == 0)
+
+
+def _in_fp32(module: nn.Module, x: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """module(x), in fp32 where `fp32` even inside a 16-bit autocast (a no-op outside one)."""
+    if not fp32:
+        return module(x)
+    with torch.autocast(x.device.type, enabled=False):
+        return module(x.float())
 
 
 class BiasedLeakyReLU(nn.Module):
@@ -126,6 +140,17 @@ def stage_widths(image_size: int, width: int) -> list[int]:
     return [width] * (stages - 1) + [max(1, width // 2) if image_size == 64 else width]
 
 
+def stage_count(image_size: int) -> int:
+    """The networks' stages at `image_size` px: one per resolution from 4 x 4 up."""
+    return len(stage_widths(image_size, 1))
+
+
+def _fp32_stages(n: int, stages: int) -> int:
+    if not 0 <= n <= stages:
+        raise ValueError(f"fp32_stages={n}: these networks have {stages} stages, so 0 to {stages}")
+    return n
+
+
 class R3GANGenerator(nn.Module):
     """R3GAN's generator: z (B, nz) -> images (B, channels, image_size, image_size), unbounded (no tanh).
 
@@ -140,16 +165,18 @@ class R3GANGenerator(nn.Module):
         blocks: residual blocks per stage.
         expansion: the blocks' inner width over their width.
         kernel: the grouped conv's side.
+        fp32_stages: under a 16-bit autocast, the stages from 4 x 4 up that run in fp32 (with z's projection;
+            all of them: the last 1x1 conv too).
     Raises:
-        ValueError: another image_size.
+        ValueError: another image_size, or more fp32 stages than stages.
     """
 
     def __init__(self, image_size: int = 32, channels: int = 1, nz: int = 100, width: int = 64, blocks: int = 2,
-                 expansion: int = 2, kernel: int = 3):
+                 expansion: int = 2, kernel: int = 3, fp32_stages: int = 0):
         super().__init__()
         widths = stage_widths(image_size, width)
         total = blocks * len(widths)
-        self.nz = nz
+        self.nz, self.fp32_stages = nz, _fp32_stages(fp32_stages, len(widths))
         self.project = _he(nn.Linear(nz, widths[0], bias=False))  # z -> one scale per basis channel
         self.basis = nn.Parameter(torch.randn(widths[0], 4, 4))  # (w0, 4, 4): the 4 x 4 starting maps
         stages = []
@@ -161,10 +188,17 @@ class R3GANGenerator(nn.Module):
         self.stages = nn.Sequential(*stages)
         self.to_image = _conv(widths[-1], channels)  # (w_last, size, size) -> (channels, size, size)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
+    def start(self, z: torch.Tensor) -> torch.Tensor:
+        """z (B, nz) -> the 4 x 4 maps (B, w0, 4, 4): the basis scaled per channel by a linear map of z."""
         scales = self.project(z.view(z.shape[0], -1))
-        x = self.basis.to(scales.dtype) * scales.view(z.shape[0], -1, 1, 1)  # (B, w0, 4, 4)
-        return self.to_image(self.stages(x))
+        return self.basis.to(scales.dtype) * scales.view(z.shape[0], -1, 1, 1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        fp32 = self.fp32_stages
+        x = _in_fp32(self.start, z, fp32 > 0)
+        for i, stage in enumerate(self.stages):  # lowest resolution first
+            x = _in_fp32(stage, x, i < fp32)
+        return _in_fp32(self.to_image, x, fp32 == len(self.stages))
 
 
 class R3GANDiscriminator(nn.Module):
@@ -181,15 +215,18 @@ class R3GANDiscriminator(nn.Module):
         blocks: residual blocks per stage.
         expansion: the blocks' inner width over their width.
         kernel: the grouped conv's side.
+        fp32_stages: under a 16-bit autocast, the stages from 4 x 4 up that run in fp32 (with the logit's linear
+            map; all of them: the first 1x1 conv too).
     Raises:
-        ValueError: another image_size.
+        ValueError: another image_size, or more fp32 stages than stages.
     """
 
     def __init__(self, image_size: int = 32, channels: int = 1, width: int = 64, blocks: int = 2,
-                 expansion: int = 2, kernel: int = 3):
+                 expansion: int = 2, kernel: int = 3, fp32_stages: int = 0):
         super().__init__()
         widths = stage_widths(image_size, width)[::-1]  # highest resolution first
         total = blocks * len(widths)
+        self.fp32_stages = _fp32_stages(fp32_stages, len(widths))
         self.from_image = _conv(channels, widths[0])  # (channels, size, size) -> (w, size, size)
         stages = []
         for i, w in enumerate(widths):
@@ -203,12 +240,15 @@ class R3GANDiscriminator(nn.Module):
         self.to_logit = _he(nn.Linear(widths[-1], 1, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = self.stages(self.from_image(x))
-        return self.to_logit(features.flatten(1)).view(-1)
+        fp32, n = self.fp32_stages, len(self.stages)
+        x = _in_fp32(self.from_image, x, fp32 == n)
+        for i, stage in enumerate(self.stages):  # highest resolution first: the last `fp32` in fp32
+            x = _in_fp32(stage, x, i >= n - fp32)
+        return _in_fp32(self.to_logit, x.flatten(1), fp32 > 0).view(-1)
 
 
-def build_r3gan(image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64,
-                ndf: int = 64) -> tuple[R3GANGenerator, R3GANDiscriminator]:
+def build_r3gan(image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int = 64, ndf: int = 64,
+                fp32_stages: int = 0) -> tuple[R3GANGenerator, R3GANDiscriminator]:
     """Both R3GAN networks, initialised as the paper does (call torch.manual_seed first for reproducible weights).
 
     Args:
@@ -217,9 +257,11 @@ def build_r3gan(image_size: int = 32, channels: int = 1, nz: int = 100, ngf: int
         nz: the noise's length.
         ngf: the generator's width per stage.
         ndf: the discriminator's width per stage.
+        fp32_stages: in both, the stages from 4 x 4 up that stay fp32 under a 16-bit autocast.
     Returns:
         (generator, discriminator).
     Raises:
-        ValueError: another image_size.
+        ValueError: another image_size, or more fp32 stages than stages.
     """
-    return R3GANGenerator(image_size, channels, nz, ngf), R3GANDiscriminator(image_size, channels, ndf)
+    return (R3GANGenerator(image_size, channels, nz, ngf, fp32_stages=fp32_stages),
+            R3GANDiscriminator(image_size, channels, ndf, fp32_stages=fp32_stages))

@@ -10,6 +10,7 @@ import torch
 
 from . import distributed
 from .r3gan import IMAGE_SIZES as R3GAN_SIZES
+from .r3gan import stage_count
 from ..measuring import hardware
 
 
@@ -146,8 +147,18 @@ def _model_problems(p: _Problems, c) -> None:
 
 def _architecture_problems(p: _Problems, c) -> None:
     """What R3GAN's networks cannot do: other sizes, a normalisation, labels, DCGAN's checkpointed blocks, a
-    Sigmoid."""
-    if not p.choice("architecture") or c.architecture != "r3gan":
+    Sigmoid; and fp32 stages where there are none (another architecture, more than it has)."""
+    if not p.choice("architecture"):
+        return
+    if p.at_least("fp32_stages", 0) and c.fp32_stages:  # in fp32 a no-op: a resume may turn 16-bit off
+        if c.architecture != "r3gan":
+            p.add(f"fp32_stages={c.fp32_stages} keeps R3GAN's lowest-resolution stages in fp32; "
+                  f"architecture={c.architecture!r} has no such stages: set fp32_stages=0, or architecture='r3gan'")
+        elif c.image_size in R3GAN_SIZES and c.fp32_stages > stage_count(c.image_size):
+            n = stage_count(c.image_size)
+            p.add(f"fp32_stages={c.fp32_stages}: R3GAN at {c.image_size} px has {n} stages (4 x 4 up to "
+                  f"{c.image_size} x {c.image_size}), so at most fp32_stages={n}")
+    if c.architecture != "r3gan":
         return
     sizes = " or ".join(map(str, R3GAN_SIZES))
     if c.image_size not in R3GAN_SIZES and c.image_size in p.knobs["image_size"].choices:

@@ -64,6 +64,7 @@ OOM_ROW = "out of memory told apart, then training again"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
 CUDA_TENSORS = "a dataset returning CUDA tensors"
 R3GAN_ROW = "R3GAN: rpgan, R1 + R2"
+R3GAN_FP32_ROW = "R3GAN, fp16 + GradScaler, 4 x 4 in fp32"
 # R3GAN's networks at BASE's sizes, its loss and both penalties at one gamma, as the paper trains it; half BASE's batch,
 # as its deeper networks and two double backwards make its step the check's slowest on a CPU (its rows then do not
 # cross an epoch: the DCGAN rows check that)
@@ -108,6 +109,8 @@ def techniques(device: torch.device, compile_ok: bool, fast_bf16: bool | None = 
         rows["WGAN-GP, fp16 + GradScaler"] = {"loss": "wgan-gp", "precision": "fp16"}
         rows["WGAN-GP + compile reduce-overhead"] = {"loss": "wgan-gp", "compile": "reduce-overhead"}
         rows["R3GAN, fp16 + GradScaler"] = {**R3GAN, "precision": "fp16"}
+        # StyleGAN2-ADA's split: 16-bit everywhere but the 4 x 4 stage, whose fp32 region sits inside fp16 autocast
+        rows[R3GAN_FP32_ROW] = {**R3GAN, "precision": "fp16", "fp32_stages": 1}
         if supports_bf16(device) if fast_bf16 is None else fast_bf16:  # as `techniques.rows` picks 16-bit rows
             rows["R3GAN, bf16 autocast"] = {**R3GAN, "precision": "bf16"}
         rows["R3GAN + compile reduce-overhead"] = {**R3GAN, "compile": "reduce-overhead"}
