@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 
+from gantools import TrainConfig
 from gantools.speed import bench
 from gantools.workbook.display import bench_chart
 
@@ -138,3 +139,21 @@ def test_interleave_warms_up_then_alternates_and_reads_each_chunk_from_the_logge
     stopped = _FakeTrainer("x", 1.0, [])
     with pytest.raises(bench.Stopped):
         bench.interleave({"x": stopped}, 32, 32, 1, stop=lambda: True)
+
+
+def test_side_by_side_gives_each_config_its_own_folder(tmp_path, monkeypatch):
+    """Each contender's trainer writes under `<out_dir>/<its index>`: a function built in a loop must bind the index
+    it was built with, not read the loop's last one when it is called."""
+    folders, real = {}, bench.interleave
+
+    def recording(contenders, *args, **kwargs):
+        measured = real(contenders, *args, **kwargs)
+        folders.update({name: m.subject.cfg.out_dir for name, m in measured.items()})
+        return measured
+
+    monkeypatch.setattr(bench, "interleave", recording)
+    cfg = TrainConfig(image_size=32, channels=1, **TINY, device="cpu")
+    result = bench.side_by_side({"fp32": cfg, "again": cfg.replace(lr_g=1e-4)}, out_dir=tmp_path,
+                                plan=dict(warmup_images=32, images_per_repeat=32, repeats=1))
+    assert list(result["rows"]) == ["fp32", "again"]
+    assert folders == {"fp32": str(tmp_path / "0"), "again": str(tmp_path / "1")}

@@ -138,8 +138,8 @@ def side_by_side(configs: dict, plan: dict | None = None, out_dir="runs/bench/si
     `side_by_side_markdown` draws it."""
     first = next(iter(configs.values()))
     plan = {**plan_for(resolve_device(first.device)), **(plan or {})}
-    builders = {name: (lambda name=name, cfg=cfg: measurement_trainer(
-        cfg.replace(out_dir=str(Path(out_dir) / f"{i}")), plan)) for i, (name, cfg) in enumerate(configs.items())}
+    builders = {name: (lambda cfg=cfg, i=i: measurement_trainer(cfg.replace(out_dir=str(Path(out_dir) / f"{i}")), plan))
+                for i, (name, cfg) in enumerate(configs.items())}
     measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
     base = measured[next(iter(measured))]
     rows = {}
