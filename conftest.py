@@ -21,4 +21,5 @@ def pytest_configure(config):
 
         load_classifier("glyphs", 32, 1, device="cpu")
     except Exception as e:  # each worker trains its own where this one failed: slower, still correct
-        warnings.warn(f"could not fill the feature classifier's cache before the workers started: {e}")
+        warnings.warn(f"could not fill the feature classifier's cache before the workers started: {e}",
+                      stacklevel=1)

@@ -117,6 +117,58 @@ def small_pngs(tmp_path_factory):
     return write_glyph_pngs(tmp_path_factory.mktemp("small_pngs"), n=160, image_size=32, channels=3, seed=0)
 
 
+class FakeClock:
+    """A clock the test moves instead of the machine's load: each reading is `tick` seconds after the last (timed work
+    still takes some time), and `advance(seconds)` jumps ahead (a measurement that "took" that long)."""
+
+    def __init__(self, tick: float = 0.001):
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """`hardware.seconds`, the clock every gantools timing and time budget reads, replaced by a `FakeClock`."""
+    from gantools.measuring import hardware
+
+    clock = FakeClock()
+    monkeypatch.setattr(hardware, "seconds", clock)
+    return clock
+
+
+STEADY_PHASE_MS, STEADY_COMPUTE_SHARE = 10.0, 0.4
+
+
+@pytest.fixture(scope="module")
+def steady_doctor():
+    """The doctor's rules judge what a loop does, never how busy the machine was when it ran: every phase the doctor
+    measured in a loop run in this process (and the rest of the iteration) is taken to cost the same 10 ms, the device
+    to be busy whenever the loop is not waiting for data, and convolutions and matmuls 40% of that. What the doctor
+    saw (the phases, the settings, the sites) stays as it ran; so a finding appears because its evidence was
+    observed, and its gate is tested on its own in test_doctor_rules.py. The real numbers stay in the trace."""
+    from gantools.doctor import analysis
+
+    measure = analysis._profile_into
+
+    def steady(r, obs, sched, run):
+        measure(r, obs, sched, run)
+        r.phases_ms = {k: STEADY_PHASE_MS for k, ms in r.phases_ms.items() if ms > 0 or k == analysis.OTHER}
+        r.step_time_ms = sum(r.phases_ms.values())
+        wait = r.phases_ms.get("data wait", 0.0)
+        r.device_busy_ms, r.compute_share = r.step_time_ms - wait, STEADY_COMPUTE_SHARE
+        r.verdict = analysis._verdict(r, wait, r.device_busy_ms, r.top_ops, obs.device_in_use().type == "cuda")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(analysis, "_profile_into", steady)
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from a second thread, and a single one is not thrown off by a busy neighbour."""

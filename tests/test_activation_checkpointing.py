@@ -37,7 +37,7 @@ def test_gradients_and_batchnorm_buffers_equal_an_uncheckpointed_network():
     grads = _train_g_step(plain, False), _train_g_step(checked, True)
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=0, msg=name)
-    for (name, a), (_, b) in zip(plain.named_buffers(), checked.named_buffers()):
+    for (name, a), (_, b) in zip(plain.named_buffers(), checked.named_buffers(), strict=True):
         assert torch.equal(a, b), f"{name}: the recomputation folded the batch into the running statistics again"
 
 
@@ -81,7 +81,7 @@ def test_a_penalty_differentiates_through_checkpointed_blocks():
         penalty.backward()
         penalties.append((penalty.detach(), [p.grad for p in d.parameters()]))
     torch.testing.assert_close(penalties[1][0], penalties[0][0])
-    for a, b in zip(penalties[0][1], penalties[1][1]):
+    for a, b in zip(penalties[0][1], penalties[1][1], strict=True):
         torch.testing.assert_close(b, a)
 
 

@@ -6,7 +6,7 @@ from gantools.core.history import History
 
 def _history(loss_d, loss_g, d_real=0.8, d_fake=0.2):
     return History([{"step": i + 1, "loss_d": d, "loss_g": g, "d_real": d_real, "d_fake": d_fake}
-                    for i, (d, g) in enumerate(zip(loss_d, loss_g))])
+                    for i, (d, g) in enumerate(zip(loss_d, loss_g, strict=True))])
 
 
 def test_balance_names_a_d_that_overpowers_g_an_oscillating_game_and_a_balanced_one():

@@ -93,6 +93,16 @@ def assert_readable(fig, monkeypatch):
         for u, b in texts[i + 1:]:
             if _overlap(_shrunk(a), _shrunk(b)):
                 problems.append(f"{t.get_text()!r} overlaps {u.get_text()!r}")
+    problems += _hiding_data(fig, texts, renderer)
+    problems += _squeezed(fig)
+    assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:25])
+    return texts
+
+
+def _hiding_data(fig, texts, renderer) -> list:
+    """`assert_readable`'s problems of texts and legends that sit on data points (a label inside the plot must
+    not), apart so each check reads on its own."""
+    problems = []
     points = _data_points(fig)
     for t, box in texts:  # a label inside the plot must not sit on a data point
         b = _shrunk(box, 2)
@@ -105,13 +115,18 @@ def assert_readable(fig, monkeypatch):
         hidden = [p for p in points if _inside(b, p)]
         if hidden:
             problems.append(f"a legend ({len(legend.get_texts())} entries) hides {len(hidden)} data points")
+    return problems
+
+
+def _squeezed(fig) -> list:
+    """`assert_readable`'s problems of axes that long names squeezed into a sliver."""
+    problems = []
     for ax in fig.axes:  # long names must not squeeze the plot itself into a sliver
         if ax.axison and (ax.get_lines() or ax.patches or ax.collections):
             w, h = ax.bbox.width / fig.dpi, ax.bbox.height / fig.dpi
             if w < 2.5 or h < 1.2:
                 problems.append(f"the axes {ax.get_title()!r} are squeezed to {w:.1f} x {h:.1f} in")
-    assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:25])
-    return texts
+    return problems
 
 
 @pytest.fixture
@@ -151,7 +166,7 @@ def _history(i, n_records=40, kind="bce", seed=0):
     return History([{"step": int(s), "loss_d": float(d), "loss_g": float(g), "d_real": 0.5, "d_fake": 0.5,
                      "penalty": float(p), "images_per_sec": speed * (1 + 0.01 * k), "step_time_ms": 1e5 / speed,
                      "data_wait_ms": 0.1, "peak_mem_mb": 100.0 + i, "train_time_s": 0.1 * k}
-                    for k, (s, d, g, p) in enumerate(zip(steps, loss_d, loss_g, penalty))])
+                    for k, (s, d, g, p) in enumerate(zip(steps, loss_d, loss_g, penalty, strict=True))])
 
 
 def _histories(n, kind="bce"):
@@ -440,7 +455,7 @@ def _quality_axes(fig):
 
 def _scores(fids, baseline_fid):
     results = {name: {**_history(i).summary(), "images_per_sec": 300.0 + 60 * i, "images_trained": 12800,
-                      "classes_covered": 9, "fid": f} for i, (name, f) in enumerate(zip(NAMES, fids))}
+                      "classes_covered": 9, "fid": f} for i, (name, f) in enumerate(zip(NAMES, fids, strict=False))}
     return results, {**_history(0).summary(), "images_per_sec": 250.0, "images_trained": 12800, "fid": baseline_fid}
 
 
@@ -454,7 +469,7 @@ def test_point_labels_stand_clear_of_every_marker(baseline_is_a_run, monkeypatch
     ax = _quality_axes(fig)
     markers = [(xy, np.sqrt(size) / 2 * fig.dpi / 72) for coll in ax.collections if isinstance(coll, PathCollection)
                for xy, size in zip(coll.get_offset_transform().transform(coll.get_offsets()),
-                                   np.broadcast_to(coll.get_sizes(), len(coll.get_offsets())))]
+                                   np.broadcast_to(coll.get_sizes(), len(coll.get_offsets())), strict=True)]
     labels = [(t, box) for t, box in texts if t.axes is ax and t is not ax.title]
     assert any("baseline" in t.get_text() for t, _ in labels)
     for t, box in labels:

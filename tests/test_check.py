@@ -190,7 +190,7 @@ def test_the_check_counts_host_syncs_in_the_optimizer_steps_and_fails_fused_adam
 
     def sync_if_watched():
         if mode[0] == "warn":
-            warnings.warn("called a synchronizing CUDA operation")
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
 
     opt_step, adam_step = real_scaler._maybe_opt_step, torch.optim.Adam.step
     monkeypatch.setattr(real_scaler, "_maybe_opt_step", lambda self, *a, **k: sync_if_watched() or

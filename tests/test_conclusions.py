@@ -165,7 +165,7 @@ def test_a_memory_saving_that_costs_speed_is_a_trade_not_a_default():
 def _curve(fids, steps=(300, 600, 900, 1200)):
     from gantools.core.history import History
 
-    return History([{"step": s, "images_trained": 64 * s, "fid": f} for s, f in zip(steps, fids)])
+    return History([{"step": s, "images_trained": 64 * s, "fid": f} for s, f in zip(steps, fids, strict=False)])
 
 
 def test_a_fid_curve_that_rose_on_the_way_says_so_before_how_it_ended():

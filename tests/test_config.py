@@ -96,7 +96,7 @@ def test_round_trip_through_a_dict():
 def test_every_field_is_described_once_by_its_knob():
     described = knobs()
     assert list(described) == [f.name for f in fields(TrainConfig)]
-    for name, knob in described.items():
+    for _name, knob in described.items():
         assert isinstance(knob, Knob) and knob.kind in (bool, int, float, str) and knob.help
     assert described["betas"].pair and described["pin_memory"].optional and described["pin_memory"].kind is bool
     assert described["precision"].choices == ("fp32", "fp16", "bf16")

@@ -156,7 +156,7 @@ def test_device_and_host_loaders_give_the_same_batches(glyphs64):
     device = DeviceLoader(glyphs64, 16, "cpu", seed=5)
     host_batches, device_batches = list(host), list(device)
     assert len(host_batches) == len(device_batches) == 4
-    for h, d in zip(host_batches, device_batches):
+    for h, d in zip(host_batches, device_batches, strict=True):
         assert torch.equal(h, d) and h.dtype == torch.float32
         assert -1.0 <= h.min() and h.max() <= 1.0
 
@@ -176,9 +176,9 @@ def test_worker_processes_load_the_same_batches(glyphs64):
     in_process = list(HostLoader(per_sample, 16, "cpu", seed=2))
     workers = list(HostLoader(per_sample, 16, "cpu", seed=2, num_workers=2, prefetch_factor=2,
                               persistent_workers=True))
-    assert all(torch.equal(a, b) for a, b in zip(in_process, workers))
+    assert all(torch.equal(a, b) for a, b in zip(in_process, workers, strict=True))
     on_device = list(HostLoader(glyphs64, 16, "cpu", seed=2))
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(in_process, on_device)), \
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(in_process, on_device, strict=True)), \
         "per-sample PIL transforms and on-device normalisation must give the same images"
 
 

@@ -56,7 +56,7 @@ def test_two_processes_with_half_the_batch_each_train_the_weights_of_one_process
     two = ranks[0]["results"]["plain"]
     assert two["step"] == one["step"] == 4
     _close(one, two)
-    for a, b in zip(one["history"], two["history"]):  # losses averaged over ranks: the one-process losses
+    for a, b in zip(one["history"], two["history"], strict=True):  # losses averaged over ranks: the one-process losses
         assert a["step"] == b["step"] and a["loss_d"] == pytest.approx(b["loss_d"], rel=1e-5)
         assert a["loss_g"] == pytest.approx(b["loss_g"], rel=1e-5)
     assert a["images_per_sec"] > 0 and b["images_per_sec"] > 0
@@ -80,7 +80,7 @@ def test_penalties_d_steps_ema_and_labels_under_two_processes_train_the_weights_
     _close(one, two)
     for name in one["ema"]:
         torch.testing.assert_close(one["ema"][name], two["ema"][name], rtol=1e-4, atol=1e-6, msg=f"ema {name}")
-    for a, b in zip(one["history"], two["history"]):
+    for a, b in zip(one["history"], two["history"], strict=True):
         assert a["penalty"] == pytest.approx(b["penalty"], rel=1e-4) and a["loss_d"] == pytest.approx(b["loss_d"],
                                                                                                       rel=1e-4)
     assert one["history"][-1]["penalty"] > 0 and two["step"] == 3

@@ -229,6 +229,24 @@ def pointer_problems(paragraph: str) -> list[str]:
     tokens = TICKED.findall(paragraph)
     if not any(MODULE_PATH.match(t) for t in tokens):
         return [f"no module path in: {paragraph.strip()[:80]}"]
+    named, problems = _named(tokens)
+    classes, deferred = [], []
+    for name, module in named:
+        if module is False:
+            continue  # its module path is already reported
+        try:
+            _resolve(module, name, classes)
+        except (AssertionError, AttributeError) as e:
+            deferred.append((name, module, e))
+    for name, module, error in deferred:
+        if "." in name or not any(_member_of_class(cls, name) for cls in classes):
+            problems.append(f"`{name}` in {module.__name__}: {error}")
+    return problems
+
+
+def _named(tokens: list) -> tuple[list, list]:
+    """`pointer_problems`' first pass: each name with the module it lives in (None while no module path came yet,
+    False where that module path did not import), and the problems of the module paths themselves."""
     problems, named, current = [], [], None
     for token in tokens:
         if MODULE_PATH.match(token):
@@ -242,18 +260,7 @@ def pointer_problems(paragraph: str) -> list[str]:
             named = [(name, current) if module is None else (name, module) for name, module in named]
             continue
         named.append((token.removeprefix("self.").split("(")[0].rstrip("=").strip(), current))
-    classes, deferred = [], []
-    for name, module in named:
-        if module is False:
-            continue  # its module path is already reported
-        try:
-            _resolve(module, name, classes)
-        except (AssertionError, AttributeError) as e:
-            deferred.append((name, module, e))
-    for name, module, error in deferred:
-        if "." in name or not any(_member_of_class(cls, name) for cls in classes):
-            problems.append(f"`{name}` in {module.__name__}: {error}")
-    return problems
+    return named, problems
 
 
 def test_where_it_lives_pointers_resolve():

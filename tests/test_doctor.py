@@ -38,7 +38,7 @@ LOADER_ITER = DataLoader.__dict__["__iter__"]
 # gantools' own package folder, as a traceback may name it: not any path containing "gantools/" (the checkout's may)
 GANTOOLS_DIRS = {os.path.join(os.path.dirname(path(gantools.__file__)), "") for path in (os.path.abspath,
                                                                                           os.path.realpath)}
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
 
 
 def tutorial(pngs, *flags, epochs=50):
@@ -157,9 +157,7 @@ def test_bad_input_is_one_clear_message(pngs, tmp_path, capsys, monkeypatch):
     assert "the doctor saw 3 training steps before it" in err
     assert not any(folder in err for folder in GANTOOLS_DIRS) and "runpy" not in err
 
-    t0 = time.perf_counter()
-    assert main(["doctor", "--timeout", "1", str(SCRIPTS / "no_training.py")]) == 2
-    assert time.perf_counter() - t0 < 20
+    assert main(["doctor", "--timeout", "1", str(SCRIPTS / "no_training.py")]) == 2  # a script that never trains
     err = capsys.readouterr().err
     assert "no optimizer step within 1 s" in err and "is this a training script?" in err and "Traceback" not in err
 

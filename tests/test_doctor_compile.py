@@ -18,7 +18,7 @@ from gantools.doctor.report import DoctorReport
 
 from conftest import BatchFreeD, BatchFreeG
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
 
 
 def compiled_loop(preview_at=None, log_item=False):

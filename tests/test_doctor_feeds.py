@@ -25,7 +25,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 FUNCTIONAL, INLINE = SCRIPTS / "vanilla_gan_functional.py", SCRIPTS / "vanilla_gan_inline.py"
 NEXT_BATCH = SCRIPTS / "wgan_mlp_next_batch.py"
 TORCH_CAT = torch.cat
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
 
 
 def flags(script, pngs) -> list:
@@ -34,7 +34,7 @@ def flags(script, pngs) -> list:
 
 
 @pytest.fixture(scope="module")
-def diagnose(small_pngs, tmp_path_factory):
+def diagnose(small_pngs, tmp_path_factory, steady_doctor):
     """The diagnosis of a script, run once per module."""
     traces, reports = tmp_path_factory.mktemp("traces"), {}
 

@@ -28,7 +28,7 @@ VANILLA, FUNCTIONAL = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "vanilla_gan_fu
 IN_FORWARD, HELPER = SCRIPTS / "sigmoid_in_forward.py", SCRIPTS / "bce_helper.py"
 CPU = machine_facts(torch.device("cpu"))
 LOGGED = re.compile(r"(D\(x\)|D\(G\(z\)\)|D accuracy): ([-\d.]+)(?: / ([-\d.]+))?")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
 
 
 def flags(script, pngs, epochs: int) -> list:
@@ -56,7 +56,7 @@ def described(script: Path) -> doctor.DoctorReport:
 
 
 @pytest.fixture(scope="module")
-def shown_edit(small_pngs, tmp_path_factory):
+def shown_edit(small_pngs, tmp_path_factory, steady_doctor):
     """The sigmoid-bce finding's edit of a script: from the doctor's diagnosis where it takes a second or two, else
     made from the diagnosis's facts (`described`) the same way (`patching.make_patch` of the logits fix)."""
     edits, traces = {}, tmp_path_factory.mktemp("traces")

@@ -35,7 +35,7 @@ R1 = SCRIPTS / "r1_dcgan.py"
 TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
 PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
 LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
 
 
 def flags(script, pngs, epochs=50) -> list:
@@ -58,7 +58,7 @@ def flags(script, pngs, epochs=50) -> list:
 
 
 @pytest.fixture(scope="module")
-def diagnose(small_pngs, tmp_path_factory):
+def diagnose(small_pngs, tmp_path_factory, steady_doctor):
     """The diagnosis of a script, run once per module (the --try and --patch tests start from it)."""
     traces, reports = tmp_path_factory.mktemp("traces"), {}
 
@@ -363,6 +363,9 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
     if script == WGAN_GP:
         parts.setdefault(FREEZE_D, (FREEZE_D,))
     copies = {}
+    if LAZY in parts:  # the WGAN-GP's penalty every D step: lazy regularisation is the user's to write, said so
+        lazy = make_patch(parts.pop(LAZY), report, ctx, root=SCRIPTS)
+        assert not lazy.diff and [name for name, _ in lazy.by_hand] == ["lazy-penalty"] and script == WGAN_GP
     for name, fix_parts in parts.items():
         patch = make_patch(fix_parts, report, ctx, root=SCRIPTS)
         assert patch and not patch.by_hand and patch.files == [script.name], (name, patch.by_hand)

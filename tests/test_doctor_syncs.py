@@ -59,16 +59,16 @@ def test_a_sync_is_placed_on_the_line_of_your_code_that_made_it(sync_mode):
         watch = SyncWatch(obs, hooks).start()
         assert sync_mode[-1] == "warn"
         GradScaler().step(); scaler_line = sys._getframe().f_lineno  # noqa: E702
-        warnings.warn(SYNC_WARNING); op_line = sys._getframe().f_lineno  # noqa: E702
+        warnings.warn(SYNC_WARNING, stacklevel=1); op_line = sys._getframe().f_lineno  # noqa: E702
         torch.cuda.synchronize(); explicit_line = sys._getframe().f_lineno  # noqa: E702
         hardware.synchronize(torch.device("cuda"))  # gantools' own: not yours
         hooks.in_sync = True
-        warnings.warn(SYNC_WARNING)  # a read the Tensor-method patches counted already
+        warnings.warn(SYNC_WARNING, stacklevel=1)  # a read the Tensor-method patches counted already
         hooks.in_sync = False
-        warnings.warn("something else")  # not a sync: passed on
+        warnings.warn("something else", stacklevel=1)  # not a sync: passed on
         watch.stop()
         assert sync_mode[-1] == 0 and warnings.showwarning is shown  # the mode and showwarning put back
-        warnings.warn(SYNC_WARNING)  # after stop: not counted
+        warnings.warn(SYNC_WARNING, stacklevel=1)  # after stop: not counted
     w = obs.window
     assert w.syncs == {f"{_here()}:{scaler_line}": 1, f"{_here()}:{op_line}": 1, f"{_here()}:{explicit_line}": 1}
     assert w.sites[f"{_here()}:{scaler_line}"] == ("GradScaler().step(); scaler_line = sys._getframe().f_lineno  "
@@ -107,7 +107,7 @@ def test_the_doctor_reports_the_syncs_torch_makes_for_your_loop(glyphs64, sync_m
         loss_g = bce(out, torch.ones_like(out))
         opt_g.zero_grad()
         loss_g.backward()
-        warnings.warn(SYNC_WARNING); lines["op"] = sys._getframe().f_lineno  # noqa: E702
+        warnings.warn(SYNC_WARNING, stacklevel=1); lines["op"] = sys._getframe().f_lineno  # noqa: E702
         opt_g.step()
 
     r = doctor.run(train_step, DataLoader(glyphs64, batch_size=16), steps=2, warmup=1)

@@ -28,7 +28,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN = SCRIPTS / "dcgan_plain.py"
 TUTORIAL = SCRIPTS / "dcgan_tutorial.py"
 CPU = machine_facts(torch.device("cpu"))
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
 
 
 def tiny(pngs, *flags):
@@ -205,7 +205,8 @@ def test_fp16_scales_each_loss_and_steps_through_one_scaler():
             opt.step()
         grad = next(d.parameters()).grad
     assert applied.seen and len(seen) == 3 and all(abs(x.item()) < 10 for x in seen)  # seen before scaling
-    assert any(not torch.equal(a, b) for a, b in zip(before, d.parameters()))  # the scaler let the steps through
+    # the scaler let the steps through
+    assert any(not torch.equal(a, b) for a, b in zip(before, d.parameters(), strict=True))
     assert torch.isfinite(grad).all() and grad.abs().max() < 100  # unscaled before the step
     assert "backward" not in torch.Tensor.__dict__ or torch.Tensor.backward.__name__ == "backward"
 
@@ -307,7 +308,7 @@ def test_a_lazy_penalty_takes_the_gradient_every_16th_call_and_weights_its_backw
         lazy = [penalty_grads() for _ in range(17)]
         (elsewhere,) = torch.autograd.grad(d(x).sum(), x, create_graph=True)
     for i in (0, 16):  # (the last bias has no part in the gradient: none either way)
-        assert all(a is b is None or torch.allclose(a, 16 * b) for a, b in zip(lazy[i], every)), i
+        assert all(a is b is None or torch.allclose(a, 16 * b) for a, b in zip(lazy[i], every, strict=True)), i
     assert sum(g is not None for g in every) == 3
     assert all(g is None or not g.any() for grads in lazy[1:16] for g in grads)
     assert elsewhere.requires_grad and elsewhere.abs().sum() > 0

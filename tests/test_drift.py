@@ -30,7 +30,7 @@ def test_the_three_adam_implementations_agree_to_rounding_on_the_same_gradients(
                            "fused": _adam(fused=True)}, module, steps=10)
     assert gaps["for-loop"] == 0.0
     assert all(gap < 100 * EPS for gap in gaps.values()), gaps
-    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters())), "the module was changed"
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True)), "the module was changed"
 
 
 def test_same_gradients_sees_a_real_difference_in_the_update():
@@ -59,7 +59,7 @@ def test_nudge_moves_one_weight_by_one_float():
     before = [p.detach().clone() for p in module.parameters()]
     nudge(module)
     after = list(module.parameters())
-    changed = [(a != b).sum().item() for a, b in zip(before, after)]
+    changed = [(a != b).sum().item() for a, b in zip(before, after, strict=True)]
     assert sum(changed) == 1 and changed[0] == 1
     first, moved = before[0].view(-1)[0], after[0].view(-1)[0]
     assert moved > first and torch.nextafter(first, torch.tensor(math.inf)) == moved

@@ -78,9 +78,10 @@ def test_a_conditional_trainer_feeds_labels_and_draws_one_row_per_class(tiny, gl
         calls.clear()
         trainer = Trainer(tiny.replace(steps=2, conditional=True, loader=loader, out_dir=f"{tiny.out_dir}-{loader}"),
                           generator=g, discriminator=d, dataset=glyphs64)
-        batches = list(zip(range(2), BatchStream(trainer.loader, 0)))
+        batches = list(zip(range(2), BatchStream(trainer.loader, 0), strict=False))
         trainer.fit()
-        for (_, (_, labels)), step in zip(batches, (0, 1)):  # D sees each real batch's labels (real, fake, G step)
+        # D sees each real batch's labels (real, fake, G step)
+        for (_, (_, labels)), step in zip(batches, (0, 1), strict=True):
             assert torch.equal(calls[1 + 3 * step], labels) and torch.equal(calls[2 + 3 * step], labels)
     assert trainer.latest_grid.shape == (10 * 34 + 2, 8 * 34 + 2, 3)  # 10 classes x 8 columns of 32 px
     assert torch.equal(trainer.fixed_labels, torch.arange(10).repeat_interleave(8))
@@ -240,3 +241,11 @@ def test_the_new_flags_train_from_the_cli(tmp_path, capsys, flags):
     assert len(records) == 2 and all(math.isfinite(r[m]) for r in records for m in ("loss_d", "loss_g", "penalty"))
     assert max(r["penalty"] for r in records) > 0  # lazy R1 (every 2nd D step) runs in the first
     assert "2 steps on cpu" in capsys.readouterr().out
+
+
+def test_generate_wants_one_label_per_image(tiny):
+    """Fewer or more labels than images would pair noise and labels short: refused, saying what to give."""
+    trainer = Trainer(tiny.replace(conditional=True))
+    assert trainer.generate(4, labels=torch.arange(4) % 10).shape[0] == 4
+    with pytest.raises(ConfigError, match=r"generate\(n=8, labels=...\) got 5 labels: give one label per image"):
+        trainer.generate(8, labels=torch.arange(5))

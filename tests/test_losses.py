@@ -74,7 +74,7 @@ def test_each_penalty_and_its_gradient_equal_a_per_image_fp32_reference(kind):
     d, real, fake, mix = _batch()
     if kind == "gradient penalty":
         penalty = GradientPenalty(weight=10.0)
-        points = torch.stack([a * r + (1 - a) * f for r, f, a in zip(real, fake, mix)])
+        points = torch.stack([a * r + (1 - a) * f for r, f, a in zip(real, fake, mix, strict=True)])
         value = lambda g: 10.0 * (g.norm() - 1) ** 2  # noqa: E731
     else:
         penalty = R1(gamma=3.0, interval=4)  # lazy: 4 x the every-step term, on the steps it runs
@@ -83,7 +83,8 @@ def test_each_penalty_and_its_gradient_equal_a_per_image_fp32_reference(kind):
     term = _penalty(penalty, d, real, fake, mix)
     reference = _by_hand(d, points, value)
     assert term.item() == pytest.approx(reference.item(), rel=1e-5) and term.item() > 0
-    for a, b in zip(_param_grads(d, term), _param_grads(d, reference)):  # the double backward trains D alike
+    # the double backward trains D alike
+    for a, b in zip(_param_grads(d, term), _param_grads(d, reference), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
 
 

@@ -55,7 +55,7 @@ def test_amp_step_trains_in_bf16_with_its_scalers_off():
     loss_d, loss_g = namespace["amp_step"](gan, next(gan.batches))
     assert torch.isfinite(loss_d) and torch.isfinite(loss_g)
     assert not namespace["scaler_d"].is_enabled() and not namespace["scaler_g"].is_enabled()
-    assert any(not torch.equal(a, b) for a, b in zip(before, gan.G.parameters())), "G did not learn"
+    assert any(not torch.equal(a, b) for a, b in zip(before, gan.G.parameters(), strict=True)), "G did not learn"
 
 
 @cuda_only

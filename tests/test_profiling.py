@@ -37,7 +37,8 @@ def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
 def test_slow_loader_is_data_bound_and_the_recommended_fix_cuts_its_data_wait(tiny, big_images, request):
     """The mechanism, not a race: the fix cuts the share of the step spent waiting for data (images per second on a
     shared 2-core machine can go either way)."""
-    request.addfinalizer(lambda n=torch.get_num_threads(): torch.set_num_threads(n))  # the next tests get theirs
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))  # the next tests get theirs
     torch.set_num_threads(1)  # a tiny model's two OpenMP threads spin 100x slower on a busy 2-core machine
     cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0)
     before = profile(cfg, steps=6, warmup=1)

@@ -157,8 +157,8 @@ def _softplus(v: float) -> float:
 def test_the_relativistic_pairing_loss_by_hand():
     real, fake = torch.tensor([2.0, -0.5, 0.3]), torch.tensor([-1.0, 0.7, 1.5])
     rp = LOSSES["rpgan"]
-    d_by_hand = sum(_softplus(-(r - f)) for r, f in zip(real.tolist(), fake.tolist())) / 3
-    g_by_hand = sum(_softplus(-(f - r)) for r, f in zip(real.tolist(), fake.tolist())) / 3
+    d_by_hand = sum(_softplus(-(r - f)) for r, f in zip(real.tolist(), fake.tolist(), strict=True)) / 3
+    g_by_hand = sum(_softplus(-(f - r)) for r, f in zip(real.tolist(), fake.tolist(), strict=True)) / 3
     assert rp.d(real, fake).item() == pytest.approx(d_by_hand, rel=1e-6)
     assert rp.g(fake, real).item() == pytest.approx(g_by_hand, rel=1e-6)
     # only differences count: the same shift of every score changes neither loss
@@ -282,8 +282,8 @@ def test_r1_and_r2_reuse_the_loss_forward_and_give_d_the_gradients_of_a_forward_
         seen, counted = [], []
         d = trainer.discriminator
         trainer.stepper.parts.opt_d.register_step_pre_hook(
-            lambda *_: seen.append(torch.cat([q.grad.flatten() for q in d.parameters()])))
-        d.register_forward_hook(lambda *_: counted.append(1))
+            lambda *_, seen=seen, d=d: seen.append(torch.cat([q.grad.flatten() for q in d.parameters()])))
+        d.register_forward_hook(lambda *_, counted=counted: counted.append(1))
         trainer.fit()
         grads[name], calls[name] = torch.stack(seen), len(counted)
     assert calls["own"] - calls["shared"] == 2 * penalised  # R1's forward on the reals, R2's on the fakes

@@ -342,5 +342,5 @@ def test_fp16_trouble_on_a_gpu_without_fast_bf16_is_not_told_to_use_bf16(monkeyp
         assert way_out in str(stopped.value) and str(stopped.value).count("precision=") == 1
         oom = recovery.out_of_memory("CUDA out of memory", cfg.replace(precision="fp32"), cuda, 3, tmp_path / "c.pt")
         assert smaller in str(oom) and str(oom).count("precision=") == 1
-        recovery.check_scales({"scale_g": 0.01}, 10, lambda message, stacklevel: seen.append(message), cuda)
+        recovery.check_scales({"scale_g": 0.01}, 10, lambda message, stacklevel, seen=seen: seen.append(message), cuda)
         assert way_out in seen[0] and seen[0].count("precision=") == 1

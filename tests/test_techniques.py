@@ -151,7 +151,7 @@ def test_a_cpu_has_fast_bf16_only_with_avx512_bf16_or_amx(monkeypatch, flags, fa
     torch.cpu; bf16 autocast runs on the CPU either way."""
     from gantools.measuring import hardware
 
-    for name, value in zip(("_is_avx512_bf16_supported", "_is_amx_tile_supported"), flags):
+    for name, value in zip(("_is_avx512_bf16_supported", "_is_amx_tile_supported"), flags, strict=True):
         monkeypatch.setattr(torch.cpu, name, lambda value=value: value, raising=False)
     assert hardware.fast_bf16.__wrapped__(CPU) is fast and hardware.supports_bf16(CPU)
 

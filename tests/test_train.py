@@ -131,7 +131,7 @@ def test_sampling_saves_png_and_leaves_batchnorm_statistics_alone(tiny, glyphs64
     trainer = Trainer(tiny, dataset=glyphs64)
     before = [b.clone() for b in trainer.generator.buffers()]
     trainer.sample()
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.generator.buffers()))
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.generator.buffers(), strict=True))
     assert (trainer.out_dir / "samples" / "step_000000.png").is_file()
 
 
@@ -140,7 +140,7 @@ def test_frozen_discriminator_gets_no_gradient_from_the_generator_step(tiny, gly
     for freeze in (True, False):
         trainer = Trainer(tiny.replace(steps=2, freeze_d=freeze), dataset=glyphs64)
         calls = []
-        next(trainer.discriminator.parameters()).register_hook(lambda grad: calls.append(1))
+        next(trainer.discriminator.parameters()).register_hook(lambda grad, calls=calls: calls.append(1))
         trainer.fit()
         counts[freeze] = len(calls)
     assert counts[True] == 2 and counts[False] == 4  # per step: the D backward (+ the G backward if not frozen)
@@ -335,7 +335,7 @@ def test_a_checkpoint_holds_the_trainers_own_generator_and_old_ones_still_resume
     resumed.fit()
     assert full.history.column("loss_g") == resumed.history.column("loss_g")
     assert all(torch.equal(a, b) for a, b in zip(full.generator.state_dict().values(),
-                                                 resumed.generator.state_dict().values()))
+                                                 resumed.generator.state_dict().values(), strict=True))
     save_checkpoint({**state, "format": 3}, tmp_path / "new.pt")
     with pytest.raises(CheckpointError, match="format 3, written by a newer gantools"):
         Trainer.resume(tmp_path / "new.pt", dataset=glyphs64)
@@ -532,7 +532,7 @@ def test_graphs_compiled_after_warm_up_and_skipped_cuda_graphs_are_recorded_and_
 
     counts = iter([(0, 0), (3, 0), (3, 0), (4, 0), (4, 2)])  # counters read at fit start and each log
     monkeypatch.setattr(CompileStats, "_now", staticmethod(lambda: dict(zip(("compiled_graphs", "cudagraph_skips"),
-                                                                          next(counts)))))
+                                                                          next(counts), strict=True))))
     trainer = Trainer(tiny.replace(steps=8), dataset=glyphs64)
     trainer._compile_stats = CompileStats()
     trainer.cfg = trainer.cfg.replace(compile="reduce-overhead")
@@ -607,8 +607,8 @@ def test_the_step_s_metric_sums_are_added_by_name_and_refuse_names_out_of_metric
     sums.add(0.5, loss_d=torch.tensor(2.0), d_real=torch.tensor(4.0), d_fake=torch.tensor(6.0),
              penalty=torch.tensor(8.0))
     sums.add(2.0, loss_g=torch.tensor(3.0))
-    assert dict(zip(METRICS, sums.sums.tolist())) == {"loss_d": 1.0, "d_real": 2.0, "d_fake": 3.0, "penalty": 4.0,
-                                                       "loss_g": 6.0}
+    assert dict(zip(METRICS, sums.sums.tolist(), strict=True)) == {"loss_d": 1.0, "d_real": 2.0, "d_fake": 3.0,
+                                                                    "penalty": 4.0, "loss_g": 6.0}
     with pytest.raises(ValueError, match="do not follow each other"):
         sums.add(1.0, loss_d=torch.tensor(1.0), loss_g=torch.tensor(1.0))
     sums.zero()

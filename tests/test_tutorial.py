@@ -28,8 +28,8 @@ def test_the_plain_step_trains_both_networks_and_keeps_losses_on_the_device(gan)
     g0 = [p.detach().clone() for p in gan.G.parameters()]
     d0 = [p.detach().clone() for p in gan.D.parameters()]
     loss_d, loss_g = tutorial.train_step(gan, next(gan.batches))
-    assert all(not torch.equal(a, b) for a, b in zip(g0, gan.G.parameters()))
-    assert all(not torch.equal(a, b) for a, b in zip(d0, gan.D.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(g0, gan.G.parameters(), strict=True))
+    assert all(not torch.equal(a, b) for a, b in zip(d0, gan.D.parameters(), strict=True))
     assert loss_d.device == loss_g.device == gan.device and not loss_d.requires_grad
     assert 0 < loss_d.item() < 10 and 0 < loss_g.item() < 10
 
@@ -42,8 +42,8 @@ def test_a_plain_gan_is_reproducible_and_leaves_the_callers_random_numbers_alone
     assert torch.equal(torch.rand(3), expected), "building the networks shifted the global RNG"
     b = tutorial.plain_gan("cpu", seed=3, batches=iter(()), **TINY)
     c = tutorial.plain_gan("cpu", seed=4, batches=iter(()), **TINY)
-    assert all(torch.equal(p, q) for p, q in zip(a.G.parameters(), b.G.parameters()))
-    assert not all(torch.equal(p, q) for p, q in zip(a.G.parameters(), c.G.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.G.parameters(), b.G.parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(a.G.parameters(), c.G.parameters(), strict=True))
 
 
 def test_device_batches_cover_an_epoch_in_range(tmp_path, monkeypatch):
@@ -78,7 +78,7 @@ def test_the_race_takes_turns_and_tells_the_slow_loop_from_the_fast(glyphs64):
     assert low <= result.images_per_sec["fast"] <= high and result.spread("fast").share_of(high) >= 0
     assert "| fast |" in result._repr_markdown_() and "vs fast" in result._repr_markdown_()
     chunk_ratios = [s / f for s, f in zip(result.measured["slow"].images_per_sec_runs,
-                                           result.measured["fast"].images_per_sec_runs)]
+                                           result.measured["fast"].images_per_sec_runs, strict=True)]
     assert result.paired("slow", "fast") == (min(chunk_ratios), max(chunk_ratios)), "paired chunk by chunk"
 
 
@@ -91,7 +91,7 @@ def test_samples_leave_batchnorm_statistics_alone(gan):
     before = [b.clone() for b in gan.G.buffers()]
     images = tutorial.samples(gan, 40)
     assert images.shape == (40, 1, 32, 32) and images.min() >= -1 and images.max() <= 1
-    assert all(torch.equal(a, b) for a, b in zip(before, gan.G.buffers()))
+    assert all(torch.equal(a, b) for a, b in zip(before, gan.G.buffers(), strict=True))
     assert torch.equal(images, tutorial.samples(gan, 40)), "seeded noise: the same images twice"
 
 

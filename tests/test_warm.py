@@ -30,10 +30,11 @@ def test_a_second_call_does_not_train_and_loads_equal_tensors(start, monkeypatch
     again = warm.warm_start("cpu", folder=start.path.parent, **TINY)
     assert again.loaded and again.path == start.path and again.steps == start.steps
     for part in ("G", "D"):
-        assert all(torch.equal(a, b) for a, b in zip(_tensors(start.state[part]), _tensors(again.state[part])))
+        assert all(torch.equal(a, b)
+                   for a, b in zip(_tensors(start.state[part]), _tensors(again.state[part]), strict=True))
     moments = [s["exp_avg"] for s in again.state["opt_g"]["state"].values()]
     assert moments and all(torch.equal(s["exp_avg"], m) for s, m in zip(start.state["opt_g"]["state"].values(),
-                                                                          moments))
+                                                                          moments, strict=True))
 
 
 def test_whatever_determines_a_start_names_another_cache_file(monkeypatch):
@@ -57,12 +58,12 @@ def test_each_arm_gets_its_own_copy_and_training_one_leaves_the_other_and_the_st
     saved = {k: v.clone() for k, v in start.state["G"].items()}
     for arm in (a, b):
         assert all(torch.equal(p, saved[k]) for k, p in arm.G.state_dict().items())
-    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(a.G.parameters(), b.G.parameters()))
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(a.G.parameters(), b.G.parameters(), strict=True))
     b_before = [p.detach().clone() for p in b.G.parameters()]
     b_moment = b.opt_g.state[next(b.G.parameters())]["exp_avg"].clone()
     tutorial.train_step(a, next(a.batches))
-    assert any(not torch.equal(p, q) for p, q in zip(a.G.parameters(), b_before)), "arm a trained"
-    assert all(torch.equal(p, q) for p, q in zip(b.G.parameters(), b_before)), "arm b moved with arm a"
+    assert any(not torch.equal(p, q) for p, q in zip(a.G.parameters(), b_before, strict=True)), "arm a trained"
+    assert all(torch.equal(p, q) for p, q in zip(b.G.parameters(), b_before, strict=True)), "arm b moved with arm a"
     assert torch.equal(b.opt_g.state[next(b.G.parameters())]["exp_avg"], b_moment), "the arms share Adam moments"
     assert all(torch.equal(v, start.state["G"][k]) for k, v in saved.items()), "the start itself changed"
 

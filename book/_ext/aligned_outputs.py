@@ -23,7 +23,7 @@ def is_aligned(text: str) -> bool:
     beside it fit the column anyway; `f"{name:>9}: {ms:6.2f} ms"` pads one value and makes no table.
     """
     rows = [len(_COLUMN_GAP.findall(line)) >= 2 for line in text.splitlines()]
-    long_prose = any(len(line) > _LONG and not row for line, row in zip(text.splitlines(), rows))
+    long_prose = any(len(line) > _LONG and not row for line, row in zip(text.splitlines(), rows, strict=True))
     return sum(rows) >= 2 and not long_prose
 
 

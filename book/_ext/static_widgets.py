@@ -60,6 +60,16 @@ class Snapshot:
                 attrs[buffer["path"][0]] = buffer["data"]
         style = self._layout(attrs.get("layout"))
         label = self._label(attrs)
+        drawn = self._shown(name, attrs, style, label)
+        if drawn is None:
+            drawn = _control(name, attrs, style, label)
+        if drawn is None:
+            raise UnknownWidget(f"no static drawing for widget model {name} (add one in {Path(__file__).name})")
+        return drawn
+
+    def _shown(self, name: str, attrs: dict, style: str, label: str) -> str | None:
+        """A widget that shows something (boxes, text, pictures, progress, captured output), or None for another
+        kind: the controls are `_control`'s, so each of the two chains of kinds stays short enough to read."""
         if name in _BOXES:
             children = "".join(self.model(_ref(child)) for child in attrs.get("children", []))
             return f'<div class="ws-box ws-{_BOXES[name]}"{style}>{children}</div>'
@@ -76,32 +86,12 @@ class Snapshot:
             bar = html.escape(str(attrs.get("bar_style") or ""))
             return (f'<div class="ws-row ws-progress"{style}>{label}<progress class="ws-bar-{bar}" '
                     f'max="{attrs.get("max", 100)}" value="{attrs.get("value", 0)}"></progress></div>')
-        if name == "ButtonModel":
-            kind = html.escape(str(attrs.get("button_style") or ""))
-            return (f'<button class="ws-button ws-button-{kind}" disabled{style}>'
-                    f'{html.escape(str(attrs.get("description", "")))}</button>')
-        if name in _CHOICES:
-            chosen = attrs.get("index")
-            options = "".join(f'<option{" selected" if i == chosen else ""}>{html.escape(str(o))}</option>'
-                              for i, o in enumerate(attrs.get("_options_labels", [])))
-            return f'<div class="ws-row ws-choice"{style}>{label}<select disabled>{options}</select></div>'
-        if name == "CheckboxModel":
-            checked = " checked" if attrs.get("value") else ""
-            return f'<div class="ws-row ws-checkbox"{style}>{label}<input type="checkbox" disabled{checked}></div>'
-        if name in _TEXT_INPUTS:
-            value = html.escape(str(attrs.get("value", "")))
-            return f'<div class="ws-row ws-text"{style}>{label}<input type="text" disabled value="{value}"></div>'
-        if name in _SLIDERS:
-            value = html.escape(str(attrs.get("value", "")))
-            return (f'<div class="ws-row ws-slider"{style}>{label}<input type="range" disabled '
-                    f'min="{attrs.get("min", 0)}" max="{attrs.get("max", 100)}" value="{value}">'
-                    f'<span>{value}</span></div>')
         if name == "OutputModel":
             outputs = attrs.get("outputs", [])
             if isinstance(outputs, str):  # some front ends save the list as JSON text
                 outputs = json.loads(outputs)
             return f'<div class="ws-output"{style}>{"".join(map(_output, outputs))}</div>'
-        raise UnknownWidget(f"no static drawing for widget model {name} (add one in {Path(__file__).name})")
+        return None
 
     def _layout(self, ref) -> str:
         """The widget's saved layout (width, grid columns, ...) as inline CSS."""
@@ -125,6 +115,32 @@ class Snapshot:
 
 def _ref(value: str) -> str:
     return value.removeprefix("IPY_MODEL_")
+
+
+def _control(name: str, attrs: dict, style: str, label: str) -> str | None:
+    """A control (button, choice, checkbox, text box, slider), disabled at its saved value, or None for another
+    kind."""
+    if name == "ButtonModel":
+        kind = html.escape(str(attrs.get("button_style") or ""))
+        return (f'<button class="ws-button ws-button-{kind}" disabled{style}>'
+                f'{html.escape(str(attrs.get("description", "")))}</button>')
+    if name in _CHOICES:
+        chosen = attrs.get("index")
+        options = "".join(f'<option{" selected" if i == chosen else ""}>{html.escape(str(o))}</option>'
+                          for i, o in enumerate(attrs.get("_options_labels", [])))
+        return f'<div class="ws-row ws-choice"{style}>{label}<select disabled>{options}</select></div>'
+    if name == "CheckboxModel":
+        checked = " checked" if attrs.get("value") else ""
+        return f'<div class="ws-row ws-checkbox"{style}>{label}<input type="checkbox" disabled{checked}></div>'
+    if name in _TEXT_INPUTS:
+        value = html.escape(str(attrs.get("value", "")))
+        return f'<div class="ws-row ws-text"{style}>{label}<input type="text" disabled value="{value}"></div>'
+    if name in _SLIDERS:
+        value = html.escape(str(attrs.get("value", "")))
+        return (f'<div class="ws-row ws-slider"{style}>{label}<input type="range" disabled '
+                f'min="{attrs.get("min", 0)}" max="{attrs.get("max", 100)}" value="{value}">'
+                f'<span>{value}</span></div>')
+    return None
 
 
 def _output(out: dict) -> str:

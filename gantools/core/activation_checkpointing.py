@@ -29,7 +29,7 @@ def blocks(layers: nn.Sequential) -> list[nn.Sequential]:
     before the first convolution, when anything does)."""
     cuts = [i for i, layer in enumerate(layers) if isinstance(layer, _CONVS) and i > 0]
     bounds = [0, *cuts, len(layers)]
-    return [layers[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 class _KeepNormBuffers:
@@ -45,7 +45,7 @@ class _KeepNormBuffers:
 
     def __exit__(self, *exc):
         with torch.no_grad():
-            for buffer, value in zip(self.buffers, self.saved):
+            for buffer, value in zip(self.buffers, self.saved, strict=True):
                 buffer.copy_(value)
 
 

@@ -107,7 +107,7 @@ def write_glyph_pngs(root, n: int = 2000, image_size: int = 64, channels: int = 
 
     root = Path(root)
     images, labels = render_glyphs(n, image_size, channels, seed=seed)
-    for i, (image, label) in enumerate(zip(images, labels.tolist())):
+    for i, (image, label) in enumerate(zip(images, labels.tolist(), strict=True)):
         folder = root / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         array = image.permute(1, 2, 0).numpy()

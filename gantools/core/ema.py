@@ -45,7 +45,7 @@ class EMAGenerator:
     @torch.no_grad()
     def reset(self) -> None:
         """Start the average afresh from G's current weights (a checkpoint without one, resumed with EMA on)."""
-        for ema, current in zip(self._ema_params + self._ema_buffers, self._params + self._buffers):
+        for ema, current in zip(self._ema_params + self._ema_buffers, self._params + self._buffers, strict=True):
             ema.copy_(current)
         self.averaged.n_averaged.zero_()
 

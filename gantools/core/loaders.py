@@ -15,6 +15,8 @@ from .distributed import World
 from ..errors import ConfigError, DataError, OutOfMemory
 from .recovery import is_out_of_memory
 
+ONE_PROCESS = World()  # the default world: one process of one (a frozen dataclass, so one instance serves all)
+
 
 class EpochBatchSampler(Sampler):
     """Shuffled batches whose order depends only on (seed, epoch), and which can start mid-epoch: that is what
@@ -54,7 +56,7 @@ class EpochBatchSampler(Sampler):
 
 
 def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = False,
-                  channels_last: bool = False, world: World = World(),
+                  channels_last: bool = False, world: World = ONE_PROCESS,
                   generator: torch.Generator | None = None) -> torch.Tensor:
     """Batch to the device, uint8 -> [-1, 1] there (a quarter of the bytes of floats to copy), flipped and laid out
     there. Flips are drawn from `generator` (the trainer's own, on `device`; the global RNG when None); under torchrun
@@ -99,7 +101,7 @@ class HostLoader:
 
     def __init__(self, dataset: Dataset, batch_size: int, device, *, seed: int = 0, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = ONE_PROCESS,
                  generator: torch.Generator | None = None, labels: bool = False):
         if len(dataset) < batch_size:
             raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
@@ -141,7 +143,7 @@ class DeviceLoader:
     """
 
     def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
-                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = World(),
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = ONE_PROCESS,
                  generator: torch.Generator | None = None, labels: bool = False):
         if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
             raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
@@ -177,7 +179,7 @@ class DeviceLoader:
             yield (x, self.labels[indices]) if self.labels is not None else x
 
 
-def make_loader(dataset: Dataset, cfg, device, world: World = World(),
+def make_loader(dataset: Dataset, cfg, device, world: World = ONE_PROCESS,
                 generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
     """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share;
     with `cfg.conditional` every batch is an (images, labels) pair, else the images alone.

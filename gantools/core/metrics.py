@@ -25,6 +25,7 @@ from .checkpoint import atomic_save
 from .data import data_root, make_dataset
 from .loaders import prepare_batch
 from ..errors import QualityError
+from ..measuring import hardware
 from ..measuring.hardware import resolve_device, seeded
 from ..quick import QUICK
 
@@ -116,7 +117,7 @@ def _accuracy(model: Classifier, images: torch.Tensor, labels: torch.Tensor, dev
     model.eval()
     correct = 0
     with torch.no_grad():
-        for x, y in zip(images.split(512), labels.split(512)):
+        for x, y in zip(images.split(512), labels.split(512), strict=True):
             correct += (model(prepare_batch(x, device)).argmax(1).cpu() == y).sum().item()
     return correct / len(labels)
 
@@ -320,14 +321,12 @@ class QualityCallback:
     def on_fit_end(self, trainer) -> None:
         if self.meter is None:
             return
-        import time
-
-        t = time.perf_counter()
+        t = hardware.seconds()
         n = self.meter.n  # a conditional generator is asked for every class in turn, and scored against them
         labels = torch.arange(n) % trainer.classes if trainer.cfg.conditional else None
         with torch.random.fork_rng(devices=_rng_devices(trainer.device)):  # KID subsets draw random numbers
             score = self.meter.score(trainer.generate(n, labels=labels), labels)
-        self.seconds = time.perf_counter() - t  # what scoring cost (the tuner budgets with it)
+        self.seconds = hardware.seconds() - t  # what scoring cost (the tuner budgets with it)
         trainer.history.quality = {**{k: v for k, v in score.items() if k != "class_shares"},
                                    "images_trained": trainer.batches_seen * trainer.cfg.batch_size}  # real images
 

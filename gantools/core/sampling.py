@@ -26,7 +26,7 @@ def generate(g, noise: torch.Tensor, labels: torch.Tensor | None, autocast) -> t
     saved = [b.clone() for b in g.buffers()]  # train-mode BatchNorm, as in training, but
     with autocast():                          # without moving its running statistics
         images = forward(g, noise, labels).float()
-    for buffer, value in zip(g.buffers(), saved):
+    for buffer, value in zip(g.buffers(), saved, strict=True):
         buffer.copy_(value)
     return images
 
@@ -49,4 +49,4 @@ def seeded_noise(n: int, nz: int, seed: int, batch_size: int, labels: torch.Tens
     """n noise vectors from `seed`, in batches of `batch_size`, each with its labels (or None)."""
     noise = torch.randn(n, nz, generator=torch.Generator().manual_seed(seed))
     ys = labels.split(batch_size) if labels is not None else [None] * len(noise.split(batch_size))
-    return list(zip(noise.split(batch_size), ys))
+    return list(zip(noise.split(batch_size), ys, strict=True))  # one label per noise vector (Trainer.generate)

@@ -172,7 +172,7 @@ class TrainStep:
 
         self.parts.opt_d.zero_grad(set_to_none=True)
         fakes, keep = [], k == 1 and keep_fakes
-        for i, (r, y, z, mix, w) in enumerate(zip(reals, ys, zs, mixes, weights)):
+        for i, (r, y, z, mix, w) in enumerate(zip(reals, ys, zs, mixes, weights, strict=True)):
             fake = self._fake(z, y, keep)
             if keep:
                 fakes.append(fake)
@@ -252,7 +252,7 @@ class TrainStep:
             self.parts.discriminator.requires_grad_(False)
         try:
             self.parts.opt_g.zero_grad(set_to_none=True)
-            for i, (zi, yi, w) in enumerate(zip(zs, ys, weights)):
+            for i, (zi, yi, w) in enumerate(zip(zs, ys, weights, strict=True)):
                 with distributed.no_sync(self.ddp_g, skip=i < k - 1):
                     loss_g = self._g_micro_batch(fakes[i] if k == 1 else None, zi, yi, w, reals[i])
             with self.label_phase("G optimizer step"):

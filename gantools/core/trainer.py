@@ -108,7 +108,7 @@ def interval_record(step: int, values: list, times: dict, scaler_d, scaler_g, co
         scaler_d, scaler_g: the networks' GradScalers.
         compile_stats: CompileStats, or None with compile off.
     """
-    record = {"step": step, **dict(zip(METRICS, values)), **times}
+    record = {"step": step, **dict(zip(METRICS, values, strict=True)), **times}
     for name, scaler in (("d", scaler_d), ("g", scaler_g)):
         if scaler.is_enabled():
             record[f"scale_{name}"] = scaler.get_scale()
@@ -337,6 +337,8 @@ class Trainer:
         (default: each class in turn, `torch.arange(n) % classes`)."""
         if self.cfg.conditional and labels is None:
             labels = torch.arange(n) % self.classes
+        if labels is not None and len(labels) != n:  # else the noise and the labels would pair up short
+            raise ConfigError(f"generate(n={n}, labels=...) got {len(labels)} labels: give one label per image")
         with self._process_state(keep_rng=False):
             return torch.cat([self._generate(z.to(self.device), None if y is None else y.to(self.device), ema).cpu()
                               for z, y in seeded_noise(n, self.cfg.nz, seed, batch_size, labels)])

@@ -114,6 +114,13 @@ def _data_problems(p: _Problems, c, device) -> None:
         p.add("dataset='glyphs-color' is 3-channel: set channels=3")
     p.choice("image_size")
     p.choice("channels")
+    _device_loader_problems(p, c)
+    p.choice("transform")
+    _worker_problems(p, c, device)
+
+
+def _device_loader_problems(p: _Problems, c) -> None:
+    """What loader='device' cannot do: it holds the decoded dataset on the device, with no DataLoader to tune."""
     if p.choice("loader") and c.loader == "device":
         if c.transform == "per-sample":
             p.add("loader='device' keeps uint8 images on the device: use transform='on-device'")
@@ -123,7 +130,10 @@ def _data_problems(p: _Problems, c, device) -> None:
         if c.dataset == "folder":
             p.add("loader='device' needs the whole dataset decoded in memory; dataset='folder' streams "
                      "files: use loader='dataloader'")
-    p.choice("transform")
+
+
+def _worker_problems(p: _Problems, c, device) -> None:
+    """The DataLoader's knobs that only mean something with worker processes, or with a GPU to copy to."""
     if p.at_least("num_workers", 0) and c.num_workers == 0:
         if c.persistent_workers:
             p.add("persistent_workers=True needs num_workers > 0")
@@ -150,14 +160,7 @@ def _architecture_problems(p: _Problems, c) -> None:
     Sigmoid; and fp32 stages where there are none (another architecture, more than it has)."""
     if not p.choice("architecture"):
         return
-    if p.at_least("fp32_stages", 0) and c.fp32_stages:  # in fp32 a no-op: a resume may turn 16-bit off
-        if c.architecture != "r3gan":
-            p.add(f"fp32_stages={c.fp32_stages} keeps R3GAN's lowest-resolution stages in fp32; "
-                  f"architecture={c.architecture!r} has no such stages: set fp32_stages=0, or architecture='r3gan'")
-        elif c.image_size in R3GAN_SIZES and c.fp32_stages > stage_count(c.image_size):
-            n = stage_count(c.image_size)
-            p.add(f"fp32_stages={c.fp32_stages}: R3GAN at {c.image_size} px has {n} stages (4 x 4 up to "
-                  f"{c.image_size} x {c.image_size}), so at most fp32_stages={n}")
+    _fp32_stages_problems(p, c)
     if c.architecture != "r3gan":
         return
     sizes = " or ".join(map(str, R3GAN_SIZES))
@@ -176,6 +179,18 @@ def _architecture_problems(p: _Problems, c) -> None:
     if c.loss == "bce-sigmoid":
         p.add("loss='bce-sigmoid' needs D to end in a Sigmoid, but architecture='r3gan' gives logits: use "
               "loss='rpgan' (R3GAN's) or 'bce'")
+
+
+def _fp32_stages_problems(p: _Problems, c) -> None:
+    """fp32 stages where there are none: another architecture than R3GAN, or more stages than its size has."""
+    if p.at_least("fp32_stages", 0) and c.fp32_stages:  # in fp32 a no-op: a resume may turn 16-bit off
+        if c.architecture != "r3gan":
+            p.add(f"fp32_stages={c.fp32_stages} keeps R3GAN's lowest-resolution stages in fp32; "
+                  f"architecture={c.architecture!r} has no such stages: set fp32_stages=0, or architecture='r3gan'")
+        elif c.image_size in R3GAN_SIZES and c.fp32_stages > stage_count(c.image_size):
+            n = stage_count(c.image_size)
+            p.add(f"fp32_stages={c.fp32_stages}: R3GAN at {c.image_size} px has {n} stages (4 x 4 up to "
+                  f"{c.image_size} x {c.image_size}), so at most fp32_stages={n}")
 
 
 def _schedule_problems(p: _Problems, c, world) -> None:

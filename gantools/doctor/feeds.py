@@ -46,7 +46,7 @@ class Feeds:
             return
         rows = 0
         if dim == 0:
-            rows = sum(r if m is not None else t.shape[0] for t, (m, r) in zip(parts, made)
+            rows = sum(r if m is not None else t.shape[0] for t, (m, r) in zip(parts, made, strict=True)
                        if t.dim() > 0 and (m is not None or not t.requires_grad))
         self.made[id(storage)] = (weakref.ref(storage), producer, rows)
 

@@ -81,7 +81,7 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
     d = report.models.get("D", {})
     g_opt = report.optimizers.get("G", {}).get("name")
     by_site: dict = {}
-    for file, line, opt, n in d.get("steps_after_call", []):
+    for file, line, opt, _n in d.get("steps_after_call", []):
         by_site.setdefault((file, line), set()).add(opt)
     g_sites = frozenset(at for at, opts in by_site.items() if opts == {"G"} or (g_opt and opts == {g_opt}))
     loops = tuple(sorted({o["class"] for o in report.optimizers.values()

@@ -186,16 +186,7 @@ class Observations:
         images = [m for m in models if m.out_shape and len(m.out_shape) == 4 and m.out_shape[-1] > 1
                   and m.out_shape[-2] > 1]
         scalar = [m for m in models if m.out_shape and math.prod(m.out_shape[1:]) == 1]
-        fed = Counter()
-        for m in models:
-            for producer, n in m.fed_by.items():
-                if producer in images:
-                    fed[(producer, m)] += n
-        if not fed:
-            for m in scalar:
-                for producer, n in m.fed_by.items():
-                    if producer is not m and producer not in scalar:
-                        fed[(producer, m)] += n
+        fed = _fed(models, images, scalar)
         if fed:
             g, d = max(fed, key=fed.get)
         else:
@@ -211,6 +202,22 @@ class Observations:
                 o.role, o.model = owners[0].role or owners[0].name, owners[0].name
         if d is not None and d.module is not None:
             d.sigmoid_path = final_sigmoid(d.module)
+
+
+def _fed(models: list, images: list, scalar: list) -> Counter:
+    """(producer, consumer) -> calls, for the G and D candidates of `Observations.classify`: a model fed a model's
+    images; without any, a model returning one value per image fed another model's output (an MLP's flat rows)."""
+    fed = Counter()
+    for m in models:
+        for producer, n in m.fed_by.items():
+            if producer in images:
+                fed[(producer, m)] += n
+    if not fed:
+        for m in scalar:
+            for producer, n in m.fed_by.items():
+                if producer is not m and producer not in scalar:
+                    fed[(producer, m)] += n
+    return fed
 
 
 def final_sigmoid(module: nn.Module) -> str | None:

@@ -192,7 +192,7 @@ class _Edits(cst.CSTTransformer):
         """Arguments or elements without D's final nn.Sigmoid(); the line break before the closing bracket moves to
         the item now last, so the bracket keeps its place and indentation, and that item keeps its comment."""
         items = list(items)
-        kept = [x for o, x in zip(originals, items) if not self._is_final_sigmoid(o.value)]
+        kept = [x for o, x in zip(originals, items, strict=True) if not self._is_final_sigmoid(o.value)]
         if len(kept) == len(items):
             return items
         self.plan.done.add(LOGITS + ":sigmoid")
@@ -275,7 +275,7 @@ class _Edits(cst.CSTTransformer):
                                     leading_lines=run[0].leading_lines if isinstance(run[0], cst.SimpleStatementLine)
                                     else []))
                 run.clear()
-        for orig, new in zip(originals, updated):
+        for orig, new in zip(originals, updated, strict=True):
             if not isinstance(orig, cst.SimpleStatementLine):
                 flush()
                 out.append(new)

@@ -139,7 +139,7 @@ def _same_batches(mine: list, theirs: list) -> list:
     """For each other rank: (batches identical to rank 0's, batches compared) over the first batches drawn."""
     out = []
     for other in theirs:
-        pairs = [(a, b) for a, b in zip(mine, other) if a is not None and b is not None]
+        pairs = [(a, b) for a, b in zip(mine, other, strict=False) if a is not None and b is not None]
         out.append([sum(a == b for a, b in pairs), len(pairs)])
     return out
 

@@ -57,20 +57,13 @@ class Schedule:
         if self.done:
             return
         self.marks += 1
-        b, w, n, t = self.marks, self.warmup, self.steps, self.timed
+        b, w, n = self.marks, self.warmup, self.steps
         self.hooks.new_iteration()
         device = self.obs.device_in_use()
         if b == w - 1 and b > 0:  # the last warm-up iteration starts, after one that showed the networks: watched
             self.watch_memory()
         if b == w:  # warm-up over: the profiler's warm-up iteration starts
-            self.stop_memory(keep=True)
-            self.stage = "profiling"
-            self.compiler["warm"] = snapshot()
-            self.session = ProfilerSession(device, self.steps)
-            self.session.start()
-            self.hooks.profiling = True
-            if SyncWatch.wanted(device):
-                self.syncs = SyncWatch(self.obs, self.hooks).start()
+            self.start_profiling(device)
         elif b == w + 1:  # the profiler's warm-up iteration is over: the counted window starts
             self.session.step()
             self.obs.open_window()
@@ -93,13 +86,31 @@ class Schedule:
             self.clock = IterationClock(device)
             self.clock.start()
         elif b > w + 1 + n:  # one timed iteration ends: synchronised, so its GPU work is inside it
-            self.clock.lap()
-            if b == w + 2 + n:
-                self.compiler["timed"] = snapshot()
-            if b == w + 1 + n + t:
-                self.stage = "done"
-                self.obs.compiler = {"whole run": since(self.compiler["start"]), "iterations after warm-up": n + t,
-                                     "after warm-up": self.compiler["profiled"] + since(self.compiler["timed"])}
+            self.timed_lap(b)
+
+    def start_profiling(self, device) -> None:
+        """Warm-up is over: the profiler (and on CUDA the sync watch) starts, for its own warm-up iteration first
+        (a stage's work kept out of `mark`, which decides when each stage begins)."""
+        self.stop_memory(keep=True)
+        self.stage = "profiling"
+        self.compiler["warm"] = snapshot()
+        self.session = ProfilerSession(device, self.steps)
+        self.session.start()
+        self.hooks.profiling = True
+        if SyncWatch.wanted(device):
+            self.syncs = SyncWatch(self.obs, self.hooks).start()
+
+    def timed_lap(self, b: int) -> None:
+        """Timed iteration `b` (by its mark) ends: its lap is taken, and after the last one the compiler's records
+        are read and the schedule is done (a stage's work kept out of `mark`, which decides when each begins)."""
+        w, n, t = self.warmup, self.steps, self.timed
+        self.clock.lap()
+        if b == w + 2 + n:
+            self.compiler["timed"] = snapshot()
+        if b == w + 1 + n + t:
+            self.stage = "done"
+            self.obs.compiler = {"whole run": since(self.compiler["start"]), "iterations after warm-up": n + t,
+                                 "after warm-up": self.compiler["profiled"] + since(self.compiler["timed"])}
 
     def watch_memory(self) -> None:
         hooks = self.hooks

@@ -95,13 +95,7 @@ class TryReport:
             lines.append("  interrupted (Ctrl-C): what was measured before it follows; no patch was written")
         if self.error:
             lines.append(f"  stopped early: {self.error}; what was measured before it follows")
-        for t in self.tried:
-            lines.append(f"  {t.outcome:>16}: {t.title}: {t.why}")
-            if t.traceback:
-                who = "gantools' fix raised" if "gantools bug" in t.why else "your script raised with it"
-                lines += [f"      {who}:"] + ["      " + x for x in t.traceback.splitlines()]
-        for name, why in self.skipped:
-            lines.append(f"  {'not tried':>16}: {name}: {why}")
+        lines += self._fix_lines()
         if self.together:
             t = self.together
             lines.append(f"  all kept fixes together ({', '.join(self.kept)}) against the start: {t['speedup']:.2f}x "
@@ -114,6 +108,19 @@ class TryReport:
         if self.not_judged:
             lines.append(f"  not judged on this device ({self.device}): " + "; ".join(self.not_judged))
         return "\n".join(lines)
+
+    def _fix_lines(self) -> list:
+        """`__str__`'s line per fix, tried (with the traceback of a run it broke) or not tried and why: the body
+        of the report, apart from its head and its verdict."""
+        lines = []
+        for t in self.tried:
+            lines.append(f"  {t.outcome:>16}: {t.title}: {t.why}")
+            if t.traceback:
+                who = "gantools' fix raised" if "gantools bug" in t.why else "your script raised with it"
+                lines += [f"      {who}:"] + ["      " + x for x in t.traceback.splitlines()]
+        for name, why in self.skipped:
+            lines.append(f"  {'not tried':>16}: {name}: {why}")
+        return lines
 
 
 def pacer_index(report: DoctorReport) -> int:
@@ -132,13 +139,7 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
     what was measured so far (`interrupted`). `fid`: the gantools dataset the script trains on (glyphs, mnist, ...):
     then the kept fixes are also held to FID at `fid_images` training images (`quality_check`)."""
     progress = progress or (lambda line: None)
-    path = Path(path)
-    if not (path.suffix == ".py" and path.is_file()):
-        raise DoctorError(f"--try runs a script again with each fix: {path} is not one. A loop in a notebook (watch(), "
-                          "run()) cannot be re-run by the doctor: export it as a script (JupyterLab: File > Save and "
-                          "Export Notebook As > Executable Script) and run: python -m gantools doctor --try SCRIPT.py")
-    if not report.complete:
-        raise DoctorError(f"--try needs a complete diagnosis first: {report.note}")
+    path = _script(path, report)
     ctx = context(report, facts)
     fixes, skipped = _on_functions(*candidates(report, facts), report)
     result = TryReport(str(path), report.device, hardware.machine_info(report.device)["device_name"],
@@ -160,14 +161,7 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
             result.quality = quality_check(runner, result, report, fid, fid_images, progress)
             best = result.kept_parts
         if best:
-            progress("measuring all kept fixes together against the start ...")
-            a, b = runner.pair((), best, repeats)
-            if b and not b[-1].measured:
-                raise DoctorError(f"all kept fixes together: the run {_failed(b[-1])}")
-            ratios = [y.rate / x.rate for x, y in zip(a, b)]
-            result.together = {"speedup": statistics.median(ratios), "spread": Spread.of(ratios),
-                               "images_per_sec": statistics.median(t.rate for t in b)}
-            start_runs = a
+            result.together, start_runs = _together(runner, best, repeats, progress)
     except KeyboardInterrupt:
         result.interrupted = True
     except DoctorError as e:  # a run that had worked before failed (the machine, or a flaky script): keep the rest
@@ -175,6 +169,31 @@ def try_fixes(path, args, report: DoctorReport, facts: MachineFacts, warmup: int
     if start_runs:
         result.start_images_per_sec = statistics.median(t.rate for t in start_runs)
     return result
+
+
+def _script(path, report: DoctorReport) -> Path:
+    """`path` as a Path, once it is a script `--try` can run again and `report` a complete diagnosis of it: both
+    refused before any run, with what to do instead."""
+    path = Path(path)
+    if not (path.suffix == ".py" and path.is_file()):
+        raise DoctorError(f"--try runs a script again with each fix: {path} is not one. A loop in a notebook (watch(), "
+                          "run()) cannot be re-run by the doctor: export it as a script (JupyterLab: File > Save and "
+                          "Export Notebook As > Executable Script) and run: python -m gantools doctor --try SCRIPT.py")
+    if not report.complete:
+        raise DoctorError(f"--try needs a complete diagnosis first: {report.note}")
+    return path
+
+
+def _together(runner: "_Runner", best: tuple, repeats: int, progress) -> tuple[dict, list]:
+    """All the kept fixes at once against the start, in paired runs: the speed-up the report ends with (speedup,
+    spread, images_per_sec), and the start's runs, which give its own figure."""
+    progress("measuring all kept fixes together against the start ...")
+    a, b = runner.pair((), best, repeats)
+    if b and not b[-1].measured:
+        raise DoctorError(f"all kept fixes together: the run {_failed(b[-1])}")
+    ratios = [y.rate / x.rate for x, y in zip(a, b, strict=True)]
+    return ({"speedup": statistics.median(ratios), "spread": Spread.of(ratios),
+             "images_per_sec": statistics.median(t.rate for t in b)}, a)
 
 
 def _on_functions(fixes: list, skipped: list, report: DoctorReport) -> tuple[list, list]:

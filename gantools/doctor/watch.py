@@ -87,7 +87,7 @@ class Watch:
         one_shot, fresh = it is iterable, True  # an iterator (a generator, say) cannot start over
         while not self.done:
             try:
-                batch = self.hooks.fetch(lambda: next(it))
+                batch = self.hooks.fetch(it.__next__)
                 fresh = False
             except StopIteration:
                 if fresh or one_shot:  # empty, or used up: nothing more to read

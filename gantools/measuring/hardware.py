@@ -95,6 +95,13 @@ def synchronize(device: torch.device) -> None:
             torch.cuda.synchronize(device)
 
 
+def seconds() -> float:
+    """The host's monotonic clock, in seconds: what `Timer` and every time budget (tune's minutes, the take-turns
+    warm-up) read. Called through this module (`hardware.seconds()`), so a test can put a clock of its own in its place
+    and decide, instead of the machine's load, when a budget is spent."""
+    return time.perf_counter()
+
+
 class Timer:
     """The one clock every gantools timing reads: wall-clock seconds between device synchronisations, so GPU work
     queued before a mark counts before it and work queued after it counts after it. `start()`, then `lap()` (seconds
@@ -114,7 +121,7 @@ class Timer:
         that follows a synchronisation anyway, or one where the caller chose not to wait)."""
         if sync:
             synchronize(self.device)
-        return time.perf_counter()
+        return seconds()
 
     def start(self) -> "Timer":
         self._t0 = self.now()

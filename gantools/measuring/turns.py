@@ -11,9 +11,10 @@ turns pair up round by round (`Measured.ratios`), so noise common to both cancel
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
+
+from . import hardware
 
 ALTERNATE, SAME = "alternate", "same"
 
@@ -64,7 +65,7 @@ class Measured:
 
     def ratios(self, base: "Measured") -> list:
         """Round by round, this contender's images/s over `base`'s: paired figures, each pair run back to back."""
-        return [a / b for a, b in zip(self.images_per_sec_runs, base.images_per_sec_runs)]
+        return [a / b for a, b in zip(self.images_per_sec_runs, base.images_per_sec_runs, strict=True)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,11 +99,13 @@ def take_turns(contenders: dict, repeats: int, *, order: str = ALTERNATE, figure
     progress = progress or (lambda line: None)
     measured = {}
     for name, contender in contenders.items():
-        t0 = time.perf_counter()
-        subject = contender.warm_up() if contender.warm_up else contender.subject
-        measured[name] = Measured(subject=subject, warmup_s=time.perf_counter() - t0)
-        if contender.warm_up:
-            progress(f"warmed up {name} in {measured[name].warmup_s:.1f} s")
+        if contender.warm_up is None:  # taken as it is: nothing to warm up, no warm-up time
+            measured[name] = Measured(subject=contender.subject)
+            continue
+        t0 = hardware.seconds()
+        subject = contender.warm_up()
+        measured[name] = Measured(subject=subject, warmup_s=hardware.seconds() - t0)
+        progress(f"warmed up {name} in {measured[name].warmup_s:.1f} s")
     for r in range(repeats):
         names = list(measured) if order == SAME or r % 2 == 0 else list(measured)[::-1]
         for name in names:

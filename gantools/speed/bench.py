@@ -431,7 +431,7 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
     one = statistics.median(runs[1])
     rows = [{"processes": n, "batch_per_process": batch[n] // n, "global_batch": batch[n],
              "images_per_sec": statistics.median(v), "images_per_sec_runs": v, "spread": Spread.of(v),
-             "paired": Spread.of_rounds(a / b for a, b in zip(v, runs[1])),
+             "paired": Spread.of_rounds(a / b for a, b in zip(v, runs[1], strict=True)),
              "speedup": statistics.median(v) / one, "efficiency": statistics.median(v) / (n * one)}
             for n, v in runs.items()]
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "repeats": repeats,

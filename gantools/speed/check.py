@@ -221,22 +221,7 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
         if per_step and trainer.opt_d.defaults.get("fused"):
             problems.append(f"fused Adam synced the host {per_step:g} times per step in its GradScaler step "
                             "(expected none)")
-    if cfg.compile != "off":
-        graphs = [r["compiled_graphs"] for r in records]
-        limit = expected_graphs(cfg)
-        # graphs compiled while this trainer trained: 0 when an identical model was compiled earlier in this
-        # process (dynamo reuses its code); a fresh process (the CLI) compiles exactly what the step needs
-        checks["compiled graphs"] = graphs[-1]
-        checks["recompiles"] = graphs[-1] <= limit and graphs[-1] == graphs[0]
-        if graphs[-1] > limit:
-            problems.append(f"torch.compile built {graphs[-1]} graphs, more than the {limit} the step needs")
-        elif graphs[-1] != graphs[0]:
-            problems.append(f"torch.compile recompiled after warm-up ({graphs[0]} graphs, then {graphs[-1]})")
-        skips = records[-1].get("cudagraph_skips", 0)
-        if uses_cuda_graphs(cfg.compile) and trainer.device.type == "cuda":
-            checks["CUDA graphs used"] = skips == 0
-            if skips:
-                problems.append(f"CUDA graphs were skipped for {skips} graph(s)")
+    _compile_checks(cfg, trainer.device, records, checks, problems)
     if trainer.device.type == "cpu":
         again = _weights(trainer), [r["loss_g"] for r in trainer.history[-1:]]
         same = first[1] == again[1] and all(torch.equal(first[0][k], again[0][k]) for k in first[0])
@@ -244,6 +229,28 @@ def check_technique(cfg: TrainConfig, dataset, work: Path) -> dict:
         if not same:
             problems.append("resuming from the checkpoint did not give identical weights and losses")
     return {"ok": not problems, "reason": "; ".join(problems) or None, "images_per_sec": speed, "checks": checks}
+
+
+def _compile_checks(cfg: TrainConfig, device: torch.device, records: list, checks: dict, problems: list) -> None:
+    """`check_technique`'s checks of a compiled run (none without compile), added to its `checks` and `problems`: no
+    more graphs than the step needs, none compiled after warm-up, and on CUDA with CUDA graphs none skipped."""
+    if cfg.compile == "off":
+        return
+    graphs = [r["compiled_graphs"] for r in records]
+    limit = expected_graphs(cfg)
+    # graphs compiled while this trainer trained: 0 when an identical model was compiled earlier in this
+    # process (dynamo reuses its code); a fresh process (the CLI) compiles exactly what the step needs
+    checks["compiled graphs"] = graphs[-1]
+    checks["recompiles"] = graphs[-1] <= limit and graphs[-1] == graphs[0]
+    if graphs[-1] > limit:
+        problems.append(f"torch.compile built {graphs[-1]} graphs, more than the {limit} the step needs")
+    elif graphs[-1] != graphs[0]:
+        problems.append(f"torch.compile recompiled after warm-up ({graphs[0]} graphs, then {graphs[-1]})")
+    skips = records[-1].get("cudagraph_skips", 0)
+    if uses_cuda_graphs(cfg.compile) and device.type == "cuda":
+        checks["CUDA graphs used"] = skips == 0
+        if skips:
+            problems.append(f"CUDA graphs were skipped for {skips} graph(s)")
 
 
 def check_profile_syncs(cfg: TrainConfig, dataset) -> dict:

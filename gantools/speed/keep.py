@@ -41,7 +41,7 @@ def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tu
 
     Returns:
         (kept, or None when undecided; speed-up; spread; why, starting "kept: ", "not kept: " or "undecided: ")."""
-    ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs)]
+    ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs, strict=True)]
     ratio, spread = statistics.median(ratios), Spread.of(ratios)
     shown = f"{ratio:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
     wins, n = sum(r > 1 for r in ratios), len(ratios)

@@ -310,7 +310,7 @@ def time_optimizer_steps(cfg: TrainConfig, impls=("for-loop", "foreach", "fused"
         g, d = build_dcgan(cfg.image_size, cfg.channels, cfg.nz, cfg.ngf, cfg.ndf)
         grads = [torch.randn_like(p) * 1e-3 for p in [*g.parameters(), *d.parameters()]]
     params = list(g.to(device).parameters()) + list(d.to(device).parameters())
-    for p, grad in zip(params, grads):
+    for p, grad in zip(params, grads, strict=True):
         p.grad = grad.to(device)
     optimizers = {impl: make_optimizer(params, cfg.replace(optimizer_impl=impl), cfg.lr_g) for impl in impls}
     for opt in optimizers.values():  # allocate the moment buffers outside the timing

@@ -162,7 +162,7 @@ def path_row(i: int, s: Step) -> dict:
     return dict(zip(ROW_HEAD, (
         str(i), describe(s.change), s.source, "n/a" if s.images_per_sec is None else f"{s.images_per_sec:.0f}",
         "n/a" if s.ratio is None else f"{s.ratio:.2f}x ({s.spread[0]:.2f}-{s.spread[1]:.2f})",
-        "n/a" if s.ratio_to_start is None else f"{s.ratio_to_start:.2f}x", why)))
+        "n/a" if s.ratio_to_start is None else f"{s.ratio_to_start:.2f}x", why), strict=True))
 
 
 def markdown_line(row: dict) -> str:

@@ -7,7 +7,6 @@ import copy
 import gc
 import shutil
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,6 +17,7 @@ from ..speed import bench, keep
 from ..core.checkpoint import ensure_writable
 from ..core.config import TrainConfig
 from ..core.recovery import is_out_of_memory
+from ..measuring import hardware
 from ..errors import ConfigError, GantoolsError
 from ..quick import QUICK
 from .space import default_space
@@ -161,10 +161,10 @@ class Trials:
     def measure(self, contenders: dict, configs: dict) -> dict:
         """`bench.interleave` over the contenders; remembers each config's speed and warm-up for the budget."""
         p = self.options.plan
-        t = time.perf_counter()
+        t = hardware.seconds()
         measured = bench.interleave(contenders, p["warmup_images"], p["images_per_repeat"], p["repeats"],
                                     stop=self.options.stop.is_set)
-        self.measure_s = time.perf_counter() - t
+        self.measure_s = hardware.seconds() - t
         for name, m in measured.items():
             self.warmup_s.setdefault(key(configs[name]), m.warmup_s)
             self.speed[key(configs[name])] = m.images_per_sec
@@ -219,14 +219,14 @@ class Trials:
 
         trainer = self.trainer(cfg, name, for_quality=True)
         trainer.callbacks.append(scorer := QualityCallback(self.quality_meter()))
-        t = time.perf_counter()
+        t = hardware.seconds()
         trainer.fit()
         if trainer.step < trainer.cfg.steps:
             raise bench.Stopped("stopped during the quality check")
         self.score_s = scorer.seconds
         self.speed.setdefault(key(cfg), trainer.history.summary()["images_per_sec"])
         images = trainer.batches_seen * trainer.cfg.batch_size
-        self.options.progress(f"  {name}: {images:,} images in {time.perf_counter() - t:.0f} s")
+        self.options.progress(f"  {name}: {images:,} images in {hardware.seconds() - t:.0f} s")
         return {k: v for k, v in trainer.history.quality.items() if k in ("fid", "kid", "classes_covered",
                                                                        "images_trained", "n_samples")}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 
 
 from ..speed import bench, keep
@@ -14,6 +13,7 @@ from ..core.data import returns_cpu_tensors
 from ..errors import ConfigError, GantoolsError
 from ..core.recovery import is_out_of_memory
 from ..core.process import on_interrupt
+from ..measuring import hardware
 from ..measuring.torch_versions import room_to_recompile
 from .result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
 from .space import Candidate, allowed, checkpointed, complete, describe, search_space
@@ -36,7 +36,7 @@ class Tuner:
         self.result = TuneResult({"config": o.cfg, "images_per_sec": None, "fid": None},
                                  {"config": o.cfg, "images_per_sec": None, "fid": None}, device=str(o.device),
                                  minutes=o.minutes)
-        self.t0 = time.perf_counter()
+        self.t0 = hardware.seconds()
         self.deadline = self.t0 + 60 * o.minutes
         self.tried: set = set()
         self.profile_s = None   # wall time of the last profile
@@ -51,12 +51,12 @@ class Tuner:
         if line:
             self.options.progress(line)
         self.result.now = now if now is not None else self.result.now
-        self.result.elapsed_s = time.perf_counter() - self.t0
+        self.result.elapsed_s = hardware.seconds() - self.t0
         self.options.on_update(self.result)
 
     # -- the budget ----------------------------------------------------------------------------------------------
     def _left(self) -> float:
-        return self.deadline - time.perf_counter()
+        return self.deadline - hardware.seconds()
 
     def _reserve(self, incumbent: TrainConfig) -> float:
         """Seconds kept for after the search: quality runs for the start and the final, and the final speed check
@@ -109,7 +109,7 @@ class Tuner:
             r.ended = r.ended or "stopped"  # the search's own reason stays when the stop came later
             r.quality.setdefault("note", "not checked: tune was stopped before the quality check ended, so the "
                                          "final config (the fastest so far) has no quality verdict")
-        self._say(f"done in {(time.perf_counter() - self.t0) / 60:.1f} min", now="done")
+        self._say(f"done in {(hardware.seconds() - self.t0) / 60:.1f} min", now="done")
         return r
 
     def _after_search(self, phase, name: str) -> None:
@@ -128,9 +128,9 @@ class Tuner:
                   now="building the start config")
         if o.quality is True:  # before any measuring: a dataset without labels cannot be scored (QualityError)
             self.trials.quality_meter()
-        t = time.perf_counter()
+        t = hardware.seconds()
         self.incumbent = self.trials.trainer(cfg, "start")  # the start must run: its errors are the caller's to see
-        self.trials.build_s = time.perf_counter() - t
+        self.trials.build_s = hardware.seconds() - t
         candidates, r.skipped = self._space(cfg)
         verdict, ratio_to_start, header = None, 1.0, False
         while True:
@@ -170,13 +170,13 @@ class Tuner:
         from ..speed.profiling import profile
 
         self._say("", now=f"profiling the incumbent ({describe(_diff(self.chain[-1])) or 'the start'})")
-        t, trainer = time.perf_counter(), self.incumbent
+        t, trainer = hardware.seconds(), self.incumbent
         before = trainer.step
         report = profile(trainer, steps=PROFILE_STEPS, warmup=PROFILE_WARMUP,
                          trace_path=self.trials.dir / "trials" / "trace.json")
         if trainer.step - before < PROFILE_WARMUP + 1 + 2 * PROFILE_STEPS or self.options.stop.is_set():
             raise bench.Stopped("stopped while profiling")
-        self.profile_s = time.perf_counter() - t
+        self.profile_s = hardware.seconds() - t
         self.trials.speed.setdefault(key(self.chain[-1]), report.images_per_sec)
         if self.result.start["images_per_sec"] is None:  # until the first interleaved measurement
             self.result.start["images_per_sec"] = report.images_per_sec
@@ -202,7 +202,7 @@ class Tuner:
         """Measure one candidate against the incumbent; keep it or not. One that ran out of memory is measured once
         more with activation checkpointing (`space.checkpointed`), where that is untried and fits in the time left."""
         self.tried.add(key(cand.change))
-        t = time.perf_counter()
+        t = hardware.seconds()
         try:
             cfg = inc_cfg.replace(**cand.change).validate()
         except ConfigError as e:
@@ -227,7 +227,7 @@ class Tuner:
                 self._accept(step, inc_cfg, cfg, new.subject)
             else:
                 self.trials.discard(new.subject)
-        step.seconds = time.perf_counter() - t
+        step.seconds = hardware.seconds() - t
         return step
 
     def _measure(self, cand: Candidate, cfg: TrainConfig, inc_cfg: TrainConfig) -> tuple:

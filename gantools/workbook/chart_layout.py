@@ -35,7 +35,7 @@ def wrap(text: str, width: int, lines: int | None = 2) -> str:
 def wrap_names(names, width: int = NAME_WIDTH, lines: int = 2) -> list[str]:
     """Each name wrapped (`wrap`); any that would read alike after shortening are given whole."""
     short = [wrap(str(n), width, lines) for n in names]
-    return [s if short.count(s) == 1 else wrap(str(n), width, None) for s, n in zip(short, names)]
+    return [s if short.count(s) == 1 else wrap(str(n), width, None) for s, n in zip(short, names, strict=True)]
 
 
 def wrap_to(text: str, width_in: float, fontsize: float) -> str:
@@ -137,7 +137,7 @@ def _points_px(ax, step_px: float = 4.0) -> np.ndarray:
     for line in ax.get_lines():
         xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
         xy = xy[np.isfinite(xy).all(axis=1)]
-        for a, b in zip(xy[:-1], xy[1:]):
+        for a, b in zip(xy[:-1], xy[1:], strict=False):
             n = int(np.hypot(*(b - a)) // step_px) + 1
             out.append(a + np.linspace(0, 1, n + 1)[:, None] * (b - a))
         out.append(xy)
@@ -194,6 +194,30 @@ def _marker_reach(ax) -> float:
     return math.sqrt(max(sizes, default=0.0)) / 2 * ax.figure.dpi / 72
 
 
+def _around(point, w, h, reach, inner, obstacles, placed, leaders):
+    """The best spot for a w x h label of those `place_labels` tries around `point`, nearest first, each costed
+    by what it covers: (cost, dx, dy, dist, box), the first free one (cost 0) where there is one; None where none
+    fits inside `inner`."""
+    cx, cy = point
+    best = None
+    for dist in (5, 10, 18, 28, 42, 60, 85, 115, 150):
+        for deg in (0, 180, 90, 270, 30, 150, 330, 210, 60, 120, 300, 240, 15, 165, 345, 195):
+            c, s = math.cos(math.radians(deg)), math.sin(math.radians(deg))
+            dx, dy = c * (reach + dist + w / 2), s * (reach + dist + h / 2)
+            box = (cx + dx - w / 2, cy + dy - h / 2, cx + dx + w / 2, cy + dy + h / 2)
+            if box[0] < inner.x0 or box[2] > inner.x1 or box[1] < inner.y0 or box[3] > inner.y1:
+                continue
+            cost = (_hits(box, obstacles, 3 + reach) + 10 * _overlaps(box, placed) + _hits(box, leaders, 1) +
+                    (10 * _crossed(placed, (cx, cy), box) if dist > 10 else 0))
+            if best is None or cost < best[0]:
+                best = (cost, dx, dy, dist, box)
+            if cost == 0:
+                break
+        if best is not None and best[0] == 0:
+            break
+    return best
+
+
 def place_labels(ax, points, labels, fontsize: float = 8, **text_kw) -> list:
     """Label each point (data coordinates) where its label covers no point, line or other label and stays inside
     the axes, clear of the markers' edges: the nearest free spot of those tried around it, joined to it by a thin
@@ -205,28 +229,13 @@ def place_labels(ax, points, labels, fontsize: float = 8, **text_kw) -> list:
     inner = ax.bbox.padded(-2)
     to_pt = 72 / fig.dpi
     placed, texts, leaders = [], [], np.zeros((0, 2))  # leaders: points along the lines to moved labels
-    for (x, y), label in zip(points, labels):
+    for (x, y), label in zip(points, labels, strict=True):
         cx, cy = ax.transData.transform((x, y))
         probe = ax.annotate(label, (x, y), fontsize=fontsize, ha="center", va="center", **text_kw)
         extent = probe.get_window_extent(r)
         w, h = extent.width, extent.height
         probe.remove()
-        best = None
-        for dist in (5, 10, 18, 28, 42, 60, 85, 115, 150):
-            for deg in (0, 180, 90, 270, 30, 150, 330, 210, 60, 120, 300, 240, 15, 165, 345, 195):
-                c, s = math.cos(math.radians(deg)), math.sin(math.radians(deg))
-                dx, dy = c * (reach + dist + w / 2), s * (reach + dist + h / 2)
-                box = (cx + dx - w / 2, cy + dy - h / 2, cx + dx + w / 2, cy + dy + h / 2)
-                if box[0] < inner.x0 or box[2] > inner.x1 or box[1] < inner.y0 or box[3] > inner.y1:
-                    continue
-                cost = (_hits(box, obstacles, 3 + reach) + 10 * _overlaps(box, placed) + _hits(box, leaders, 1) +
-                        (10 * _crossed(placed, (cx, cy), box) if dist > 10 else 0))
-                if best is None or cost < best[0]:
-                    best = (cost, dx, dy, dist, box)
-                if cost == 0:
-                    break
-            if best is not None and best[0] == 0:
-                break
+        best = _around((cx, cy), w, h, reach, inner, obstacles, placed, leaders)
         if best is None or best[0] > 0:  # crowded around the point: the nearest free spot anywhere in the axes
             best = _nearest_free((cx, cy), w, h, inner, obstacles, placed, margin=3 + reach) or best
         if best is None:  # no room inside the axes at all (a tiny plot): beside the point
@@ -253,7 +262,7 @@ def label_line_ends(ax, ends, labels, colors, fontsize: float = 8) -> list:
     if not ends:
         return []
     texts = [ax.text(1.02, 0.5, label, transform=ax.transAxes, fontsize=fontsize, color=color, va="center")
-             for label, color in zip(labels, colors)]
+             for label, color in zip(labels, colors, strict=True)]
     r = renderer(ax.figure)  # the layout, with room made for the labels' width
     height = ax.bbox.height
     gap = max(t.get_window_extent(r).height for t in texts) * 1.15 / height  # axes fraction
@@ -269,7 +278,7 @@ def label_line_ends(ax, ends, labels, colors, fontsize: float = 8) -> list:
     for i in reversed(order):  # then down from the top where they ran over it
         at[i] = high = min(at[i], high)
         high -= gap
-    for t, y, end, color in zip(texts, at, ends, colors):
+    for t, y, end, color in zip(texts, at, ends, colors, strict=True):
         t.set_position((1.02, y))
         leader = ConnectionPatch(end, (1.02, y), coordsA=ax.transData, coordsB=ax.transAxes, color=color, lw=0.5,
                                  alpha=0.6, shrinkB=1)

@@ -21,7 +21,7 @@ def penalty_note(histories, numbers=None) -> str:
         return " (penalty included)"
     if numbers is None:
         return " (penalty included where a run has one)"
-    which = [str(n) for n, h in zip(numbers, has) if h]
+    which = [str(n) for n, h in zip(numbers, has, strict=True) if h]
     return f" (penalty included in run{'s' if len(which) > 1 else ''} {', '.join(which)})"
 
 
@@ -51,7 +51,7 @@ def draw_curves(ax, curves) -> list[list[int]]:
 def coinciding(curves) -> list[list[int]]:
     """Groups of two or more curves ((x, y) each) with the same points: drawn, one hides the others."""
     groups, placed = [], set()
-    arrays = [np.asarray(list(zip(*c)), float) if len(c[0]) else np.zeros((0, 2)) for c in curves]
+    arrays = [np.asarray(list(zip(*c, strict=True)), float) if len(c[0]) else np.zeros((0, 2)) for c in curves]
     for i, a in enumerate(arrays):
         if i in placed or not len(a):
             continue

@@ -209,7 +209,8 @@ def speed_chart(names: list, speeds: list, *, notes: list | None = None, baselin
     ax.set_xlim(min(v for v in marks if v > 0) / 1.6 if log else 0, max(marks + [1e-9]) * 1.05)
     if baseline:
         ax.axvline(baseline, color="grey", ls="--", lw=1)
-    texts = [ax.text(v, yy, f" {note}", va="center", fontsize=8) for v, yy, note in zip(speeds, y, notes or [])]
+    texts = [ax.text(v, yy, f" {note}", va="center", fontsize=8)
+             for v, yy, note in zip(speeds, y, notes or [], strict=False)]  # no notes: no texts
     ax.set_xlabel(speed_label + (f"; dashed line: the baseline, {baseline:.0f}" if baseline else "") +
                   ("; log scale" if log else ""))
     make_room(ax, texts)
@@ -274,14 +275,14 @@ def compare_losses(histories: dict, title: str = "losses"):
     runs = list(histories.values())
     whats = ("discriminator loss" + penalty_note(runs), "generator loss")
     notes = []
-    for ax, what, column in zip(axes, whats, ("loss_d", "loss_g")):
+    for ax, what, column in zip(axes, whats, ("loss_d", "loss_g"), strict=True):
         groups = draw_curves(ax, [(i, h.column("step"), h.column(column)) for i, h in enumerate(runs)])
         notes.append(coinciding_note(groups, wrap_names(histories, width=40, lines=1)))
         scale = fit_scale(ax, [v for h in runs for v in h.column(column)])
         ax.set_title(wrap_to(what + SCALE_NOTE[scale], WIDTH_IN / 2 - 0.7, 10), fontsize=10)
         few = min((len(h) for h in runs), default=0) <= FEW_POINTS
         ax.set_xlabel(wrap_to("step" + (f"; {POINT_NOTE}" if few else ""), WIDTH_IN / 2 - 0.7, 10))
-    note = notes[0] if notes[0] == notes[1] else "; ".join(f"{w}: {n}" for w, n in zip("DG", notes) if n)
+    note = notes[0] if notes[0] == notes[1] else "; ".join(f"{w}: {n}" for w, n in zip("DG", notes, strict=True) if n)
     fig.suptitle("\n".join(wrap_to(t, WIDTH_IN, 11) for t in (title, note) if t), fontsize=11)
     legend_below(fig, axes[0].get_lines(), labels)
     return _display(fig)
@@ -327,7 +328,7 @@ def phases_figure(report, title: str = "where one training step's time goes", be
         step = f"{which}: {_ms(r.step_time_ms)} ms a step" if which else ""
         ax.barh(at, ms, height=height * 0.9, color="tab:grey" if which == "before" else "tab:orange", label=step)
         texts += [ax.text(v, yy, f" {_ms(v)} ms ({100 * v / r.step_time_ms:.0f}%)", va="center", fontsize=8)
-                  for p, v, yy in zip(names, ms, at) if p in r.phases_ms]
+                  for p, v, yy in zip(names, ms, at, strict=True) if p in r.phases_ms]
     ax.set_yticks(y, names, fontsize=9)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlim(0, max([v for _, r in reports for v in r.phases_ms.values()] + [1e-3]) * 1.05)
@@ -369,7 +370,7 @@ class LiveRuns:
         ax.set_ylim(-0.6, len(names) - 0.4)
         log = fit_scale(ax, [v for v in speeds if v > 0], "x") == "log"
         ax.set_xlim(min(v for v in speeds if v > 0) / 1.6 if log else 0, max(speeds + [1]) * 1.05)
-        texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y)]
+        texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y, strict=True)]
         ax.set_xlabel("images / s (median of the chunks after the first)" + (", log scale" if log else ""))
         ax.set_title(f"{done:,} of {total:,} {unit} trained", fontsize=10)
         make_room(ax, texts)
@@ -410,7 +411,7 @@ def tune_chart(result, title: str = "tune: every candidate against the start"):
     fig, ax = _figure(figsize=(WIDTH_IN, 4.4))
     xs = list(range(1, len(result.path) + 1))
     best, incumbent, ratios, kept_points, kept_names = 1.0, [], [], [], []
-    for x, step in zip(xs, result.path):
+    for x, step in zip(xs, result.path, strict=True):
         if step.ratio_to_start is None:
             ax.scatter(x, 1.0, zorder=3, **kinds["rejected before measuring"])
         else:

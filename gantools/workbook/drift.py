@@ -48,7 +48,7 @@ def same_gradients(optimizers: dict[str, Callable], module: torch.nn.Module, ste
         for _ in range(steps):
             grads = [torch.randn(p.shape) * scale for p in module.parameters()]
             for name, opt in opts.items():
-                for p, g in zip(copies[name], grads):
+                for p, g in zip(copies[name], grads, strict=True):
                     p.grad = g.to(p.device)
                 opt.step()
     first = next(iter(copies.values()))

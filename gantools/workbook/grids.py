@@ -48,7 +48,7 @@ def samples_figure(grids: dict, title: str = "", per_row: int = SAMPLES_PER_ROW)
                        squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for ax, name, grid in zip(axes.flat, names, grids.values()):
+    for ax, name, grid in zip(axes.flat, names, grids.values(), strict=False):
         ax.imshow(grid)
         ax.set_title(name, fontsize=9)
     if title:

@@ -47,7 +47,7 @@ def paired_ratios(run, start) -> list[float]:
     round (warm-up) is left out, as it is from each run's figure."""
     a = [r["images_per_sec"] for r in run.history.records[1:]]
     b = [r["images_per_sec"] for r in start.history.records[1:]]
-    return [x / y for x, y in zip(a, b)]
+    return [x / y for x, y in zip(a, b, strict=False)]
 
 
 def speedup_table(figures: list[Figure]) -> str:

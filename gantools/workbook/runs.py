@@ -95,23 +95,7 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
     spaced rounds before it (`quality_curve(trainer)`: FID over the run). With `start` (a `warm.warm_start()`), every
     run starts from its own copy of that generator and discriminator. Returns name -> Trainer, as a `SideBySide`
     (`.ratio`, `.paired`: the figures a conclusion reads)."""
-    if (images is None) == (steps is None):
-        raise ConfigError("give the budget as images (real images, with chunk_images) or as steps (generator "
-                          "steps, with chunk_steps), not both")
-    per_turn = {}
-    if steps is not None:
-        if not chunk_steps or steps % chunk_steps:
-            raise ConfigError(f"steps={steps} must be a multiple of chunk_steps={chunk_steps}")
-        per_turn = dict.fromkeys(configs, chunk_steps)
-        rounds, unit, chunk = steps // chunk_steps, "generator steps", chunk_steps
-    else:
-        for name, cfg in configs.items():
-            per_step = cfg.images_per_step  # real images per G step
-            if not chunk_images or chunk_images % per_step or images % chunk_images:
-                raise ConfigError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
-                                  f"({per_step}), and images={images} a multiple of chunk_images")
-            per_turn[name] = chunk_images // per_step
-        rounds, unit, chunk = images // chunk_images, "real images", chunk_images
+    per_turn, rounds, unit, chunk = _turns(configs, images, chunk_images, steps, chunk_steps)
     # each run's steps: its whole budget, so a learning-rate schedule spans the run
     trainers = {name: Trainer(cfg.replace(steps=rounds * per_turn[name], log_interval=per_turn[name],
                                           sample_interval=0, checkpoint_interval=0)) for name, cfg in configs.items()}
@@ -137,6 +121,29 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
     take_turns({name: Contender(subject=name, turn=turn) for name in trainers}, rounds, order=SAME,
                after_round=after_round)
     return SideBySide(trainers)
+
+
+def _turns(configs: dict, images, chunk_images, steps, chunk_steps) -> tuple[dict, int, str, int]:
+    """`train_side_by_side`'s budget, checked before any trainer is built: the generator steps each run trains
+    per turn (name -> steps), the rounds, the unit the budget is counted in, and the chunk of it one turn trains."""
+    if (images is None) == (steps is None):
+        raise ConfigError("give the budget as images (real images, with chunk_images) or as steps (generator "
+                          "steps, with chunk_steps), not both")
+    per_turn = {}
+    if steps is not None:
+        if not chunk_steps or steps % chunk_steps:
+            raise ConfigError(f"steps={steps} must be a multiple of chunk_steps={chunk_steps}")
+        per_turn = dict.fromkeys(configs, chunk_steps)
+        rounds, unit, chunk = steps // chunk_steps, "generator steps", chunk_steps
+    else:
+        for name, cfg in configs.items():
+            per_step = cfg.images_per_step  # real images per G step
+            if not chunk_images or chunk_images % per_step or images % chunk_images:
+                raise ConfigError(f"{name}: chunk_images={chunk_images} must be a multiple of batch_size x d_steps "
+                                  f"({per_step}), and images={images} a multiple of chunk_images")
+            per_turn[name] = chunk_images // per_step
+        rounds, unit, chunk = images // chunk_images, "real images", chunk_images
+    return per_turn, rounds, unit, chunk
 
 
 def quality_curve(trainer) -> History:
