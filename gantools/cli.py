@@ -132,8 +132,9 @@ def _profile(args: dict) -> int:
 # -- bench ----------------------------------------------------------------------------------------------------------
 
 def _bench_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--size", choices=("cpu", "gpu"), default=None,
-                   help="cpu: 32 px glyphs, a few minutes on 2 cores; gpu: 64 px colour glyphs (default: by device)")
+    p.add_argument("--size", choices=("cpu", "gpu", "tiny"), default=None,
+                   help="cpu: 32 px glyphs, a few minutes on 2 cores; gpu: 64 px colour glyphs; tiny: seconds, to see "
+                        "that it runs, its figures meaning nothing (default: by device)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     p.add_argument("--quality", action="store_true", help="also train every variant on the same number of images "
                                                           "and report FID, KID and class coverage")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FakeClock
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,6 +87,7 @@ def test_the_headline_says_what_the_runs_json_holds(dry_run):
 
 def _run(tmp_path, wheels, dry=True):
     """A run whose scratch folder is under the test's own."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     run = evidence.Run(dry, tmp_path / "out", wheels, sys.executable, "test")
     Path(run.scratch).rmdir()
     run.scratch = tmp_path / "scratch"
@@ -137,6 +140,7 @@ def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_r
                f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
                f"open({str(pid_file)!r}, 'w').write(str(p.pid))\ntime.sleep(60)\n")
     run = _run(tmp_path, tmp_path)
+    run.timed = True  # as on a GPU (the dry run stops no part)
     run.out = tmp_path / "out"
     run.out.mkdir()
     monkeypatch.setitem(evidence.BUILDERS, "check", lambda r, s: evidence.Built([[sys.executable, "-c", sleeper]]))
@@ -144,9 +148,8 @@ def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_r
         [[sys.executable, "-c", "raise ValueError('the ladder broke')"]]))
     parts = {p.name: p for p in evidence.PARTS}
     slow = evidence.Part("check", 6, 6, "sleeps")
-    t = time.monotonic()
-    stopped = evidence.run_part(run, slow)
-    assert time.monotonic() - t < 20 and stopped["status"].startswith("over budget: stopped after")
+    stopped = evidence.run_part(run, slow)  # a minute's sleep in a 6 s budget
+    assert stopped["status"].startswith("over budget: stopped after") and stopped["returncode"] is None
     child = int(pid_file.read_text())
     time.sleep(0.5)
     status = Path(f"/proc/{child}/status")  # the part's own child went with it (gone, or a zombie not yet reaped)
@@ -157,6 +160,40 @@ def test_a_part_over_its_budget_is_stopped_with_its_children_and_the_next_part_r
     evidence.save(run)
     report = (run.out / "report.md").read_text()
     assert "| check | 6 | 6 |" in report and "ValueError: the ladder broke" in report
+
+
+def test_budgets_carry_what_a_part_leaves_and_stop_at_the_runs_end_on_the_clock(tmp_path, monkeypatch):
+    """The budget arithmetic on a fake clock (each part "takes" what the test says): a part may use its budget and what
+    the parts before it left, never past the run's end less a stop's time; a part over its allowance is reported
+    stopped and leaves nothing over; none starts once under 5 s are left. The dry run is never stopped."""
+    clock = FakeClock()
+    run = _run(tmp_path, tmp_path, dry=False)
+    run.clock, run.out = clock, tmp_path / "out"
+    run.out.mkdir()
+    run.deadline = clock() + 100
+    allowed, takes = [], iter([10.0, 60.0, 5.0, 9.0])
+
+    def commands(cmds, env, seconds, log, clock_):
+        assert clock_ is clock
+        log.write_text("ran\n")
+        allowed.append(seconds)
+        took = next(takes)
+        clock.advance(took)
+        return (0 if seconds is None or took < seconds else None), took
+
+    monkeypatch.setattr(evidence, "run_commands", commands)
+    monkeypatch.setitem(evidence.BUILDERS, "check", lambda r, s: evidence.Built([["true"]]))
+    parts = [evidence.run_part(run, evidence.Part("check", 30, 30, "x")) for _ in range(5)]
+    # 30; 30 + the 20 left over; the 30 s left less the stop's 12 s; 25 s left less 12; then 16 s left: none
+    assert [round(a) for a in allowed] == [30, 50, 18, 13]
+    assert [p["status"] for p in parts[:4]] == ["ok", "over budget: stopped after 60 s", "ok", "ok"]
+    assert parts[4]["status"] == "not started: the run's time is spent" and round(run.slack) == 4
+
+    dry = _run(tmp_path / "dry", tmp_path, dry=True)
+    dry.clock, dry.out, dry.deadline = clock, tmp_path / "out", clock() - 1  # its whole time already spent
+    takes = iter([500.0])
+    entry = evidence.run_part(dry, evidence.Part("check", 30, 30, "x"))
+    assert allowed[-1] is None and entry["status"] == "ok" and entry["budget_s"] == 30
 
 
 def test_fid_runs_only_where_the_time_left_holds_a_meaningful_budget():

@@ -42,16 +42,18 @@ PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100
 TARGETS = {"cpu": 3.0, "gpu": 10.0}  # best preset's images/s over the reference's
 MFU_TARGET = 0.25                   # max-throughput preset on one H100
 
-SIZES = {  # two presets: a few minutes on a 2-core CPU, and one GPU
+SIZES = {  # a few minutes on a 2-core CPU; one GPU; and seconds anywhere, to check the machinery runs (a dry run)
     "cpu": dict(dataset="glyphs", image_size=32, channels=1, batch_size=128, ngf=64, ndf=64),
     "gpu": dict(dataset="glyphs-color", image_size=64, channels=3, batch_size=128, ngf=64, ndf=64),
+    "tiny": dict(dataset="glyphs", image_size=32, channels=1, batch_size=32, ngf=8, ndf=8, nz=16),
 }
 # quality_images: on glyphs at 32 px, FID falls steeply for several hundred steps of batch 128 and then flattens,
 # so shorter budgets compare noise (evidence: docs/benchmark.md)
 PLAN = {"cpu": dict(warmup_images=128 * 3, images_per_repeat=128 * 3, repeats=5, quality_images=128 * 800),
         "gpu": dict(warmup_images=128 * 20, images_per_repeat=128 * 50, repeats=5, quality_images=128 * 3000)}
-# Quick mode (GANTOOLS_QUICK=1: tests, nbval): one-step chunks, a tiny quality budget
+# Quick mode (GANTOOLS_QUICK=1: tests, nbval): one-step chunks, a tiny quality budget; the tiny size's plan too
 QUICK_PLAN = dict(warmup_images=1, images_per_repeat=1, repeats=3, quality_images=32 * 12)
+PLAN["tiny"] = QUICK_PLAN
 
 
 def plan_for(device: torch.device) -> dict:
