@@ -42,19 +42,25 @@ chromium:
 lint: setup
 	$(PY) -m ruff check .
 
+# The suite runs in two pytest-xdist workers (PYTEST_WORKERS=1 for one process), a test file at a time each, so a
+# file's module fixtures (a diagnosis, a JupyterLab server) are built once; the root conftest.py gives each worker
+# its share of the cores. No test's verdict depends on how busy the machine is (docs/testing.md).
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
+
 # Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium).
 test: setup chromium lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # The edit-test loop: the unit tests but those marked slow (more than a couple of seconds each) and the browser's,
-# no notebooks; under 3 minutes here. `make test` still runs everything.
+# no notebooks; under 2 minutes here. `make test` still runs everything.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not browser" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not browser" tests
 
-# Only the browser tests: each notebook run in JupyterLab, the widget panel clicked (screenshots in artifacts/browser/);
-# the book built and every page read (artifacts/book/).
+# Only the browser tests: each notebook run in JupyterLab, the widget panel clicked; the book built and every page
+# read; here with pictures of what they saw for a person to look at (artifacts/browser/, artifacts/book/).
 test-browser: setup chromium
-	$(PY) -m pytest -q -m browser tests/test_browser.py tests/test_book.py
+	GANTOOLS_SCREENSHOTS=1 $(PY) -m pytest -q $(XDIST) -m browser tests/test_browser.py tests/test_book.py
 
 # The book: the stored notebooks (their outputs as saved, nothing executed) and docs/ as a static site, built with
 # Sphinx + myst-nb from book/conf.py. Offline, and warnings are errors. tests/test_book.py builds it with BOOK_OPTS.

@@ -62,6 +62,20 @@ def _ctrl_c_interrupts():
     signal.signal(signal.SIGINT, before)
 
 
+# Pictures of the pages for a person to look at (artifacts/browser/, artifacts/book/): `make test-browser` takes them;
+# `make test` only checks the pages, a tall page's picture costing seconds of Chromium's time.
+SCREENSHOTS = os.environ.get("GANTOOLS_SCREENSHOTS") == "1"
+
+
+def screenshot(target, path: Path, **options) -> bool:
+    """`target.screenshot(path=...)` (a Playwright page or element) where pictures are asked for; whether it was."""
+    if not SCREENSHOTS:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=str(path), **options)
+    return True
+
+
 def chromium_path() -> str | None:
     """$GANTOOLS_CHROMIUM, else a Chromium or Chrome on PATH."""
     if os.environ.get("GANTOOLS_CHROMIUM"):
@@ -140,6 +154,22 @@ def fake_clock(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(hardware, "seconds", clock)
     return clock
+
+
+def measurements_take(seconds: float, clock: FakeClock, monkeypatch) -> None:
+    """Each of tune's measurements takes `seconds` more on `clock` than its real work: a test spends tune's budget
+    itself, measurement by measurement, whatever the machine's load."""
+    from gantools.tuning.trials import Trials
+
+    measure = Trials.measure
+
+    def timed(self, *args, **kwargs):
+        measured = measure(self, *args, **kwargs)
+        clock.advance(seconds)
+        self.measure_s += seconds
+        return measured
+
+    monkeypatch.setattr(Trials, "measure", timed)
 
 
 STEADY_PHASE_MS, STEADY_COMPUTE_SHARE = 10.0, 0.4

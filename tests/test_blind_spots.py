@@ -37,6 +37,7 @@ def test_set_ground_puts_each_images_own_ground_at_black_and_leaves_a_black_grou
     assert set_ground(pale).max().item() == pytest.approx(-1 + 0.1 * MAX_GROUND_STRETCH), "stretched a bounded amount"
 
 
+@pytest.mark.slow
 def test_real_glyphs_on_a_grey_ground_score_as_real_glyphs_and_noise_and_one_class_still_far_worse(meter):
     other = QualityMeter("glyphs", 32, 1, n=512, offset=512).real  # real glyphs the meter did not see
     clean = meter.score(other)

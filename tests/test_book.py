@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import screenshot
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 DOCS = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
@@ -185,17 +187,16 @@ def keep_screenshot(page, name: str) -> None:
     "Unable to capture screenshot" for a tall page: it is asked twice, then the missing picture is a warning."""
     from playwright.sync_api import Error
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
         try:
-            page.screenshot(path=str(ARTIFACTS / f"{name}.jpg"), full_page=True, type="jpeg", quality=70,
-                            timeout=60_000)
+            screenshot(page, ARTIFACTS / f"{name}.jpg", full_page=True, type="jpeg", quality=70, timeout=60_000)
             return
         except Error as err:
             if attempt == 2:
                 warnings.warn(f"no screenshot of {name} in {ARTIFACTS}: {str(err).splitlines()[0]}", stacklevel=2)
 
 
+@pytest.mark.slow
 def test_book_builds_without_warnings(book):
     """`make book`'s options, warnings as errors: the build must pass and print nothing at all."""
     done = book["build"]

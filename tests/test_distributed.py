@@ -63,6 +63,7 @@ def test_two_processes_with_half_the_batch_each_train_the_weights_of_one_process
     _close(two, ranks[1]["results"]["plain"])  # and DDP keeps both ranks' weights in step
 
 
+@pytest.mark.slow
 def test_accumulating_micro_batches_all_reduces_once_per_step_and_matches_one_process(two_ranks, tmp_path):
     cfgs, data, ranks = two_ranks
     two = ranks[0]["results"]["accum"]
@@ -71,6 +72,7 @@ def test_accumulating_micro_batches_all_reduces_once_per_step_and_matches_one_pr
     assert two["all_reduces"] == {"generator": 3, "discriminator": 3} and two["step"] == 3
 
 
+@pytest.mark.slow
 def test_penalties_d_steps_ema_and_labels_under_two_processes_train_the_weights_of_one(two_ranks, tmp_path):
     cfgs, data, ranks = two_ranks
     trainer = ddp_worker.family(cfgs["family"].replace(out_dir=str(tmp_path)), data)
@@ -87,6 +89,7 @@ def test_penalties_d_steps_ema_and_labels_under_two_processes_train_the_weights_
     _close(two, ranks[1]["results"]["family"])
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes_files(two_ranks):
     cfgs, _, ranks = two_ranks
     assert ranks[1]["writes"] == []
@@ -96,6 +99,7 @@ def test_only_rank_0_writes_files(two_ranks):
         assert path in written, path
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_across_process_counts_to_the_uninterrupted_weights(two_ranks, tmp_path):
     cfgs, data, ranks = two_ranks
     uninterrupted = ranks[0]["results"]["plain"]
@@ -110,12 +114,14 @@ def test_a_checkpoint_resumes_across_process_counts_to_the_uninterrupted_weights
     assert [r["step"] for r in resumed.history] == [2, 4]
 
 
+@pytest.mark.slow
 def test_a_stop_asked_on_one_rank_stops_every_rank_at_the_next_log_interval(two_ranks):
     cfgs, _, ranks = two_ranks
     assert [rank["results"]["stop"]["step"] for rank in ranks] == [4, 4]  # asked at 3 on rank 0; logs every 2
     assert load_checkpoint(Path(cfgs["stop"].out_dir) / "checkpoint.pt")["step"] == 4
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_on_one_rank_is_skipped_by_every_rank(two_ranks):
     _, _, ranks = two_ranks
     runs = [rank["results"]["skip"] for rank in ranks]
@@ -126,6 +132,7 @@ def test_a_non_finite_loss_on_one_rank_is_skipped_by_every_rank(two_ranks):
     assert len(runs[0]["warnings"]) == 1 and "Skipped" in runs[0]["warnings"][0] and runs[1]["warnings"] == []
 
 
+@pytest.mark.slow
 def test_batchnorm_models_keep_identical_weights_on_every_rank(two_ranks):
     _, _, ranks = two_ranks
     a, b = (rank["results"]["dcgan"] for rank in ranks)

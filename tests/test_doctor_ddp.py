@@ -61,6 +61,7 @@ def _finding(report: dict, kind: str) -> dict | None:
     return next((f for f in report["findings"] if f["kind"] == kind), None)
 
 
+@pytest.mark.slow
 def test_rank_0_reports_the_all_reduce_share_of_a_step_and_each_ddp_wrapper(ddp_reports):
     report, printed = ddp_reports["as written"]
     ddp = report["settings"]["ddp"]
@@ -76,6 +77,7 @@ def test_rank_0_reports_the_all_reduce_share_of_a_step_and_each_ddp_wrapper(ddp_
     assert "of the profiled step" in printed and (Path(report["trace_path"]).parent / "trace-rank1.json").is_file()
 
 
+@pytest.mark.slow
 def test_accumulation_without_no_sync_is_found_with_the_change_in_your_names(ddp_reports):
     report, _ = ddp_reports["as written"]
     found = _finding(report, "ddp-no-sync")
@@ -84,6 +86,7 @@ def test_accumulation_without_no_sync_is_found_with_the_change_in_your_names(ddp
     assert "with netG.no_sync() if not last" in found["change"] or "with netD.no_sync() if not last" in found["change"]
 
 
+@pytest.mark.slow
 def test_a_loader_without_a_distributed_sampler_is_found_with_identical_batches(ddp_reports):
     report, _ = ddp_reports["as written"]
     found = _finding(report, "ddp-no-sampler")
@@ -94,6 +97,7 @@ def test_a_loader_without_a_distributed_sampler_is_found_with_identical_batches(
     assert "DistributedSampler(dataset)" in found["change"] and "sampler.set_epoch(epoch)" in found["change"]
 
 
+@pytest.mark.slow
 def test_with_a_distributed_sampler_and_no_sync_neither_finding_is_made(ddp_reports):
     report, _ = ddp_reports["fixed"]
     ddp = report["settings"]["ddp"]
@@ -105,6 +109,7 @@ def test_with_a_distributed_sampler_and_no_sync_neither_finding_is_made(ddp_repo
         "all_reduces_per_iteration"] / 2
 
 
+@pytest.mark.slow
 def test_batchnorm_with_broadcast_buffers_is_found_with_its_measured_broadcasts(ddp_reports):
     report, _ = ddp_reports["fixed"]
     found = _finding(report, "ddp-broadcast-buffers")

@@ -5,6 +5,8 @@ import pytest
 import gantools.workbook.panel as gp
 from gantools.workbook.panel import CONTROL_FIELDS, RUNS, ControlPanel
 
+from conftest import measurements_take
+
 
 @pytest.fixture
 def panel(tiny):
@@ -55,10 +57,7 @@ def test_a_bad_combination_is_reported_not_run(panel):
 def test_a_new_panel_stops_the_running_loop(panel, tiny):
     panel.set(steps=100000, loader="device")
     panel.run(block=False)
-    deadline = time.time() + 30
-    while gp._ACTIVE["trainer"] is None or gp._ACTIVE["trainer"].step < 2:
-        assert time.time() < deadline
-        time.sleep(0.05)
+    _wait(lambda: gp._ACTIVE["trainer"] is not None and gp._ACTIVE["trainer"].step >= 2)
     trainer, thread = gp._ACTIVE["trainer"], gp._ACTIVE["thread"]
     ControlPanel(tiny, {"images_per_sec": 1.0})  # what re-running the widget cell does
     assert not thread.is_alive() and trainer.step < 100000
@@ -68,12 +67,9 @@ def test_a_new_panel_stops_the_running_loop(panel, tiny):
 def test_stop_button_ends_the_run_between_steps(panel):
     panel.set(steps=100000, loader="device")
     panel.run_button.click()
-    deadline = time.time() + 30
-    while gp._ACTIVE["trainer"] is None or gp._ACTIVE["trainer"].step < 1:
-        assert time.time() < deadline
-        time.sleep(0.05)
+    _wait(lambda: gp._ACTIVE["trainer"] is not None and gp._ACTIVE["trainer"].step >= 1)
     panel.stop_button.click()
-    gp._ACTIVE["thread"].join(30)
+    gp._ACTIVE["thread"].join(300)
     assert not gp._ACTIVE["thread"].is_alive()
     assert "stopped early" in panel.status.value and len(RUNS) == 1
 
@@ -94,7 +90,9 @@ def test_each_control_is_chosen_by_its_fields_description(tiny):
         _widget("betas", knobs()["betas"], (0.5, 0.999))
 
 
-def _wait(condition, seconds=60):
+def _wait(condition, seconds=300):
+    """Until `condition()` holds: a guard against a hang, never a judge of speed (what takes a second here has
+    minutes)."""
     deadline = time.time() + seconds
     while not condition():
         assert time.time() < deadline
@@ -102,14 +100,18 @@ def _wait(condition, seconds=60):
 
 
 @pytest.mark.slow
-def test_tune_button_tunes_in_the_background_draws_the_path_and_loads_the_result(panel):
-    panel.set(loader="device").minutes.value = 0.4  # the quality reserve (two FIDs) is ~13 s here
+def test_tune_button_tunes_in_the_background_draws_the_path_and_loads_the_result(panel, fake_clock, monkeypatch):
+    """24 s of budget on the test's clock, each measurement taking 10: one candidate is measured, and the search
+    ends there for time, as it would on any machine."""
+    measurements_take(10.0, fake_clock, monkeypatch)
+    panel.set(loader="device").minutes.value = 0.4
     panel.tune_button.click()
     _wait(lambda: gp._ACTIVE["thread"] is not None)
     assert panel.run_button.disabled and panel.tune_button.disabled and not panel.stop_button.disabled
-    gp._ACTIVE["thread"].join(120)
+    gp._ACTIVE["thread"].join(300)
     result = panel.tuned
-    assert panel.status.value.startswith("Tuned") and result.path and not result.stopped, panel.status.value
+    assert panel.status.value.startswith("Tuned") and len(result.path) == 1 and not result.stopped, panel.status.value
+    assert result.ended.startswith("time: "), result.ended
     assert result.start_config.loader == "device" and result.quality["images"] == 4 * 16  # a Run's images
     assert panel.tune_view in panel.widget.children and panel.tune_plot.value[:4] == b"\x89PNG"
     assert "| step | change |" in panel.tune_table.outputs[0]["data"]["text/markdown"]
@@ -125,7 +127,7 @@ def test_stop_ends_a_tune_between_measurements(panel):
     panel.tune_button.click()
     _wait(lambda: "measuring" in panel.status.value)
     panel.stop_button.click()
-    gp._ACTIVE["thread"].join(60)
+    gp._ACTIVE["thread"].join(300)
     assert not gp._ACTIVE["thread"].is_alive()
     assert panel.status.value.startswith("Tune stopped") and panel.tuned.stopped
     assert not panel.load_button.disabled, "what was found before the stop can be loaded"

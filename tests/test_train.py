@@ -416,7 +416,7 @@ def test_a_second_thread_cannot_train_while_a_trainer_holds_the_process(tiny, gl
             Trainer(tiny, dataset=glyphs64).fit()
     finally:
         release.set()
-        thread.join(30)
+        thread.join(300)
     Trainer(tiny, dataset=glyphs64).fit()  # free again once the other run ended
 
 

@@ -19,7 +19,7 @@ from gantools.tuning.result import Step
 from gantools.tuning.space import Candidate, describe, search_space
 from gantools.tuning.trials import Failure, key
 
-from conftest import BatchFreeD, BatchFreeG, weights
+from conftest import BatchFreeD, BatchFreeG, measurements_take, weights
 
 PLAN = dict(warmup_images=64, images_per_repeat=512, repeats=3)  # tiny models: chunks of a few tenths of a second
 # where keep's rule is replaced (or never reached) the chunks only have to run: what is decided does not rest on them
@@ -457,17 +457,7 @@ def test_tune_from_the_command_line_measures_while_the_budget_holds_the_next_can
     """Six seconds of budget, and each measurement takes four on the clock: the first candidate fits; what comes next
     (another four-second measurement, or a profile of the new incumbent, beside four kept for the final speed check)
     does not, and the search says so."""
-    from gantools.tuning.trials import Trials
-
-    measure = Trials.measure
-
-    def four_seconds(self, *args, **kwargs):
-        measured = measure(self, *args, **kwargs)
-        fake_clock.advance(4.0)
-        self.measure_s += 4.0
-        return measured
-
-    monkeypatch.setattr(Trials, "measure", four_seconds)
+    measurements_take(4.0, fake_clock, monkeypatch)
     path = tmp_path / "t.json"
     args = ["tune", "--minutes", "0.1", "--no-quality", "--json", str(path), "--loader", "device", "--nz", "8",
             "--ngf", "8", "--ndf", "8", "--batch-size", "16", "--out-dir", str(tmp_path / "run")]

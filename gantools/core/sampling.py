@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from .checkpoint import atomic_write
 from .network_checks import forward
 
@@ -47,6 +48,8 @@ def save_png(picture, path) -> None:
 
 def seeded_noise(n: int, nz: int, seed: int, batch_size: int, labels: torch.Tensor | None) -> list:
     """n noise vectors from `seed`, in batches of `batch_size`, each with its labels (or None)."""
+    if labels is not None and len(labels) != n:  # else the noise and the labels would pair up short
+        raise ConfigError(f"generate(n={n}, labels=...) got {len(labels)} labels: give one label per image")
     noise = torch.randn(n, nz, generator=torch.Generator().manual_seed(seed))
     ys = labels.split(batch_size) if labels is not None else [None] * len(noise.split(batch_size))
     return list(zip(noise.split(batch_size), ys, strict=True))  # one label per noise vector (Trainer.generate)

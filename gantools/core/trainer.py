@@ -337,8 +337,6 @@ class Trainer:
         (default: each class in turn, `torch.arange(n) % classes`)."""
         if self.cfg.conditional and labels is None:
             labels = torch.arange(n) % self.classes
-        if labels is not None and len(labels) != n:  # else the noise and the labels would pair up short
-            raise ConfigError(f"generate(n={n}, labels=...) got {len(labels)} labels: give one label per image")
         with self._process_state(keep_rng=False):
             return torch.cat([self._generate(z.to(self.device), None if y is None else y.to(self.device), ema).cpu()
                               for z, y in seeded_noise(n, self.cfg.nz, seed, batch_size, labels)])
