@@ -48,8 +48,11 @@ lint: setup
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
 
-# Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium).
-test: setup chromium lint
+# Every test: unit tests, the notebooks in quick mode (nbval) and the browser test (JupyterLab in Chromium). The
+# packages and the browser install side by side (on a new machine, minutes of mostly waiting on the disk).
+test:
+	@$(MAKE) --no-print-directory -j2 setup chromium
+	@$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q $(XDIST)
 
 # The edit-test loop: the unit tests but those marked slow (more than a couple of seconds each) and the browser's,
