@@ -17,8 +17,10 @@ here and needs nothing there but a `python3` with torch and the wheel folder tha
    ladder's chart and the doctor's patches: ready to copy into docs/gpu/.
 
 `--dry` runs the same parts on a CPU at tiny sizes in a minute or two (CUDA-only rows listed as not applicable):
-`make test` runs it, so the command cannot rot between GPU runs. `--parts` (or $GANTOOLS_EVIDENCE_PARTS) runs a few
-parts again, e.g. a second try of one that failed. Standard library only: it runs before anything is installed.
+`make test` runs it, so the command cannot rot between GPU runs. It checks that each part runs, on a CPU however slow
+or busy: each part's time is reported beside its budget, and only a part that hangs (`DRY_HANG_S`) is stopped.
+`--parts` (or $GANTOOLS_EVIDENCE_PARTS) runs a few parts again, e.g. a second try of one that failed. Standard
+library only: it runs before anything is installed.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ TOTAL_S = 540     # the whole run, install and a last part's stop included: 9 mi
                   # lent GPU leave room for its start and a second try of a part (`--parts`, `--seconds`)
 DRY_TOTAL_S = 300
 STOP_S = 12       # the most a part's stop takes (_kill)
+DRY_HANG_S = 600  # the dry run's only limit on a part: a hang, never a slow or busy CPU
 TAIL = 6000       # characters of a part's output kept in evidence.json (log.txt has it all)
 MIN_FID_IMAGES = 128 * 800  # below this FID on glyphs still falls steeply: shorter budgets compare noise (bench.PLAN)
 FID_IMAGES = 128 * 3000     # the ladder's own quality budget on a GPU (bench.PLAN)
@@ -449,7 +452,7 @@ def run_part(run: Run, part: Part) -> dict:
         print(f"[{part.name}] {entry['status']}", flush=True)
         return entry
     log = run.scratch / f"{part.name}.log"
-    code, seconds = run_commands(built.commands, built.env or run.env, allowed if run.timed else None, log,
+    code, seconds = run_commands(built.commands, built.env or run.env, allowed if run.timed else DRY_HANG_S, log,
                                  run.clock)
     text = log.read_text(errors="replace")
     run.logs.append(f"===== {part.name} =====\n{text}")
@@ -460,7 +463,7 @@ def run_part(run: Run, part: Part) -> dict:
         entry["result"] = None
         entry["traceback"] = f"reading the result: {type(e).__name__}: {e}"
     if code is None:
-        entry["status"] = f"over budget: stopped after {seconds:.0f} s"
+        entry["status"] = f"{'over budget' if run.timed else 'hung'}: stopped after {seconds:.0f} s"
         entry["traceback"] = _traceback(text) or "(stopped at its time limit; the end of its output is in log.txt)"
     elif code == 0:
         entry["status"] = "ok"
@@ -501,8 +504,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated, to run only these (of {', '.join(x.name for x in PARTS)}; the machine "
                         "always runs)")
     p.add_argument("--seconds", type=int, default=None,
-                   help=f"the whole run's budget (default {TOTAL_S}, dry {DRY_TOTAL_S}): less for a second try in the "
-                        "device time a session has left")
+                   help=f"the whole run's budget (default {TOTAL_S}; a dry run reports against {DRY_TOTAL_S} and stops "
+                        "no part for time): less for a second try in the device time a session has left")
     p.add_argument("--python", default=sys.executable, help="the Python that has torch (default: this one)")
     p.add_argument("--headline", metavar="RUN", default=None,
                    help="print the headline of a stored run (docs/gpu/RUN) for the README and docs/results.md")

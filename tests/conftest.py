@@ -178,25 +178,34 @@ STEADY_PHASE_MS, STEADY_COMPUTE_SHARE = 10.0, 0.4
 @pytest.fixture(scope="module")
 def steady_doctor():
     """The doctor's rules judge what a loop does, never how busy the machine was when it ran: every phase the doctor
-    measured in a loop run in this process (and the rest of the iteration) is taken to cost the same 10 ms, the device
-    to be busy whenever the loop is not waiting for data, and convolutions and matmuls 40% of that. What the doctor
-    saw (the phases, the settings, the sites) stays as it ran; so a finding appears because its evidence was
-    observed, and its gate is tested on its own in test_doctor_rules.py. The real numbers stay in the trace."""
+    measured in a loop run in this process (and the rest of the iteration) is taken to cost the same 10 ms, and so do
+    a DataLoader's epoch start and the copies to the device; the device is taken to be busy whenever the loop is not
+    waiting for data, and convolutions and matmuls 40% of that. What the doctor saw (the phases, the settings, the
+    sites) stays as it ran; so a finding appears because its evidence was observed, and its gate is tested on its
+    own in test_doctor_rules.py. The verdict is the doctor's own (`analysis._verdict`) on these numbers. The fixture
+    keeps what was measured: `measured[id(report)]` is (its phases, its step time), for what a test asks of the
+    measuring itself."""
     from gantools.doctor import analysis
 
-    measure = analysis._profile_into
+    measure, measured = analysis._profile_into, {}
 
     def steady(r, obs, sched, run):
         measure(r, obs, sched, run)
+        measured[id(r)] = dict(r.phases_ms), r.step_time_ms
         r.phases_ms = {k: STEADY_PHASE_MS for k, ms in r.phases_ms.items() if ms > 0 or k == analysis.OTHER}
         r.step_time_ms = sum(r.phases_ms.values())
         wait = r.phases_ms.get("data wait", 0.0)
         r.device_busy_ms, r.compute_share = r.step_time_ms - wait, STEADY_COMPUTE_SHARE
+        for loader in r.settings["dataloaders"]:
+            if loader.get("epoch_start_ms"):
+                loader["epoch_start_ms"] = STEADY_PHASE_MS
+        if r.settings.get("h2d_copy_ms"):
+            r.settings["h2d_copy_ms"] = STEADY_PHASE_MS
         r.verdict = analysis._verdict(r, wait, r.device_busy_ms, r.top_ops, obs.device_in_use().type == "cuda")
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(analysis, "_profile_into", steady)
-        yield
+        yield measured
 
 
 @pytest.fixture

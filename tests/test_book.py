@@ -278,7 +278,7 @@ def test_contents_link_every_page(browser, site):
     """The site's front door leads to the contents, whose navigation links every notebook and every docs page."""
     page = open_page(browser, f"{site}/index.html")
     try:
-        page.wait_for_url(re.compile(r"/book/index\.html$"), timeout=10_000)
+        page.wait_for_url(re.compile(r"/book/index\.html$"), timeout=60_000)
         links = set(page.evaluate("() => Array.from(document.querySelectorAll('.bd-sidebar-primary nav a, "
                                   "article .toctree-wrapper a'), a => new URL(a.href).pathname)"))
         outside = page.outside

@@ -277,5 +277,5 @@ def test_workers_of_a_collected_trainer_are_shut_down_outside_the_garbage_collec
     next(iter(gbatches.worker_safe(torch.utils.data.DataLoader(range(4)))))  # the next loader reaps it
     assert iterator() is None
     for w in workers:
-        w.join(timeout=5)
+        w.join(timeout=60)
     assert not any(w.is_alive() for w in workers)

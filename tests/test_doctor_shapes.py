@@ -250,7 +250,7 @@ def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, small_pn
             return super().__exit__(*exc)
     monkeypatch.setattr(trial, "Applied", Recorded)
     run = trial.run_trial(WGAN_GP, flags(WGAN_GP, small_pngs), (FREEZE_D,), context(report, facts()),
-                          pacer_index(report), report.images_per_step, warmup=1, steps=3, timeout=60)
+                          pacer_index(report), report.images_per_step, warmup=1, steps=3, timeout=300)
     assert run.measured and run.finite, run.traceback
     assert seen == [1 + 1 + 3]  # one frozen call per G step: the warm-up's, the clock's start and three timed
 
@@ -258,7 +258,7 @@ def test_wgan_gp_d_is_frozen_at_run_time_in_g_steps_call_only(diagnose, small_pn
 R1_LINE = "grad = torch.autograd.grad(d_real.sum(), real, create_graph=True)[0]"
 
 
-def test_r1_at_every_d_step_is_found_at_its_line_timed_and_its_lazy_form_given_in_its_names(diagnose):
+def test_r1_at_every_d_step_is_found_at_its_line_timed_and_its_lazy_form_given_in_its_names(diagnose, steady_doctor):
     """R1 on the real batch at every D step, in one backward with D's loss: the doctor places the autograd.grad call
     on its line, times the gradient and its double backward as the "D penalty" phase (not counted twice: the phases
     fit in the iteration), and gives StyleGAN2's lazy form with D's Adam corrected, its gain from that share."""
@@ -268,8 +268,9 @@ def test_r1_at_every_d_step_is_found_at_its_line_timed_and_its_lazy_form_given_i
     script = str(R1.resolve())
     gp = report.settings["gradient_penalty"]
     assert gp["calls_per_iteration"] == 1 and [x["at"] for x in gp["sites"]] == [[script, line]]
+    phases, step = steady_doctor[id(report)]  # as measured: the penalty's time is not counted twice
+    assert 0 < phases["D penalty"] and sum(ms for k, ms in phases.items() if k != doctor.OTHER) <= step
     penalty = report.phases_ms["D penalty"]
-    assert 0 < penalty and sum(ms for k, ms in report.phases_ms.items() if k != doctor.OTHER) <= report.step_time_ms
     found = next(f for f in report.findings if f.kind == "gradient-penalty-every-step")
     assert f"r1_dcgan.py:{line} `{R1_LINE}` (1/it)" in found.seen
     assert found.estimated_speedup == pytest.approx(report.step_time_ms / (report.step_time_ms - penalty * 15 / 16))
@@ -295,7 +296,7 @@ def test_r1_taken_lazily_at_run_time_computes_one_gradient_in_sixteen_d_steps(di
         return grad(*args, **kwargs)
     monkeypatch.setattr(torch.autograd, "grad", counted)
     run = trial.run_trial(R1, flags(R1, small_pngs), (LAZY,), context(report, facts()), pacer_index(report),
-                          report.images_per_step, warmup=1, steps=3, timeout=60)
+                          report.images_per_step, warmup=1, steps=3, timeout=300)
     assert run.measured and run.finite, run.traceback
     assert len(run.losses) == 3 and computed == [True]
 
@@ -555,7 +556,7 @@ def test_the_trainers_precision_argument_as_a_patch_applies_and_the_patched_scri
 def test_a_loop_of_your_own_under_lightning_fabric_is_diagnosed(tmp_path):
     """Lightning Fabric leaves the loop in your code: its wrapped optimizers are named as your code names them."""
     (tmp_path / "train_fabric.py").write_text(FABRIC_SCRIPT)
-    fabric = doctor.run_script(tmp_path / "train_fabric.py", steps=1, warmup=0, timeout=60, trace=tmp_path / "f.json")
+    fabric = doctor.run_script(tmp_path / "train_fabric.py", steps=1, warmup=0, timeout=300, trace=tmp_path / "f.json")
     assert fabric.complete and fabric.models["G"]["name"] == "G" and fabric.optimizers["D"]["name"] == "opt_d"
     assert not torch_optimizer._global_optimizer_post_hooks and not torch_module._global_forward_hooks
 

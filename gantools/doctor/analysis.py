@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.checkpoint import atomic_write
 from ..measuring import hardware
 from ..measuring.compile_counts import first_lines
 from ..measuring.protocol import OWN_SYNC, code_syncs, spans
@@ -299,7 +300,7 @@ def _export_trace(prof, obs: Observations, run: Run) -> str | None:
         name = event.get("name", "")
         if isinstance(name, str) and name.startswith(RANGE):
             event["name"] = _label(obs.ranges.get(int(name[len(RANGE):])))
-    path.write_text(json.dumps(trace))
+    atomic_write(path, lambda f: f.write(json.dumps(trace).encode()))  # two runs at once: one whole trace, never half
     return str(path)
 
 
