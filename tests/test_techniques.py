@@ -214,8 +214,8 @@ def test_the_search_space_on_a_gpu_without_fast_bf16(monkeypatch, passed, main_t
                                              main_thread=main_thread)
     assert [c.label for c in candidates] == [
         "precision=fp16", "loader=device", "channels_last=True", "compile=default",
-        "num_workers=2, persistent_workers=True", "cudnn_benchmark=True", "pin_memory=True", "optimizer_impl=fused",
-        "optimizer_impl=foreach", "optimizer_impl=for-loop"]
+        "num_workers=2, persistent_workers=True", "cudnn_benchmark=True", "pin_memory=True",
+        "optimizer_impl=foreach", "optimizer_impl=for-loop"]  # 'auto' is fused on CUDA already
     assert skipped == [("compile=max-autotune", why), ("compile=reduce-overhead", why),
                        ("tf32=True", "TF32 needs an Ampere or newer GPU")]
 

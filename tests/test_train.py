@@ -564,13 +564,14 @@ def test_on_cuda_the_data_wait_is_timed_between_synchronisations(tiny, glyphs64,
     assert len(syncs) == 4 and clock.waits == 2
 
 
-def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(monkeypatch):
+def test_cuda_gets_fused_adam_in_every_precision_whose_step_reads_nothing_back(monkeypatch):
     """GradScaler.step on an optimizer that does not take the scale itself calls `_maybe_opt_step`, which reads
     found_inf with `.item()`: on a GPU a host sync per optimizer step (torch/amp/grad_scaler.py;
     pytorch/pytorch#80167). Fused Adam (`_step_supports_amp_scaling`) takes the scale and found_inf as tensors.
-    optimizer_impl='auto' builds it for fp16 on CUDA; an explicit choice is kept, and every other 'auto' stays
-    PyTorch's default. The CUDA configs build optimizers over CPU parameters here (fused Adam runs on both), and a CPU
-    GradScaler takes the same path through `step` as a CUDA one."""
+    optimizer_impl='auto' builds it on CUDA in every precision (foreach, PyTorch's default there, reads Adam's step
+    counters back from the host); an explicit choice is kept, and 'auto' on a CPU stays PyTorch's default. The CUDA
+    configs build optimizers over CPU parameters here (fused Adam runs on both), and a CPU GradScaler takes the same
+    path through `step` as a CUDA one."""
     from gantools import TrainConfig
     from gantools.core.trainer import make_optimizer
 
@@ -582,7 +583,9 @@ def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(m
     assert optimizer(device="cuda", precision="fp16").defaults["fused"] is True
     assert optimizer(device="cuda:1", precision="fp16").defaults["fused"] is True
     assert optimizer(device="cuda", precision="fp16", optimizer_impl="foreach").defaults["foreach"] is True
-    for changes in (dict(device="cuda", precision="bf16"), dict(device="cuda"), dict(device="cpu", precision="bf16")):
+    assert optimizer(device="cuda", precision="bf16").defaults["fused"] is True
+    assert optimizer(device="cuda").defaults["fused"] is True
+    for changes in (dict(device="cpu"), dict(device="cpu", precision="bf16")):
         defaults = optimizer(**changes).defaults
         assert defaults["fused"] is None and defaults["foreach"] is None, changes  # PyTorch's own choice
 
@@ -600,16 +603,18 @@ def test_fp16_on_cuda_gets_fused_adam_whose_gradscaler_step_reads_nothing_back(m
         assert len(reads) == syncs, impl
 
 
-def test_the_step_s_metric_sums_are_added_by_name_and_refuse_names_out_of_metrics_order():
+def test_the_step_s_metric_sums_are_added_by_name_in_one_launch_each_time():
     from gantools.core.step import MetricSums
+    from gantools.measuring.host_budget import counting
 
     sums = MetricSums(torch.device("cpu"))
-    sums.add(0.5, loss_d=torch.tensor(2.0), d_real=torch.tensor(4.0), d_fake=torch.tensor(6.0),
-             penalty=torch.tensor(8.0))
-    sums.add(2.0, loss_g=torch.tensor(3.0))
-    assert dict(zip(METRICS, sums.sums.tolist(), strict=True)) == {"loss_d": 1.0, "d_real": 2.0, "d_fake": 3.0,
-                                                                    "penalty": 4.0, "loss_g": 6.0}
-    with pytest.raises(ValueError, match="do not follow each other"):
-        sums.add(1.0, loss_d=torch.tensor(1.0), loss_g=torch.tensor(1.0))
+    with counting(torch.device("cpu")) as budget:
+        sums.add(0.5, loss_d=torch.tensor(2.0), d_real=torch.tensor(4.0), d_fake=torch.tensor(6.0),
+                 penalty=torch.tensor(8.0))
+        sums.add(2.0, loss_g=torch.tensor(3.0))
+        sums.add(1.0, loss_g=torch.tensor(1.0), loss_d=torch.tensor(1.0))  # any names, in any order
+    assert budget.totals["launches"] == 3  # one foreach add a call; a weight of 1 multiplies nothing
+    assert dict(zip(METRICS, sums.sums.tolist(), strict=True)) == {"loss_d": 2.0, "d_real": 2.0, "d_fake": 3.0,
+                                                                    "penalty": 4.0, "loss_g": 7.0}
     sums.zero()
     assert sums.sums.tolist() == [0.0] * len(METRICS)

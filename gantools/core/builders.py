@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import types
 
 import torch
 from torch import nn
@@ -105,10 +106,35 @@ def build_precision(cfg: TrainConfig, device: torch.device):
 
 
 def build_compiler(cfg: TrainConfig, device: torch.device):
-    """module -> the module as the step calls it: torch.compile'd in the config's mode, or the module itself."""
+    """(module, call site) -> the module as that call site of the step calls it: torch.compile'd in the config's
+    mode, or the module itself. Each call site compiles a function of its own (`own_call`), with `dynamic=False`:
+    dynamo keeps its compiled graphs per code object, and a module's forward is one code object for every call and
+    every trainer, so D called with inputs that need no gradient (D's step) and with inputs that do (G's step), or
+    trainers at other batch sizes or precisions (the benchmark's rows, in one process), would each fail the last
+    one's guards and recompile, and a second batch size would turn the graphs dynamic ("automatic dynamic shapes",
+    torch.compile's docs). A trainer with the same call site, shapes and precision as an earlier one shares its code
+    object, and so reuses its graphs."""
     if cfg.compile == "off":
-        return lambda m: m
+        return lambda m, site: m
     if device.type == "cpu":
         _import_cpp_extension_quietly()
     mode = None if cfg.compile == "default" else cfg.compile
-    return lambda m: torch.compile(m, mode=mode)
+    shapes = (cfg.batch_size, cfg.grad_accum_steps, cfg.precision, cfg.channels_last, cfg.image_size, cfg.channels)
+    return lambda m, site: torch.compile(own_call(m, (site, type(m).__qualname__, *shapes)), mode=mode,
+                                         dynamic=False)
+
+
+_CODES: dict = {}  # call site key -> its code object
+
+
+def own_call(module: nn.Module, site: tuple):
+    """A function that calls `module`, with the code object of call site `site` (a copy of this function's,
+    renamed `call_N`, made once per site): what torch.compile compiles for one call site (`build_compiler`).
+    `__wrapped__` is the module."""
+    def call(*args, **kwargs):
+        return module(*args, **kwargs)
+
+    code = _CODES.setdefault(site, call.__code__.replace(co_name=f"call_{len(_CODES)}"))
+    fn = types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+    fn.__wrapped__ = module
+    return fn

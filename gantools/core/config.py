@@ -25,18 +25,22 @@ __all__ = ["ConfigError", "Knob", "PAPERS", "PRESETS", "TrainConfig", "cli_flags
 DATASETS = ("glyphs", "glyphs-color", "mnist", "fashion-mnist", "cifar10", "folder")
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adam", "adamw")
-OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+OPTIMIZER_IMPLS = ("auto", "pytorch", "for-loop", "foreach", "fused")
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 
 
-def optimizer_kernels(impl: str, precision: str, device: torch.device) -> str:
-    """The optimizer implementation a run builds: `impl` as asked, but 'auto' with fp16 on CUDA is 'fused'. For any
-    optimizer that does not take the loss scale itself, GradScaler.step reads found_inf back with `.item()`
-    (`_maybe_opt_step` in torch/amp/grad_scaler.py), a host sync per optimizer step (pytorch/pytorch#80167); fused
-    Adam and AdamW set `_step_supports_amp_scaling` and get the scale and found_inf as device tensors instead, for
-    float parameters on CUDA (and on the CPU). Every other 'auto' stays PyTorch's own default (returned as 'auto':
-    foreach for CUDA tensors, the for-loop on a CPU), so bf16, fp32 and CPU runs build what they always did."""
-    if impl == "auto" and precision == "fp16" and device.type == "cuda":
+def optimizer_kernels(impl: str, device: torch.device) -> str:
+    """The optimizer implementation a run builds: `impl` as asked, but 'auto' on CUDA is 'fused', in every precision.
+    PyTorch's own default there is foreach (torch/optim/optimizer.py, `_fused_doc`: fused is "theoretically
+    fastest", left off by default only for "bake-in time"), which keeps Adam's `step` counters on the host and reads
+    each back with `.item()` for its bias corrections: two host reads per parameter per step. Fused Adam and AdamW
+    keep the counters on the device, take float64, float32, float16 and bfloat16 parameters (the same note), and
+    set `_step_supports_amp_scaling`, so under fp16 GradScaler hands them the scale and found_inf as device tensors
+    instead of reading found_inf back (`_maybe_opt_step` in torch/amp/grad_scaler.py, pytorch/pytorch#80167).
+    Elsewhere 'auto' stays PyTorch's default (returned as 'auto': the for-loop on a CPU), so CPU runs build what
+    they always did; 'pytorch' is PyTorch's default everywhere (what the tutorial's loop, the `reference` preset,
+    builds: foreach on CUDA)."""
+    if impl == "auto" and device.type == "cuda":
         return "fused"
     return impl
 
@@ -212,8 +216,9 @@ class TrainConfig:
                                speed=True)
     # optimisation
     optimizer: str = _f("adam", "adam or adamw", OPTIMIZERS)
-    optimizer_impl: str = _f("auto", "optimizer kernels: auto (fused with fp16 on CUDA, whose GradScaler step then "
-                             "reads nothing back; else PyTorch's default), for-loop, foreach or fused",
+    optimizer_impl: str = _f("auto", "optimizer kernels: auto (fused on CUDA, which reads nothing back to the host; "
+                             "else PyTorch's default), pytorch (PyTorch's default everywhere: foreach on CUDA), "
+                             "for-loop, foreach or fused",
                              OPTIMIZER_IMPLS, speed=True)
     lr_g: float = _f(2e-4, "generator learning rate")
     lr_d: float = _f(2e-4, "discriminator learning rate")
@@ -316,7 +321,7 @@ PRESETS = {
     "reference": lambda: TrainConfig(
         loss="bce-sigmoid", loader="dataloader", transform="per-sample", num_workers=2,
         precision="fp32", sync_every_step=True, freeze_d=False, optimizer="adam",
-        optimizer_impl="auto", betas=(0.5, 0.999), lr_g=2e-4, lr_d=2e-4),
+        optimizer_impl="pytorch", betas=(0.5, 0.999), lr_g=2e-4, lr_d=2e-4),
     # Radford et al. 2015, "Unsupervised representation learning with deep convolutional GANs", section 4: batch
     # 128, Adam with lr 0.0002 and beta1 0.5 (beta2 Adam's 0.999), BatchNorm in both networks; the non-saturating
     # loss of Goodfellow et al. 2014, on D's logits.

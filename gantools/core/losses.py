@@ -23,8 +23,25 @@ penalty"), with no host sync.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+
+
+@functools.lru_cache(maxsize=32)
+def _filled(shape: torch.Size, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A constant target (all `value`), made once per shape, dtype and device rather than at every loss call: one
+    launch fewer each time, and a tensor that outlives a CUDA graph's capture. Made outside inference mode, so a
+    first call under it (sampling, a check) still gives a tensor the training's backward can save."""
+    with torch.inference_mode(False):
+        return torch.full(shape, value, dtype=dtype, device=device)
+
+
+def target_like(x: torch.Tensor, value: float) -> torch.Tensor:
+    """The cached constant target (`_filled`) of x's shape, dtype and device: never written to, so sharing is
+    safe."""
+    return _filled(x.shape, value, x.dtype, x.device)
 
 
 class Loss:
@@ -42,7 +59,7 @@ class BCE(Loss):
     name, outputs = "bce", "logits"
 
     def _bce(self, x: torch.Tensor, target: float) -> torch.Tensor:
-        return F.binary_cross_entropy_with_logits(x, torch.full_like(x, target))
+        return F.binary_cross_entropy_with_logits(x, target_like(x, target))
 
     def d(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
         return self._bce(real, 1.0) + self._bce(fake, 0.0)
@@ -58,7 +75,7 @@ class BCESigmoid(BCE):
     name, outputs = "bce-sigmoid", "probabilities"
 
     def _bce(self, x: torch.Tensor, target: float) -> torch.Tensor:
-        return F.binary_cross_entropy(x, torch.full_like(x, target))
+        return F.binary_cross_entropy(x, target_like(x, target))
 
 
 class Hinge(Loss):

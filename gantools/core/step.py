@@ -41,30 +41,33 @@ from torch import nn
 
 from . import distributed
 from .history import METRICS
-from .losses import gradients_at, input_gradients
+from .losses import gradients_at, input_gradients, target_like
 from .network_checks import forward
 from .recovery import Rollback
 
 
 class MetricSums:
     """The step's running sums of `METRICS` on the device, added by name and read once per log interval: the step
-    never reads them back to the host."""
+    never reads them back to the host. Each metric's slot is a view into the one tensor of sums, so one foreach add
+    (one launch) adds a call's values, whichever metrics it names."""
 
     def __init__(self, device: torch.device):
         self.sums = torch.zeros(len(METRICS), device=device)
+        self._slots = dict(zip(METRICS, self.sums.unbind(), strict=True))  # views: adding to one adds to `sums`
 
-    def add(self, weight, **values: torch.Tensor) -> None:
-        """Add each named value times `weight`. The names must follow each other in `METRICS`, so they are added
-        as one slice, one kernel.
+    def add(self, weight: float, **values: torch.Tensor) -> None:
+        """Add each named value times `weight` (a float: the share of the step these values stand for; a weight
+        of 1 multiplies nothing).
 
         Args:
-            weight: the share of the step these values stand for (a float).
-            **values: 0-d tensors on the device, by metric name.
+            weight: the share of the step these values stand for.
+            **values: 0-d float tensors on the device, by metric name.
         """
-        first = METRICS.index(next(iter(values)))
-        if tuple(values) != METRICS[first:first + len(values)]:
-            raise ValueError(f"metrics {tuple(values)} do not follow each other in {METRICS}")
-        self.sums[first:first + len(values)] += torch.stack(list(values.values())) * weight
+        slots = [self._slots[name] for name in values]
+        if weight == 1:
+            torch._foreach_add_(slots, list(values.values()))
+        else:
+            torch._foreach_add_(slots, list(values.values()), alpha=weight)
 
     def zero(self) -> None:
         self.sums.zero_()
@@ -102,7 +105,7 @@ class TrainStep:
     `d_in_g_step`: DDP-wrapped under torchrun (`ddp_g`, `ddp_d`, for `no_sync`), then compiled with `compiled`. It
     never reads a value back to the host, except with `sync_every_step` (the tutorial's way) and with fp16 and an
     optimizer that is not fused (an explicit optimizer_impl 'for-loop' or 'foreach'): GradScaler.step then reads
-    found_inf back once per optimizer step (`config.optimizer_kernels`, which makes 'auto' fused for fp16 on CUDA,
+    found_inf back once per optimizer step (`config.optimizer_kernels`, which makes 'auto' fused on CUDA,
     says why)."""
 
     def __init__(self, cfg, parts: StepParts, *, compiled: Callable, cuda_graphs: bool, metrics: MetricSums,
@@ -111,7 +114,7 @@ class TrainStep:
         Args:
             cfg: the run's TrainConfig.
             parts: the networks, optimizers, scalers and the rest the step works on.
-            compiled: module -> the module as the step calls it (torch.compile, or the module itself).
+            compiled: (module, call site) -> the module as the step calls it there (torch.compile, or the module).
             cuda_graphs: mark each step's start as a new CUDA-graph generation.
             metrics: the sums each step adds its losses and D's outputs to.
             step_values: filled with each step's values with `sync_every_step`.
@@ -121,8 +124,9 @@ class TrainStep:
         self.metrics, self.step_values, self.label_phase = metrics, step_values, phase
         self.ddp_g = distributed.wrap(parts.generator, parts.device, parts.world)
         self.ddp_d = distributed.wrap(parts.discriminator, parts.device, parts.world)
-        self.g, self.d = compiled(self.ddp_g), compiled(self.ddp_d)
-        self.d_in_g_step = compiled(parts.discriminator) if parts.world.distributed else self.d
+        self.g, self.d = compiled(self.ddp_g, "G"), compiled(self.ddp_d, "D")
+        # D in G's step: a call site of its own (its input needs a gradient there: `builders.build_compiler`)
+        self.d_in_g_step = compiled(parts.discriminator if parts.world.distributed else self.ddp_d, "D in G's step")
         self.reuses_d_forward = self.d is parts.discriminator  # D's loss forward can serve R1 and R2 (see above)
 
     def __call__(self, *batches, first_d_index: int) -> None:
@@ -202,6 +206,11 @@ class TrainStep:
         on = {p.on for p in shared}
         real_in = real.detach().requires_grad_(True) if "real" in on else real
         fake_in = fake.detach().to(real.dtype).requires_grad_(True) if "fake" in on else fake.detach()
+        if self.d is not self.ddp_d and (fake_in.stride(), fake_in.dtype) != (real_in.stride(), real_in.dtype):
+            # compiled D: one call site, one input layout and dtype, or its guards fail and it recompiles; G's
+            # images (16-bit from its autocast, laid out as G's last layer left them) copied as the batch is, once
+            fake_in = torch.empty_strided(real_in.shape, real_in.stride(), dtype=real_in.dtype,
+                                          device=fake_in.device).copy_(fake_in).requires_grad_(fake_in.requires_grad)
         with phase("D forward"):
             with self.parts.autocast():
                 out_real = forward(self.d, real_in, labels).float()
@@ -209,21 +218,23 @@ class TrainStep:
             loss = self.parts.loss.d(out_real, out_fake)
         at = {"real": (out_real, real_in), "fake": (out_fake, fake_in)}
         penalty = self._penalty(real, fake, labels, mix, due, {p: at[p.on] for p in shared})
-        logged = torch.zeros_like(loss) if penalty is None else penalty.detach()
-        if penalty is not None and self.parts.scaler_d.is_enabled():
-            # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
-            # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
-            # warned about), so the log leaves that step's penalty out rather than stop the run
-            logged = torch.where(logged.isfinite(), logged, 0.0)
         probs = self.parts.loss.outputs == "logits"  # D's outputs reported as probabilities for the logit loss
         d_real = (out_real.sigmoid() if probs else out_real).mean()
         d_fake = (out_fake.sigmoid() if probs else out_fake).mean()
-        self.metrics.add(w * share, loss_d=loss.detach() + logged, d_real=d_real.detach(), d_fake=d_fake.detach(),
-                         penalty=logged)
-        if penalty is not None:
+        if penalty is None:  # the penalty's sum stays as it is: nothing to add, no zeros made to add them
+            self.metrics.add(w * share, loss_d=loss.detach(), d_real=d_real.detach(), d_fake=d_fake.detach())
+        else:
+            logged = penalty.detach()
+            if self.parts.scaler_d.is_enabled():
+                # fp16: an overflow of the scaled input gradient makes the penalty inf; the GradScaler then
+                # skips this D step and lowers its scale, as for any overflow (a scale that keeps falling is
+                # warned about), so the log leaves that step's penalty out rather than stop the run
+                logged = torch.where(logged.isfinite(), logged, 0.0)
+            self.metrics.add(w * share, loss_d=loss.detach() + logged, d_real=d_real.detach(),
+                             d_fake=d_fake.detach(), penalty=logged)
             loss = loss + penalty
         with phase("D backward"):
-            self.parts.scaler_d.scale(loss * w).backward()
+            _backward(self.parts.scaler_d.scale(_weighted(loss, w)))
         return loss, d_real, d_fake
 
     def _penalty(self, real, fake, labels, mix, due: list, shared: dict):
@@ -284,7 +295,7 @@ class TrainStep:
             loss_g = self.parts.loss.g(out, against)
             self.metrics.add(w, loss_g=loss_g.detach())
         with phase("D backward (G step)"):
-            self.parts.scaler_g.scale(loss_g * w).backward()
+            _backward(self.parts.scaler_g.scale(_weighted(loss_g, w)))
         with phase("G backward"):
             fake.backward(judged.grad)
         return loss_g
@@ -328,3 +339,15 @@ class TrainStep:
             yield
         finally:
             self.g, self.d, self.d_in_g_step = saved
+
+
+def _weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
+    """A micro-batch's loss times its share of the batch: the loss itself for the whole batch (a multiplication by
+    1 would be a launch, and one more in the backward, for nothing)."""
+    return loss if weight == 1 else loss * weight
+
+
+def _backward(loss: torch.Tensor) -> None:
+    """`loss.backward()` from a cached 1 (`losses.target_like`): `backward()` alone makes the ones it starts from
+    with a launch at every call."""
+    loss.backward(target_like(loss, 1.0))

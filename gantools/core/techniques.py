@@ -201,7 +201,7 @@ def _compile(cfg: TrainConfig, where: Where) -> list:
 def _optimizer_impl(cfg: TrainConfig, where: Where) -> list:
     """Each optimizer implementation other than the one built ('auto' may already be fused:
     `config.optimizer_kernels`)."""
-    built = optimizer_kernels(cfg.optimizer_impl, cfg.precision, where.device)
+    built = optimizer_kernels(cfg.optimizer_impl, where.device)
     return [Offer("optimizer_impl", impl) for impl in OPTIMIZER_ORDER if impl != built]
 
 

@@ -46,10 +46,11 @@ from .step_memory import StepMemory
 
 def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """Adam or AdamW with the kernel implementation the config asks for (for-loop, foreach or fused; 'auto' as
-    `config.optimizer_kernels` resolves it on the config's device: fused for fp16 on CUDA)."""
+    `config.optimizer_kernels` resolves it on the config's device: fused on CUDA)."""
     cls = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
-    impl = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-    kernels = optimizer_kernels(cfg.optimizer_impl, cfg.precision, hardware.resolve_device(cfg.device))
+    impl = {"auto": {}, "pytorch": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+            "fused": {"fused": True}}
+    kernels = optimizer_kernels(cfg.optimizer_impl, hardware.resolve_device(cfg.device))
     return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[kernels])
 
 

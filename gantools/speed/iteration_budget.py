@@ -1,0 +1,132 @@
+"""A config's host budget (`measuring.host_budget`): what one training iteration asks of the device (launches,
+views, syncs, CPU reads, copies, autocast casts; graphs, breaks and recompiles when compiled), counted over a few
+seeded iterations of its trainer, and the host's time per iteration with the compute made negligible. `bench` stores
+both per ladder row, `check` and `profile` print them, and a test pins the GPU preset's counts.
+
+Counted on a CPU for a GPU (`as_on_gpu`), the config is built as it would be there: the optimizer kernels 'auto'
+resolves to on CUDA (`config.optimizer_kernels`), so the count is the GPU's, not the CPU's default for-loop Adam."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..core.batches import BatchStream
+from ..core.config import TrainConfig, optimizer_kernels
+from ..measuring import compile_counts, hardware
+from ..measuring.host_budget import HostBudget, counting
+
+# torch's own choice for an optimizer of CUDA tensors when neither foreach nor fused is given
+# (torch/optim/optimizer.py, _default_to_fused_or_foreach: foreach where every tensor is on a supported device)
+_CUDA_DEFAULT = "foreach"
+# the widths the host-time measurement trains at: every layer still runs, on almost no numbers
+HOST_TIME_WIDTHS = dict(ngf=2, ndf=2)
+
+
+def on_gpu(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` as a GPU would build it, for a count taken on a CPU: the optimizer's kernels as 'auto' and 'pytorch'
+    resolve on CUDA (fused, and PyTorch's foreach; an explicit choice stays)."""
+    kernels = optimizer_kernels(cfg.optimizer_impl, torch.device("cuda"))
+    return cfg.replace(optimizer_impl=_CUDA_DEFAULT if kernels == "pytorch" else kernels)
+
+
+def _host_steps(*optimizers) -> list[torch.Tensor]:
+    """The `step` counters an optimizer keeps on the host: those of a group neither fused nor capturable
+    (torch/optim/adam.py's _init_group puts them on the parameter's device otherwise)."""
+    return [state["step"] for opt in optimizers for group in opt.param_groups
+            if not (group.get("fused") or group.get("capturable"))
+            for p in group["params"] if "step" in opt.state.get(p, {})
+            for state in (opt.state[p],)]
+
+
+def count(trainer, iterations: int = 3, warmup: int = 2, as_on_gpu: bool = False) -> tuple[HostBudget, dict]:
+    """The host budget of `trainer`'s iteration (its batches fetched, unless DataLoader workers load them, then its
+    step), counted over `iterations`
+    after `warmup` iterations (the optimizers' state made, compiled code compiled), and what the compiler did
+    across all of them. The trainer is left as it was (`Trainer.unchanged`).
+
+    A compiled trainer's iterations run uncounted (the compiler's records count them), and its ops are counted on
+    its eager networks (`TrainStep.eager`): a compiled frame run under a dispatch mode is skipped by dynamo, for
+    good (pytorch/pytorch#190286, the reason `bench.flops_per_image` counts eagerly too), and its kernels never
+    pass the dispatcher anyway.
+
+    Returns:
+        (budget, compiles): the HostBudget, and compile_counts' counts as a dict (graphs, recompiles, breaks).
+    """
+    stream = BatchStream(trainer.loader, trainer.batches_seen)
+    cfg = trainer.cfg
+    compiled_run = cfg.compile != "off"
+    # DataLoader workers hand their batches over whenever they are ready: what the main process does as they arrive
+    # depends on timing, so with workers the batches are fetched outside the count (the profiler's data wait says
+    # what loading costs)
+    workers = cfg.loader == "dataloader" and cfg.num_workers > 0
+
+    def iteration(budget=None):
+        if workers:
+            batches = [next(stream) for _ in range(cfg.d_steps)]
+        with budget or contextlib.nullcontext():
+            if not workers:
+                batches = [next(stream) for _ in range(cfg.d_steps)]
+            trainer.train_step(*batches)
+
+    try:
+        with trainer.unchanged():
+            with compile_counts.counting() as compiled:
+                for _ in range(warmup + (iterations if compiled_run else 0)):
+                    iteration()
+            with trainer.stepper.eager() if compiled_run else contextlib.nullcontext():
+                counter = counting(trainer.device, _host_steps(trainer.opt_g, trainer.opt_d), as_on_gpu=as_on_gpu)
+                for _ in range(iterations):
+                    iteration(counter)
+            budget = counter.budget
+            budget.iterations = iterations
+    finally:
+        stream.close()
+    return budget, {"compiled_graphs": compiled.compiled_graphs, "recompiles": compiled.recompiles,
+                    "graph_breaks": compiled.graph_breaks, "counted": "eager" if compiled_run else "as run"}
+
+
+def budget_of(cfg: TrainConfig, iterations: int = 3, as_on_gpu: bool | None = None, **trainer_args) -> dict:
+    """The per-iteration counts of `cfg` (`count`) and the compile counts: what a ladder row stores, `check` and
+    `profile` print. On a CPU they are counted as a GPU would run the config (`as_on_gpu`, unless told otherwise):
+    a CPU has no launches or syncs of its own to save, and the counts are what a GPU user's host will issue.
+    `as_on` says which ('cuda', or the device's own type)."""
+    from ..core.trainer import Trainer
+
+    device = hardware.resolve_device(cfg.device)
+    as_on_gpu = device.type == "cpu" if as_on_gpu is None else as_on_gpu
+    built = on_gpu(cfg) if as_on_gpu else cfg
+    trainer = Trainer(built.replace(sample_interval=0, checkpoint_interval=0), **trainer_args)
+    try:
+        budget, compiles = count(trainer, iterations, as_on_gpu=as_on_gpu)
+    finally:
+        trainer.close()
+    return {**budget.per_iteration(), **compiles, "as_on": "cuda" if as_on_gpu else device.type}
+
+
+def host_ms(cfg: TrainConfig, iterations: int = 20, warmup: int = 3, **trainer_args) -> float:
+    """Milliseconds of host time per iteration of `cfg` at `HOST_TIME_WIDTHS` and a batch of 2: the networks'
+    every layer and the step's every op still run, on almost no numbers, so what is left is the time the host
+    takes to issue them (Python, the dispatcher, the optimizer's loops). The median of `iterations`, each timed
+    with the device synchronised (`hardware.Timer`)."""
+    import statistics
+
+    from ..core.trainer import Trainer
+
+    small = cfg.replace(batch_size=2 * cfg.grad_accum_steps, **HOST_TIME_WIDTHS,
+                        sample_interval=0, checkpoint_interval=0)
+    trainer = Trainer(small, **trainer_args)
+    stream = BatchStream(trainer.loader, 0)
+    timer = hardware.Timer(trainer.device)
+    times = []
+    try:
+        with trainer.unchanged():
+            for i in range(warmup + iterations):
+                timer.start()
+                trainer.train_step(*[next(stream) for _ in range(small.d_steps)])
+                if i >= warmup:
+                    times.append(timer.stop())
+    finally:
+        stream.close()
+        trainer.close()
+    return 1000 * statistics.median(times)
