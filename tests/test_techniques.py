@@ -196,6 +196,7 @@ def test_the_search_space_offers_and_skips_each_techniques_values_in_order(monke
                        ("transform=on-device", "your own dataset brings its own transforms"),
                        ("num_workers=1", not_cpu), ("num_workers=2", not_cpu),
                        ("pin_memory=True", "pinned memory only helps copies to a GPU"),
+                       ("cuda_graphs=True", "CUDA graphs need a CUDA GPU"),
                        ("tf32=True", "TF32 needs an Ampere or newer GPU"), ("cudnn_benchmark=True", "cuDNN is CUDA's")]
     monkeypatch.setattr(bench, "can_compile", lambda device: False)
     assert space.search_space(cfg, CPU, space=("compile",))[1] == [
@@ -216,7 +217,10 @@ def test_the_search_space_on_a_gpu_without_fast_bf16(monkeypatch, passed, main_t
         "precision=fp16", "loader=device", "channels_last=True", "compile=default",
         "num_workers=2, persistent_workers=True", "cudnn_benchmark=True", "pin_memory=True",
         "optimizer_impl=foreach", "optimizer_impl=for-loop"]  # 'auto' is fused on CUDA already
-    assert skipped == [("compile=max-autotune", why), ("compile=reduce-overhead", why),
+    graphs = ("CUDA graphs are refused in a background thread" if not main_thread else
+              "loader='dataloader': a graph gathers its batch from device-resident data inside the capture; use "
+              "loader='device'")
+    assert skipped == [("compile=max-autotune", why), ("compile=reduce-overhead", why), ("cuda_graphs=True", graphs),
                        ("tf32=True", "TF32 needs an Ampere or newer GPU")]
 
 
@@ -229,7 +233,7 @@ def test_checks_rows_are_pinned():
         "fp32", "fp16 autocast + GradScaler", "device loader", "DataLoader, 2 workers, pinned", "Adam fused",
         "Adam foreach", "fp16 + Adam fused", "fp16 + Adam foreach", "fp16 + Adam for-loop",
         "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
-        "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "warm-up + cosine schedule",
+        "whole-step CUDA graphs", "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "warm-up + cosine schedule",
         "activation checkpointing", "R3GAN: rpgan, R1 + R2", "WGAN-GP, fp16 + GradScaler",
         "WGAN-GP + compile reduce-overhead", "R3GAN, fp16 + GradScaler", check.R3GAN_FP32_ROW,
         "R3GAN + compile reduce-overhead", check.CUDA_TENSORS]

@@ -206,6 +206,9 @@ class TrainConfig:
     channels_last: bool = _f(False, "NHWC memory format for convolutions", speed=True)
     compile: str = _f("off", "torch.compile mode for both networks (reduce-overhead: CUDA graphs, CUDA only)",
                       COMPILE_MODES, speed=True)
+    cuda_graphs: bool = _f(False, "capture each whole training step (D's and G's, the batch's gather and the noise "
+                           "included) in one CUDA graph and replay it: one launch a step instead of hundreds (CUDA, "
+                           "loader='device', one process; docs/cuda-graphs.md)", speed=True)
     cudnn_benchmark: bool = _f(False, "let cuDNN time and pick convolution algorithms (during this run's fit() "
                                "only)", speed=True)
     activation_checkpointing: str = _f("off", "recompute the built-in networks' activations in backward instead of "

@@ -39,9 +39,13 @@ class EpochBatchSampler(Sampler):
     def set_position(self, epoch: int, batch: int) -> None:
         self.epoch, self.start = epoch, batch
 
-    def epoch_order(self) -> torch.Tensor:
+    def epoch_order(self, device: torch.device | None = None) -> torch.Tensor:
+        """This epoch's shuffled order, drawn on `device` (the CPU by default) from a generator seeded by (seed,
+        epoch) alone. On a GPU the order is drawn there, so no host-to-device copy of it waits on the queue at
+        each epoch; the CPU's and a GPU's permutations of one seed differ, each the same on every run and rank."""
         key = int.from_bytes(hashlib.sha256(f"{self.seed}/{self.epoch}".encode()).digest()[:8], "little")
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
+        device = torch.device(device or "cpu")
+        return torch.randperm(self.n, generator=torch.Generator(device).manual_seed(key), device=device)
 
     def batch_indices(self, order: torch.Tensor, b: int) -> torch.Tensor:
         """This rank's indices of global batch b (all of them for one process)."""
@@ -171,12 +175,39 @@ class DeviceLoader:
         self.sampler.set_position(epoch, batch)
 
     def __iter__(self):
-        order = self.sampler.epoch_order().to(self.device)
+        for indices in self.batch_indices():
+            yield self.gather(indices)
+
+    def batch_indices(self):
+        """The indices of each batch's images, from the current position to the epoch's end: device tensors (views
+        of the epoch's order, made on the device)."""
+        order = self.sampler.epoch_order(self.device)
         for b in range(self.sampler.start, len(self.sampler)):
-            indices = self.sampler.batch_indices(order, b)
-            x = prepare_batch(self.images[indices], self.device, self.hflip, self.channels_last, self.world,
-                              self.generator)
-            yield (x, self.labels[indices]) if self.labels is not None else x
+            yield self.sampler.batch_indices(order, b)
+
+    def gather(self, indices: torch.Tensor):
+        """The batch of the images at `indices` (a device tensor), normalised, flipped and laid out on the device
+        (with `labels`: an (images, labels) pair): no host work but the launches, so a CUDA graph can hold it."""
+        x = prepare_batch(self.images[indices], self.device, self.hflip, self.channels_last, self.world,
+                          self.generator)
+        return (x, self.labels[indices]) if self.labels is not None else x
+
+
+class IndexBatches:
+    """A device loader's batches as the indices of their images, for a step that gathers them itself
+    (`DeviceLoader.gather` inside a CUDA graph: `graphed_step.GraphedStep`); positioned like the loader."""
+
+    def __init__(self, loader: DeviceLoader):
+        self.loader = loader
+
+    def __len__(self):
+        return len(self.loader)
+
+    def set_position(self, epoch: int, batch: int) -> None:
+        self.loader.set_position(epoch, batch)
+
+    def __iter__(self):
+        return self.loader.batch_indices()
 
 
 def make_loader(dataset: Dataset, cfg, device, world: World = ONE_PROCESS,

@@ -128,6 +128,7 @@ class TrainStep:
         # D in G's step: a call site of its own (its input needs a gradient there: `builders.build_compiler`)
         self.d_in_g_step = compiled(parts.discriminator if parts.world.distributed else self.ddp_d, "D in G's step")
         self.reuses_d_forward = self.d is parts.discriminator  # D's loss forward can serve R1 and R2 (see above)
+        self.restores = 0  # times the parts' state was put back (new optimizer state tensors: a CUDA graph recaptures)
 
     def __call__(self, *batches, first_d_index: int) -> None:
         """One optimizer step of G after one of D per batch (`d_steps` of them in training, each batch its own
@@ -319,6 +320,7 @@ class TrainStep:
                 yield
         finally:
             rollback.restore(snapshot)
+            self.restores += 1
             self.parts.rng.set_state(rng)
             self.metrics.sums.copy_(metric_sums)
             del self.step_values[values:]

@@ -198,6 +198,18 @@ def _compile(cfg: TrainConfig, where: Where) -> list:
     return offers
 
 
+def _cuda_graphs(cfg: TrainConfig, where: Where) -> list:
+    """The whole step in one CUDA graph, on a GPU, from the main thread, where the config allows a capture
+    (`validation._cuda_graph_problems` says what rules it out)."""
+    from .validation import capture_problems
+
+    problems = capture_problems(cfg)
+    why = ("CUDA graphs need a CUDA GPU" if not where.cuda else
+           "CUDA graphs are refused in a background thread" if not where.main_thread else
+           problems[0] if problems else None)
+    return [Offer("cuda_graphs", True, why)]
+
+
 def _optimizer_impl(cfg: TrainConfig, where: Where) -> list:
     """Each optimizer implementation other than the one built ('auto' may already be fused:
     `config.optimizer_kernels`)."""
@@ -358,6 +370,11 @@ TECHNIQUES = (
                       Row("compile reduce-overhead", {"compile": "reduce-overhead"}, ("cuda",)),
                       Row("compile max-autotune", {"compile": "max-autotune"}, ("cuda",))),
               panel=("compile",)),
+    # one graph of the whole step: a climbing rung on a GPU (bench), not a one-at-a-time row (the reference's
+    # DataLoader, .item() calls and foreach Adam each rule a capture out)
+    Technique("cuda_graphs", "whole-step CUDA graphs", COMPILER, (1.0, 2.0), ("cuda",), candidates=_cuda_graphs,
+              checks=(Row("whole-step CUDA graphs", {"cuda_graphs": True, "loader": "device"}, ("cuda",)),),
+              panel=("cuda_graphs",)),
     Technique("freeze_d", "D frozen in G's step", ALL_TOGETHER, (1.10, 1.1),
               candidates=lambda cfg, where: [Offer("freeze_d", True)],
               ladder=(Row("D frozen in G step", {"freeze_d": True}),)),

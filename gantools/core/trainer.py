@@ -28,7 +28,8 @@ from .batches import BatchStream
 from .builders import build_compiler, build_networks, build_precision
 from .config import TrainConfig, optimizer_kernels, uses_cuda_graphs
 from .data import dataset_from_config
-from .loaders import make_loader
+from .graphed_step import GraphedStep
+from .loaders import IndexBatches, make_loader
 from .ema import EMAGenerator
 from ..errors import ConfigError, OutOfMemory
 from .history import METRICS, History
@@ -51,7 +52,10 @@ def make_optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer
     impl = {"auto": {}, "pytorch": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
             "fused": {"fused": True}}
     kernels = optimizer_kernels(cfg.optimizer_impl, hardware.resolve_device(cfg.device))
-    return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[kernels])
+    # a CUDA-graphed step captures the optimizer's step: Optimizer._cuda_graph_capture_health_check refuses a
+    # capture unless every group is `capturable` (the step counters then stay on the device)
+    capture = {"capturable": True} if cfg.cuda_graphs else {}
+    return cls(params, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **impl[kernels], **capture)
 
 
 def join_world(cfg: TrainConfig) -> tuple:
@@ -82,13 +86,17 @@ def load_dataset(cfg: TrainConfig, world, dataset=None) -> tuple:
     return dataset, dataset_classes(dataset) if cfg.conditional else 0
 
 
-def refuse_background_thread(cuda_graphs: bool, compile_mode: str) -> None:
+def refuse_background_thread(cuda_graphs: bool, compile_mode: str, whole_step: bool = False) -> None:
     """CUDA graph trees keep their state per thread and assert in threads Python started (a limitation of the
-    torch versions users run): training there is refused rather than guessed."""
-    if cuda_graphs and threading.current_thread() is not threading.main_thread():
-        raise ConfigError(f"compile='{compile_mode}' (CUDA graphs) cannot train in a background thread (the "
-                          "widget panel trains in one): use compile='default' there, or train from the main "
-                          "thread (a notebook cell, a script, the CLI)")
+    torch versions users run), and a whole-step capture (`whole_step`) in torch.cuda.graph's default "global" mode
+    fails when another thread allocates GPU memory meanwhile (its docs): training there is refused rather than
+    guessed."""
+    if not (cuda_graphs or whole_step) or threading.current_thread() is threading.main_thread():
+        return
+    what, instead = (("cuda_graphs=True", "cuda_graphs=False") if whole_step else
+                     (f"compile='{compile_mode}' (CUDA graphs)", "compile='default'"))
+    raise ConfigError(f"{what} cannot train in a background thread (the widget panel trains in one): use {instead} "
+                      "there, or train from the main thread (a notebook cell, a script, the CLI)")
 
 
 def stop_signals(world) -> tuple:
@@ -153,6 +161,8 @@ class Trainer:
         self.rates = ScheduledRates.of(cfg, {self.opt_g: cfg.lr_g, self.opt_d: cfg.lr_d})
         self.scaler_g, self.scaler_d, self.autocast = build_precision(cfg, self.device)
         self.stepper = self._build_step()
+        # fit() trains through one CUDA graph of the whole step (`graphed_step`), fed its batches' indices
+        self.graphed = GraphedStep(self.stepper, self.loader, self.rng) if cfg.cuda_graphs else None
         self._start_run_state(callbacks)
 
     def _build_step(self) -> TrainStep:
@@ -236,10 +246,11 @@ class Trainer:
             the history of the whole run.
         """
         end = self.step + steps if steps is not None else self.cfg.steps
-        refuse_background_thread(self.stepper.cuda_graphs, self.cfg.compile)
+        refuse_background_thread(self.stepper.cuda_graphs, self.cfg.compile, self.cfg.cuda_graphs)
         self._stop_requested = self._stop_agreed = False
         if self._stream is None:  # kept across fit() calls: DataLoader workers are not restarted each time
-            self._stream = BatchStream(self.loader, self.batches_seen)
+            # a graphed step's batches are their indices (`graphed_step`)
+            self._stream = BatchStream(IndexBatches(self.loader) if self.graphed else self.loader, self.batches_seen)
         self.history.quality = {}  # set again by metrics.QualityCallback for this fit
         with self._process_state(keep_rng=True):
             self._start_fit()
@@ -280,8 +291,11 @@ class Trainer:
         """The step's batches, fetched and trained on (returned); out of device memory there is one clear error."""
         oom, reals = None, ()
         try:
-            reals = self._next_batches(self._stream)  # one real batch per D step
-            self.memory.train(self, reals)
+            reals = self._next_batches(self._stream)  # one real batch per D step (their indices, graphed)
+            if self.graphed is not None:
+                self.graphed(reals, self.batches_seen, lambda *batches: self.memory.train(self, list(batches)))
+            else:
+                self.memory.train(self, reals)
         except BaseException as e:
             # a generator that raised is finished (its next() is StopIteration), and one that did not
             # is past this unfinished step's batches: the next fit() starts a fresh stream at them
@@ -356,6 +370,7 @@ class Trainer:
     def load_state(self, state: dict) -> None:
         """Continue from a checkpoint's state (`load_checkpoint`): parts, position, history and random streams."""
         warning = load_parts(self.stepper.parts.stateful(), state)
+        self.stepper.restores += 1  # the optimizers hold new state tensors (a CUDA graph captures again)
         if warning:
             self._warn(warning)
         self.step, self.batches_seen = state["step"], state["batches_seen"]
@@ -394,18 +409,7 @@ class Trainer:
         times["peak_mem_mb"] = self.memory.peak_mb
         record = interval_record(self.step, values, times, self.scaler_d, self.scaler_g, self._compile_stats)
         self.history.records.append(record)
-        recovery.check_scales(record, self.step, self._warn, self.device)
-        if self._compile_stats is not None:
-            recovery.check_compiles(self.history.records, self.step, self.cfg.compile, self._warn)
-        bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
-               if not math.isfinite(v)]
-        if bad:
-            self._rollback.non_finite(record, bad, self.cfg, self.step, self.step - self.clock.interval_step,
-                                      self._warn)
-        elif self.cfg.on_nonfinite == "skip":
-            with self.clock.excluded():  # finite average losses can still end in a NaN update
-                if recovery.weights_finite(self.generator, self.discriminator):
-                    self._rollback.keep(self.step)
+        check_record(self, record)
         with self.clock.excluded(restart_at=(self.step, self.batches_seen)):
             self._call("on_log", record)
 
@@ -418,6 +422,24 @@ class Trainer:
             fn = getattr(cb, event, None)
             if fn is not None:
                 fn(self, *args)
+
+
+def check_record(trainer: Trainer, record: dict) -> None:
+    """What a new log record may call for: a warning on a collapsing GradScaler scale or on recompiles, and for
+    losses that are not finite, `on_nonfinite`'s answer (stop, or roll back); a healthy interval is the one
+    `on_nonfinite='skip'` rolls back to."""
+    recovery.check_scales(record, trainer.step, trainer._warn, trainer.device)
+    if trainer._compile_stats is not None:
+        recovery.check_compiles(trainer.history.records, trainer.step, trainer.cfg.compile, trainer._warn)
+    bad = [name for name, v in (("discriminator", record["loss_d"]), ("generator", record["loss_g"]))
+           if not math.isfinite(v)]
+    if bad:
+        trainer._rollback.non_finite(record, bad, trainer.cfg, trainer.step,
+                                     trainer.step - trainer.clock.interval_step, trainer._warn)
+    elif trainer.cfg.on_nonfinite == "skip":
+        with trainer.clock.excluded():  # finite average losses can still end in a NaN update
+            if recovery.weights_finite(trainer.generator, trainer.discriminator):
+                trainer._rollback.keep(trainer.step)
 
 
 _BUSY = ("another Trainer is training in this process right now (the widget panel's run, in its background "

@@ -74,6 +74,7 @@ def value_problems(c) -> list[str]:
     _optimisation_problems(p, c)
     _family_problems(p, c)
     _output_problems(p, c)
+    _cuda_graph_problems(p, c, device, world)
     return p.found
 
 
@@ -281,3 +282,42 @@ def _output_problems(p: _Problems, c) -> None:
     p.at_least("max_skips", 1)
     if not c.out_dir:
         p.add("out_dir is empty: give a folder for samples and checkpoints")
+
+
+def _cuda_graph_problems(p: _Problems, c, device, world) -> None:
+    """cuda_graphs=True where one captured step cannot be replayed as it is (`capture_problems`)."""
+    if c.cuda_graphs is not True:
+        return
+    if device is not None and device.type != "cuda":
+        p.add(f"cuda_graphs=True: it captures CUDA work, and device={c.device!r} is {device.type} here: it needs a "
+              "CUDA GPU (`gantools profile` counts the launches it would save; or set cuda_graphs=False)")
+    for reason in capture_problems(c, world.distributed):
+        p.add(f"cuda_graphs=True: {reason} (or set cuda_graphs=False)")
+
+
+def capture_problems(c, distributed: bool = False) -> list[str]:
+    """Why one captured step of config `c` could not be replayed as it is, on a GPU: each rule and its source in
+    docs/cuda-graphs.md (PyTorch's CUDA-graph notes: a capture prohibits host syncs and get_state/set_state of a
+    generator, and replays the same addresses, shapes and work every time). Empty: it can."""
+    why = [
+        (c.loader != "device", f"loader={c.loader!r}: a graph gathers its batch from device-resident data inside "
+                               "the capture; use loader='device'"),
+        (c.compile != "off", f"compile={c.compile!r}: both capture graphs; use compile='off' with cuda_graphs, or "
+                             "compile='reduce-overhead' without it"),
+        (c.precision == "fp16", "precision='fp16': PyTorch's CUDA-graph notes rule GradScaler's step out of a "
+                                "capture; use precision='bf16' (Ampere and newer) or 'fp32'"),
+        (distributed, "under torchrun: DDP's all-reduce needs a capture of its own (its own warm-up and NCCL "
+                      "settings); train one process with cuda_graphs, or several without"),
+        (c.sync_every_step, "sync_every_step=True reads losses back every step, a host sync a capture prohibits"),
+        (c.optimizer_impl not in ("auto", "fused"), f"optimizer_impl={c.optimizer_impl!r}: the step's optimizer "
+                                                    "must be capturable fused Adam; use optimizer_impl='auto'"),
+        (c.r1_interval != 1 or c.r2_interval != 1, "a lazy penalty (r1_interval or r2_interval > 1) runs on some "
+                                                    "steps only, and a graph replays the same work every step"),
+        (c.lr_schedule != "constant" or c.warmup_steps != 0, "a learning-rate schedule changes the rate every step, "
+                                                              "and a graph replays the rate it captured"),
+        (c.on_nonfinite != "stop", "on_nonfinite='skip' rolls back by replacing the optimizers' state, which the "
+                                   "graph holds by address; use on_nonfinite='stop'"),
+        (c.activation_checkpointing != "off", "activation checkpointing saves and restores the RNG state "
+                                              "(get_state/set_state), which a capture prohibits"),
+    ]
+    return [reason for bad, reason in why if bad]
