@@ -233,7 +233,8 @@ def test_checks_rows_are_pinned():
         "fp32", "fp16 autocast + GradScaler", "device loader", "DataLoader, 2 workers, pinned", "Adam fused",
         "Adam foreach", "fp16 + Adam fused", "fp16 + Adam foreach", "fp16 + Adam for-loop",
         "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
-        "whole-step CUDA graphs", "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional", "warm-up + cosine schedule",
+        "whole-step CUDA graphs", "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional",
+        "warm-up + cosine schedule",
         "activation checkpointing", "R3GAN: rpgan, R1 + R2", "WGAN-GP, fp16 + GradScaler",
         "WGAN-GP + compile reduce-overhead", "R3GAN, fp16 + GradScaler", check.R3GAN_FP32_ROW,
         "R3GAN + compile reduce-overhead", check.CUDA_TENSORS]
