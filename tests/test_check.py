@@ -12,7 +12,7 @@ import torch
 
 from gantools import TrainConfig
 
-from gantools.speed import check
+from gantools.speed import check, iteration_budget
 from gantools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +41,14 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
     penalised = {"WGAN-GP, 2 D steps", "R1 lazy + EMA", "R3GAN: rpgan, R1 + R2"}
     assert {r["technique"] for r in result["rows"] if "penalty applied" in r["checks"]} == penalised
     if "compile default" in names:  # wherever a C++ compiler is present, as on this project's machine
-        assert next(r for r in result["rows"] if r["technique"] == "compile default")["checks"]["compiled graphs"] == 3
+        compiled = next(r for r in result["rows"] if r["technique"] == "compile default")
+        assert compiled["checks"]["compiled graphs"] == 3
+        assert compiled["host_budget"]["counted"] == "eager" and compiled["host_budget"]["launches"] > 0
+    # every one-process row's host budget, counted as a GPU would run it; DDP's two processes have none
+    assert all(r["host_budget"]["launches"] > 0 and r["host_budget"]["as_on"] == "cuda" for r in result["rows"][:-1])
+    assert result["rows"][-1]["host_budget"] is None
     assert "every technique works here" in out and "DDP, 2 processes (gloo, CPU)" in out
+    assert iteration_budget.HEADER in out
 
 
 def test_a_broken_technique_fails_the_check_with_its_reason(tmp_path, capsys, monkeypatch):
@@ -67,6 +73,8 @@ def test_a_broken_technique_fails_the_check_with_its_reason(tmp_path, capsys, mo
     assert rows["fp32"]["ok"] and not rows["D not frozen"]["ok"] and not rows["crashes"]["ok"]
     assert "reached the frozen D in G's step" in rows["D not frozen"]["reason"]
     assert rows["crashes"]["reason"] == "RuntimeError: no kernel image is available"
+    assert rows["fp32"]["host_budget"]["launches"] > 0  # a failed row's config is not counted again
+    assert rows["D not frozen"]["host_budget"] is None and rows["crashes"]["host_budget"] is None
     out = capsys.readouterr().out
     assert "FAILED: RuntimeError: no kernel image is available" in out and "2 technique(s) FAILED" in out
 
@@ -221,6 +229,13 @@ def test_only_the_rows_named_run_and_a_cpu_check_lists_what_only_a_gpu_runs(tmp_
     assert main(["check", "--device", "cpu", "--only", "fp32", "channels_last", "--json", str(path)]) == 0
     result = json.loads(path.read_text())
     assert [r["technique"] for r in result["rows"]] == ["fp32", "channels_last"]
+    for row in result["rows"]:  # gantools' own step, counted as a GPU would run it: no sync, no host read
+        budget = row["host_budget"]
+        assert budget["as_on"] == "cuda" and budget["counted"] == "as run" and budget["launches"] > 0
+        assert budget["syncs"] == 0 and budget["cpu_reads"] == 0
+    printed = capsys.readouterr().out
+    assert iteration_budget.HEADER in printed
+    assert f"{iteration_budget.cell(result['rows'][0]['host_budget'])}  ok" in printed
     cuda_only = result["cuda_only_not_run"]
     assert {"fp16 + Adam fused", "compile max-autotune", check.PROFILE_ROW, check.OOM_ROW} <= set(cuda_only)
     assert not {"fp32", "bf16 autocast", "channels_last"} & set(cuda_only)
@@ -264,3 +279,22 @@ def test_skipped_rows_do_not_run_and_an_unknown_one_is_refused(tmp_path):
     assert [r["technique"] for r in result["rows"]] == ["fp32"]
     with pytest.raises(check.ConfigError, match="unknown technique"):
         check.run("cpu", progress=lambda line: None, skip=["compile warp"])
+
+
+def test_a_host_budget_that_cannot_be_counted_fails_its_row_and_ddp_has_none(tmp_path, monkeypatch, glyphs64):
+    """The host budget is counted on a trainer of the row's config (`iteration_budget.budget_of`): where that count
+    breaks (here told to), the row fails and says so; a row without a one-process config shows "-"."""
+    from gantools.speed import iteration_budget
+
+    cfg = TrainConfig(**check.BASE, device="cpu", out_dir=str(tmp_path)).validate()
+    passed = {"ok": True, "reason": None, "images_per_sec": 1.0, "checks": {}}
+    counted = check.with_host_budget(passed, cfg, glyphs64, tmp_path)
+    assert counted["ok"] and counted["host_budget"]["launches"] > 0 and counted["host_budget"]["syncs"] == 0
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no dispatch here")
+    monkeypatch.setattr(iteration_budget, "budget_of", broken)
+    row = check.with_host_budget(passed, cfg, glyphs64, tmp_path)
+    assert not row["ok"] and row["reason"] == "host budget not counted: RuntimeError: no dispatch here"
+    assert check.with_host_budget(passed, None, glyphs64, tmp_path)["host_budget"] is None  # DDP
+    assert iteration_budget.cell(None) == "-" and iteration_budget.cell(counted["host_budget"]).endswith(" / 0 / 0")

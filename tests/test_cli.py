@@ -74,6 +74,10 @@ def test_profile_prints_verdict_evidence_table_and_trace(tmp_path, capsys):
     assert re.search(r"^verdict: (\S+)$", out, flags=re.M).group(1) in verdicts, out
     assert "evidence:" in out and "try next:" in out
     assert "Self CPU" in out and (tmp_path / "trace.json").is_file()
+    # under the verdict, the config's host budget: gantools' step with its data on the device makes no sync
+    budget = re.search(r"^host budget: \d+ launches, 0 syncs, 0 host reads an iteration \(counted as a GPU runs "
+                       r"it\)$", out, flags=re.M)
+    assert budget and out.index("try next:") < budget.start() < out.index("Self CPU"), out
 
 
 def test_profile_refuses_bad_step_counts(capsys):

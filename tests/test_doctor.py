@@ -215,7 +215,8 @@ def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
             train_step(batch)
             doc.end_step()
             iterations += 1
-    assert iterations == 1 + 1 + 2 + 2  # warm-up, profiler warm-up, profiled, timed: then the loop ended itself
+    # warm-up, profiler warm-up, profiled, counted (the host budget), timed: then the loop ended itself
+    assert iterations == 1 + 1 + 2 + doctor.host_count.COUNTED + 2
     again = doc.report
     assert again.complete and set(again.phases_ms) == set(report.phases_ms) and again.phases_ms["data wait"] > 0
     assert "images/s" in str(compare(report, again))

@@ -24,6 +24,13 @@ def test_profile_labels_every_phase_of_the_reference_step(tiny, tmp_path):
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     text = str(report)
     assert "overhead" in text and "verdict:" in text and "images/s" in text
+    # its host budget, counted as a GPU runs it: the reference's per-step loss reads are syncs there
+    budget = report.host_budget
+    assert budget["as_on"] == "cuda" and budget["launches"] > 0 and budget["syncs"] > 0
+    assert text.endswith(f"host budget: {budget['launches']:g} launches, {budget['syncs']:g} syncs, "
+                         f"{budget['cpu_reads']:g} host reads an iteration (counted as a GPU runs it)")
+    assert not (tmp_path / "run" / "host-budget").exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "run", "trace.json"]  # counted in a scratch folder of its own
 
 
 def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
@@ -31,6 +38,7 @@ def test_profile_a_trainer_with_your_own_networks(tiny, glyphs64):
     report = profile(trainer, steps=2, warmup=1)
     assert "host sync" not in report.phases_ms and report.phases_ms["D backward"] > 0
     assert trainer.step == 1 + 1 + 2 + 2  # warm-up, profiler warm-up, profiled, unprofiled
+    assert report.host_budget is None and "host budget" not in str(report)  # your networks: not rebuilt to count
     assert not any(type(c).__name__ == "StepProfiler" for c in trainer.callbacks)
 
 

@@ -39,9 +39,11 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
   D was fed, patched: `penalties`), compiled modules, cudnn.benchmark, TF32, peak memory.
 
 Measurement (`gantools.measuring.protocol`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
-warm-up iteration and `steps` iterations under torch.profiler; then `steps` iterations are timed with nothing
-installed but the iteration marks (the device synchronised at each; their median is the step time and images/s
-reported), so the profiler's overhead (profiled over unprofiled step time) is stated. The verdict is
+warm-up iteration and `steps` iterations under torch.profiler; then two iterations whose every op is counted (the
+host budget: launches, syncs, host reads per iteration, `host_count`; not where torch.compile has compiled code) and
+`steps` iterations timed, both with nothing installed but the iteration marks (the device synchronised at each timed
+one; their median is the step time and images/s reported), so the profiler's overhead (profiled over unprofiled step
+time) is stated. The verdict is
 `profiling.bottleneck`, the one place that decides it (`analysis`). Every finding rests on numbers from this run and
 is ranked by its estimated gain (Amdahl on measured shares), or says "measure it" where no model of its gain exists
 (`rules`: one pure function per rule).
@@ -60,8 +62,9 @@ the gradient all-reduce's share of a step, accumulation without `no_sync`, a Dat
 The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
 `lightning` (Lightning's Trainer running the loop), `feeds` (what fed each model call), `functions` (networks
 written as plain functions), `penalties` (a gradient penalty, seen and timed), `schedule`, `syncs` (the device syncs
-the hooks do not see), `analysis`, `rules` (with `penalty_rules`, and `lazy`: its `--try` fix),
-`pipeline` (the DataLoader's per-image work), `report`, `script` and `watch` (the front object, `Watch`).
+the hooks do not see), `host_count` (the ops of a few iterations, counted), `analysis`, `rules` (with
+`penalty_rules`, and `lazy`: its `--try` fix), `pipeline` (the DataLoader's per-image work), `report`, `script` and
+`watch` (the front object, `Watch`).
 """
 from ..errors import DoctorError, ScriptError
 from .analysis import OTHER, default_trace

@@ -85,6 +85,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
                                                                                         "weight_decay")}}
         for o in obs.optimizers.values()}
     report.unprofiled_step_time_ms = sched.timed_ms
+    report.host_budget = sched.host_budget
     facts = machine_facts(device)
     report.settings = _settings(obs, sched, device, facts)
     report.settings["memory"] = obs.memory.describe() if obs.memory is not None else None

@@ -55,6 +55,7 @@ class Hooks:
         self._last_leaf_name = None  # the last leaf module run inside the current top-level call
         self._handles, self._grad_handles, self._patches, self._light_handles = [], [], [], []
         self.trainers = TrainerWatch(obs)  # Lightning's Trainer, when it runs the loop
+        self.uncounted = contextlib.nullcontext  # a batch's loading, left out of the host budget's count (`Schedule`)
 
     def mine(self) -> bool:
         """True in the process and thread the doctor watches (hooks are global: forked workers inherit them)."""
@@ -283,7 +284,8 @@ class Hooks:
                 obs.loaders.append(loader)
             restarts = loader.num_workers > 0 and not loader.persistent_workers and hooks.mine()
             started = time.perf_counter()
-            it = original(loader)
+            with hooks.uncounted():  # a new epoch's start (its seed drawn, workers started) is loading too
+                it = original(loader)
             if restarts:  # a new iterator starts new workers: timed until its first batch is in (`__next__`)
                 it._gantools_epoch_start = (loader, started)
             return it
@@ -313,7 +315,7 @@ class Hooks:
         self.in_data = True
         rf = record_function("data wait") if self.profiling else contextlib.nullcontext()
         try:
-            with rf:
+            with rf, self.uncounted():
                 batch = get()
         finally:
             self.in_data = False

@@ -11,6 +11,7 @@ from ..measuring import hardware
 from ..measuring.protocol import PhaseTable
 from ..measuring.results import megabytes
 from .hooks import SYNC_METHODS
+from .host_count import budget_line
 
 READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them
 UNKNOWN_RATE = "images/s unknown (no batch size found)"
@@ -84,6 +85,7 @@ class DoctorReport(PhaseTable):
     not_judged: list = field(default_factory=list)  # what this device cannot tell (a CPU: pinned memory, ...)
     trace_path: str | None = None
     missing: list = field(default_factory=list)     # the parts of your loop the doctor could not find, in words
+    host_budget: dict | None = None  # launches, syncs, host reads per iteration, counted (`host_count`), or why not
 
     def kinds(self) -> list:
         return [f.kind for f in self.findings]
@@ -126,6 +128,9 @@ class DoctorReport(PhaseTable):
         syncs = "; ".join(_site_line(s) for s in self.sync_sites[:4])
         lines.append(f"  host syncs in your code: {self.host_syncs_per_step:.1f} per iteration"
                      + (f": {syncs}" if syncs else ""))
+        budget = budget_line(self.host_budget)
+        if budget:
+            lines.append(f"  {budget}")
         memory = ("peak tensor memory" if self.device.startswith("cuda") else  # hardware.peak_memory_mb says why
                   "peak resident memory (the whole process)")
         lines.append(f"  device busy {self.device_busy_ms:.1f} ms, convolutions and matmuls "

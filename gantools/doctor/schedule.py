@@ -1,9 +1,11 @@
 """The doctor's iteration schedule (`mark`'s state machine), by `gantools.measuring.protocol`'s protocol: `warmup`
-iterations with every hook on, one profiler warm-up iteration and `steps` profiled, then `steps` timed with nothing
+iterations with every hook on, one profiler warm-up iteration and `steps` profiled, then `host_count.COUNTED` whose
+ops are counted (the host budget; none where torch.compile has compiled code) and `steps` timed, both with nothing
 installed but the iteration marks. In a script the iterations are paced by an optimizer's steps, once the loop's
 rhythm is known."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 
@@ -12,6 +14,7 @@ from ..errors import ScriptMeasured
 from ..measuring.compile_counts import compiled_code_cached, since, snapshot
 from ..measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
+from .host_count import COUNTED, HostCount
 from .memory_watch import MemoryWatch
 from .observations import Observations, Optimizer
 from .syncs import SyncWatch
@@ -26,7 +29,7 @@ def say(message: str) -> None:
 
 class Schedule:
     """Counts iteration marks and switches hooks, timing and the profiler at each stage's end. Stages: pacing
-    (script mode, until the rhythm is known), warmup, profiling, timed, done."""
+    (script mode, until the rhythm is known), warmup, profiling, counting, timed, done."""
 
     def __init__(self, steps: int, warmup: int, obs: Observations, hooks: Hooks, by_optimizer: bool):
         self.steps, self.warmup, self.timed = steps, warmup, steps
@@ -43,6 +46,9 @@ class Schedule:
         # them off for the timed window recompiles every graph once; that first timed iteration is left out
         self.compiler = {"start": snapshot()}
         self.memory: MemoryWatch | None = None  # the last warm-up iteration's memory, watched
+        self.count = HostCount(obs)
+        self.counted = COUNTED  # 0 where the loop's ops cannot be counted (`HostCount.why_not`)
+        self.host_budget: dict | None = None  # the report's, once counted (or why not)
 
     @property
     def done(self) -> bool:
@@ -50,7 +56,7 @@ class Schedule:
 
     @property
     def needed(self) -> int:
-        return self.warmup + self.timed + 1 + self.steps
+        return self.warmup + 1 + self.steps + self.counted + self.timed
 
     def mark(self) -> None:
         """The end of one iteration (and the start of the next)."""
@@ -74,19 +80,52 @@ class Schedule:
             if b < w + 1 + n:
                 self.session.step()
                 return
-            hardware.synchronize(device)
-            self.obs.peak_mem_mb = hardware.peak_memory_mb(device)
-            self.session.step()  # the last active step: the trace is complete
-            self.stop_profiler()
-            self.obs.close_window()
-            # time `timed` iterations with nothing installed but the marks
-            self.compiler["profiled"] = since(self.compiler["warm"])
-            self.hooks.set_full(False)
-            self.stage = "timed"
-            self.clock = IterationClock(device)
-            self.clock.start()
-        elif b > w + 1 + n:  # one timed iteration ends: synchronised, so its GPU work is inside it
-            self.timed_lap(b)
+            self.end_profiling(device)
+        elif b > w + 1 + n:
+            self.after_profiling(b, device)
+
+    def end_profiling(self, device) -> None:
+        """The last profiled iteration is over: the profiler stops, the hooks come off, and the host budget's count
+        starts (or, where it cannot be taken, the timed iterations do)."""
+        hardware.synchronize(device)
+        self.obs.peak_mem_mb = hardware.peak_memory_mb(device)
+        self.session.step()  # the last active step: the trace is complete
+        self.stop_profiler()
+        self.obs.close_window()
+        self.compiler["profiled"] = since(self.compiler["warm"])
+        self.hooks.set_full(False)  # from here on nothing installed but the marks
+        why = self.count.why_not()
+        if why:
+            self.counted, self.host_budget = 0, {"skipped": why}
+            self.start_timing(device)
+            return
+        self.stage = "counting"
+        self.count.start(device)
+        self.hooks.uncounted = self.count.paused
+
+    def after_profiling(self, b: int, device) -> None:
+        """Iteration `b` (by its mark) after the profiled ones ends: a counted one (after the last, the count is
+        read and the timing starts), else a timed one (synchronised, so its GPU work is inside it)."""
+        if self.stage == "counting":
+            if b == self.warmup + 1 + self.steps + self.counted:
+                self.stop_counting(keep=True)
+                self.start_timing(device)
+            return
+        self.timed_lap(b - self.counted)
+
+    def start_timing(self, device) -> None:
+        """Time `timed` iterations with nothing installed but the marks."""
+        self.stage = "timed"
+        self.clock = IterationClock(device)
+        self.clock.start()
+
+    def stop_counting(self, keep: bool = False) -> None:
+        """The count ends; kept as the host budget only after whole iterations (`keep`), not on an error or the
+        loop's end."""
+        self.hooks.uncounted = contextlib.nullcontext
+        budget = self.count.stop(self.counted if keep else 0)
+        if budget is not None:
+            self.host_budget = budget
 
     def start_profiling(self, device) -> None:
         """Warm-up is over: the profiler (and on CUDA the sync watch) starts, for its own warm-up iteration first
@@ -131,6 +170,7 @@ class Schedule:
         """Everything the schedule started that is still running stops (the loop may end at any mark)."""
         self.hooks.profiling = False
         try:
+            self.stop_counting()
             self.stop_memory()
             if self.syncs is not None:
                 self.syncs.stop()

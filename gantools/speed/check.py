@@ -22,6 +22,10 @@ out-of-memory (`OOM_ROW`: told apart by `recovery.is_out_of_memory`, then traini
   with fused Adam, else GradScaler.step's `.item()` on found_inf, one per optimizer step (the fp16 rows with each
   optimizer implementation show both).
 
+Each row that passed also carries its config's host budget (`with_host_budget`: launches, syncs and host reads per
+iteration, counted by `iteration_budget.budget_of`, on a CPU as a GPU would run the config): what the technique asks
+of the host, which on a GPU bounds a small model's speed before any kernel does.
+
 Techniques that pass on a CUDA device are recorded under data/check/ (keyed by GPU name and torch version):
 `validated()` reads that record, so the profiler recommends CUDA graphs only where they ran here.
 """
@@ -53,12 +57,16 @@ from ..core.history import METRICS
 from ..core.losses import LOSSES
 from ..core.validation import penalised
 from ..core.trainer import Trainer
+from . import iteration_budget
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
 # not how fast it is (its images/s only shows it ran at a plausible speed).
 BASE = dict(image_size=32, channels=1, nz=8, ngf=8, ndf=8, batch_size=16, log_interval=2, sample_interval=0,
             checkpoint_interval=0, loader="dataloader", num_workers=0)
 STEPS = 2  # per segment: 2 steps, checkpoint, 2 steps; then back to the checkpoint and the same 2 steps again
+# iterations counted for a row's host budget (after budget_of's 2 warm-up ones): two, so a penalty every other step
+# (lazy R1) counts at its rate, and the check stays a check of minutes
+BUDGET_ITERATIONS = 2
 PROFILE_ROW = "profile: no host syncs in the step"
 OOM_ROW = "out of memory told apart, then training again"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
@@ -343,6 +351,7 @@ class CheckRow(TypedDict):
     images_per_sec: float | None
     checks: dict
     seconds: float
+    host_budget: dict | None  # `iteration_budget.budget_of` of its config; None for DDP and for a failed row
 
 
 class CheckResult(TypedDict):
@@ -381,21 +390,24 @@ def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None
                 continue
             work = Path(tmp) / f"t{i}"
             t0 = time.perf_counter()
+            cfg, data = None, dataset  # the row's one-process config, whose host budget is counted
             try:
                 if name == ddp_name:
                     row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), dataset, work)
                 elif name == PROFILE_ROW:
-                    row = check_profile_syncs(base.replace(out_dir=str(work)).validate(), dataset)
+                    cfg = base.replace(out_dir=str(work)).validate()
+                    row = check_profile_syncs(cfg, dataset)
                 elif name == OOM_ROW:
-                    row = check_out_of_memory(base.replace(out_dir=str(work)).validate(), dataset)
+                    cfg = base.replace(out_dir=str(work)).validate()
+                    row = check_out_of_memory(cfg, dataset)
                 else:
-                    cfg = base.replace(**plan[name], out_dir=str(work))
+                    cfg = base.replace(**plan[name], out_dir=str(work)).validate()
                     data = ROW_DATASETS[name](dataset, dev) if name in ROW_DATASETS else dataset
-                    row = check_technique(cfg.validate(), data, work)
+                    row = check_technique(cfg, data, work)
+                row = with_host_budget(row, cfg, data, work)
             except Exception as e:  # a technique that crashes is a FAILED row, not the end of the check
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                kind = "OutOfMemory" if is_out_of_memory(e) else type(e).__name__  # cuDNN's and cuBLAS's too
-                row = {"ok": False, "reason": f"{kind}: {first}"[:300], "images_per_sec": None, "checks": {}}
+                row = {"ok": False, "reason": _error_reason(e), "images_per_sec": None, "checks": {},
+                       "host_budget": None}
             rows.append({"technique": name, **row, "seconds": round(time.perf_counter() - t0, 1)})
             progress(f"{name}: {'ok' if row['ok'] else 'FAILED'} ({rows[-1]['seconds']} s)")
             if save_to:
@@ -404,6 +416,29 @@ def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None
     if dev.type == "cuda" and not only and not skip:
         record(result)
     return result
+
+
+def _error_reason(e: Exception) -> str:
+    """An exception as a row's reason: its kind and first line."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    kind = "OutOfMemory" if is_out_of_memory(e) else type(e).__name__  # cuDNN's and cuBLAS's too
+    return f"{kind}: {first}"[:300]
+
+
+def with_host_budget(row: dict, cfg: TrainConfig | None, dataset, work: Path) -> dict:
+    """`row` with its config's host budget (`iteration_budget.budget_of`, over `BUDGET_ITERATIONS` iterations of a
+    trainer of its own; a compiled config's ops counted on its eager networks, its graphs beside them): what one
+    iteration of the technique asks of the device, on a CPU counted as a GPU would run it. None for a row that
+    failed (its config would only fail again) or that runs several processes (DDP). A count that fails fails the
+    row: on a GPU this is where a user learns that counting, or the eager form, breaks there."""
+    if cfg is None or not row["ok"]:
+        return {**row, "host_budget": None}
+    try:
+        budget = iteration_budget.budget_of(cfg.replace(out_dir=str(work / "host-budget")), BUDGET_ITERATIONS,
+                                            dataset=dataset)
+    except Exception as e:  # the row says what broke
+        return {**row, "ok": False, "reason": f"host budget not counted: {_error_reason(e)}", "host_budget": None}
+    return {**row, "host_budget": budget}
 
 
 def _result(dev: torch.device, rows: list) -> CheckResult:
@@ -415,16 +450,19 @@ def _result(dev: torch.device, rows: list) -> CheckResult:
 
 
 def table(result: dict) -> str:
-    """The rows as an aligned text table: technique, ok or FAILED with the reason, images/s."""
+    """The rows as an aligned text table: technique, images/s, the host budget per iteration (counted as a GPU runs
+    it, on a CPU), ok or FAILED with the reason."""
     width = max(len(r["technique"]) for r in result["rows"])
     m = result["machine"]
     lines = [f"gantools check on {m['device_name']} ({result['device']}), torch {result['torch']}, {result['date']}",
-             f"{'technique':<{width}}  {'images/s':>9}  result"]
+             f"{'technique':<{width}}  {'images/s':>9}  {iteration_budget.HEADER}  result"]
     for r in result["rows"]:
         speed = f"{r['images_per_sec']:9.0f}" if r["images_per_sec"] else f"{'-':>9}"
+        budget = f"{iteration_budget.cell(r.get('host_budget')):>{len(iteration_budget.HEADER)}}"
         syncs = r["checks"].get("host syncs per step (optimizer)")
         note = f" ({syncs:g} host syncs per step in the optimizer steps)" if syncs is not None else ""
-        lines.append(f"{r['technique']:<{width}}  {speed}  {'ok' + note if r['ok'] else 'FAILED: ' + r['reason']}")
+        lines.append(f"{r['technique']:<{width}}  {speed}  {budget}  "
+                     f"{'ok' + note if r['ok'] else 'FAILED: ' + r['reason']}")
     failed = sum(not r["ok"] for r in result["rows"])
     lines.append("every technique works here" if not failed else f"{failed} technique(s) FAILED")
     return "\n".join(lines)

@@ -23,6 +23,16 @@ _CUDA_DEFAULT = "foreach"
 HOST_TIME_WIDTHS = dict(ngf=2, ndf=2)
 
 
+HEADER = "launches / syncs / host reads"  # a table's column for `cell`
+
+
+def cell(budget: dict | None) -> str:
+    """An iteration's host budget as a table cell: launches / syncs / host reads ("154 / 0 / 0"); "-" for none."""
+    if not budget:
+        return "-"
+    return f"{budget['launches']:g} / {budget['syncs']:g} / {budget['cpu_reads']:g}"
+
+
 def on_gpu(cfg: TrainConfig) -> TrainConfig:
     """`cfg` as a GPU would build it, for a count taken on a CPU: the optimizer's kernels as 'auto' and 'pytorch'
     resolve on CUDA (fused, and PyTorch's foreach; an explicit choice stays)."""
@@ -40,8 +50,8 @@ def _host_steps(*optimizers) -> list[torch.Tensor]:
 
 
 def count(trainer, iterations: int = 3, warmup: int = 2, as_on_gpu: bool = False) -> tuple[HostBudget, dict]:
-    """The host budget of `trainer`'s iteration (its batches fetched, unless DataLoader workers load them, then its
-    step), counted over `iterations`
+    """The host budget of `trainer`'s iteration (its batches fetched from the device loader, then its step; a
+    DataLoader's batches are fetched uncounted), counted over `iterations`
     after `warmup` iterations (the optimizers' state made, compiled code compiled), and what the compiler did
     across all of them. The trainer is left as it was (`Trainer.unchanged`).
 
@@ -56,10 +66,10 @@ def count(trainer, iterations: int = 3, warmup: int = 2, as_on_gpu: bool = False
     stream = BatchStream(trainer.loader, trainer.batches_seen)
     cfg = trainer.cfg
     compiled_run = cfg.compile != "off"
-    # DataLoader workers hand their batches over whenever they are ready: what the main process does as they arrive
-    # depends on timing, so with workers the batches are fetched outside the count (the profiler's data wait says
-    # what loading costs)
-    workers = cfg.loader == "dataloader" and cfg.num_workers > 0
+    # a DataLoader's batches are host work (workers hand them over whenever they are ready, and each epoch's start
+    # reads a seed back on the host): they are fetched outside the count, and the profiler's data wait says what
+    # loading costs; the device loader's gather, normalise and flip are device work, counted
+    workers = cfg.loader == "dataloader"
 
     def iteration(budget=None):
         if workers:
@@ -96,7 +106,10 @@ def budget_of(cfg: TrainConfig, iterations: int = 3, as_on_gpu: bool | None = No
     device = hardware.resolve_device(cfg.device)
     as_on_gpu = device.type == "cpu" if as_on_gpu is None else as_on_gpu
     built = on_gpu(cfg) if as_on_gpu else cfg
-    trainer = Trainer(built.replace(sample_interval=0, checkpoint_interval=0), **trainer_args)
+    # workers not kept between epochs: closing the count's stream then ends them at once (kept, they would be ended
+    # by the garbage collector, waiting out their timeouts: core/batches.py)
+    trainer = Trainer(built.replace(sample_interval=0, checkpoint_interval=0, persistent_workers=False),
+                      **trainer_args)
     try:
         budget, compiles = count(trainer, iterations, as_on_gpu=as_on_gpu)
     finally:

@@ -20,11 +20,16 @@ On CUDA the profiled steps synchronise the device around each data wait (`Traine
 still queued from the step before is not counted as waiting for data (a false data-bound verdict). Those
 synchronisations are gantools' own: the host syncs per step count only the training code's
 (`measuring.code_syncs`).
+
+Under the verdict, a profiled config's host budget (`ProfileReport.host_budget`, `iteration_budget.budget_of`): the
+launches, syncs and host reads of one iteration, counted exactly, on a CPU as a GPU would run the config. A timed
+profile on a CPU cannot say whether a GPU would wait for its host; that count can.
 """
 from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +95,7 @@ class ProfileReport(PhaseTable):
     cpu_table: str = ""
     trace_path: str | None = None
     verdict: Verdict | None = None
+    host_budget: dict | None = None  # `iteration_budget.budget_of` of the profiled config; None for a Trainer given
 
     @property
     def images_per_step(self) -> float:
@@ -105,7 +111,27 @@ class ProfileReport(PhaseTable):
                      f" peak tensor memory {self.peak_mem_mb:.0f} MB")
         if self.verdict:
             lines.append(str(self.verdict))
+        if self.host_budget:
+            lines.append(host_budget_line(self.host_budget))
         return "\n".join(lines)
+
+
+def host_budget_line(budget: dict) -> str:
+    """A config's host budget (`iteration_budget.budget_of`) in the words `profile` prints under its verdict."""
+    how = "as a GPU runs it" if budget["as_on"] == "cuda" else f"as it runs on {budget['as_on']}"
+    if budget["counted"] == "eager":  # compiled: the eager networks' ops, which its graphs run in fewer launches
+        how += f", uncompiled; torch.compile runs them in its {budget['compiled_graphs']:g} graphs"
+    return (f"host budget: {budget['launches']:g} launches, {budget['syncs']:g} syncs, {budget['cpu_reads']:g} host "
+            f"reads an iteration (counted {how})")
+
+
+def config_budget(cfg: TrainConfig, dataset=None) -> dict:
+    """`cfg`'s host budget, counted by a trainer of its own (`iteration_budget.budget_of`) whose run folder is a
+    scratch one: the count leaves nothing in the profiled run's folder."""
+    from .iteration_budget import budget_of
+
+    with tempfile.TemporaryDirectory(prefix="gantools-host-budget-") as scratch:
+        return budget_of(cfg.replace(out_dir=scratch), dataset=dataset)
 
 
 def _self_device_ms(event) -> float:
@@ -118,7 +144,9 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
     `gantools.measuring.protocol`: `warmup`
     steps, then `steps` profiled (after one profiler warm-up step), then `steps` timed
     without the profiler (to state its overhead). Phases are host time inside each labelled range; the op table is
-    sorted by self time on the device in use."""
+    sorted by self time on the device in use. A config's host budget is counted too (`config_budget`); a Trainer's
+    is not, as its networks may be your own (`iteration_budget.count(trainer)` counts them)."""
+    given = cfg
     trainer = cfg if isinstance(cfg, Trainer) else Trainer(cfg.replace(sample_interval=0, log_interval=steps))
     device, cfg = trainer.device, trainer.cfg
     cuda = device.type == "cuda"
@@ -143,6 +171,8 @@ def profile(cfg: TrainConfig | Trainer, steps: int = 5, warmup: int = 2, trace_p
                            top[:10], trainer.history[-1]["peak_mem_mb"], table or cpu_table, cpu_table,
                            str(trace_path))
     report.verdict = diagnose(report, cfg)
+    if not isinstance(given, Trainer):
+        report.host_budget = config_budget(cfg, trainer.dataset)
     return report
 
 
