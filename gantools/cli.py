@@ -146,6 +146,10 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
                         "compiler)")
     p.add_argument("--repeats", type=_count(1), default=None, help="interleaved repeats (default: 5)")
     p.add_argument("--variants", nargs="+", default=None, help="run only these ladder rows (quote names)")
+    p.add_argument("--climb", action=argparse.BooleanOptionalAction, default=None,
+                   help="after the rows, the climbing ladder: from the reference, each technique added to the best "
+                        "config so far and kept only where the keep rule measures it faster; its last kept config is "
+                        "its 'all together' (default: on CUDA)")
     p.add_argument("--scaling", action="store_true",
                    help="instead of the ladder: images/s and scaling efficiency for 1..N processes under torchrun "
                         "(N: the GPUs here; on a CPU, 2 processes sharing its cores)")
@@ -180,7 +184,8 @@ def _bench(args: dict) -> int:
         ensure_writable(Path(path).parent)
     plan = {"quality_images": args["quality_images"]} if args["quality_images"] else None
     result = bench.run(size, args["device"], args["variants"], args["quality"], args["compile"], args["repeats"],
-                       plan=plan, progress=progress)
+                       plan=plan, progress=progress, climb=args["climb"],
+                       partial=lambda so_far: bench.save(so_far, args["json"]))  # a run cut short keeps its rows
     bench.save(result, args["json"])
     import matplotlib
 
@@ -426,7 +431,9 @@ COMMANDS = {
                 _profile_flags, _profile, False),
     "bench": ("the benchmark ladder: each technique against the tutorial's loop",
               "Reference loop, each technique alone, all together and a max-throughput preset, interleaved in one "
-              "process; --quality adds FID/KID/coverage at an equal image budget. Prints a Markdown table.",
+              "process; --climb (the default on CUDA) adds the climbing ladder, each technique on top of the best "
+              "so far, kept where measured faster; --quality adds FID/KID/coverage at an equal image budget. Prints "
+              "Markdown tables.",
               _bench_flags, _bench, False),
     "check": ("run every technique for a few steps on this machine and say which work (the first thing to run on "
               "a new GPU)",

@@ -7,8 +7,10 @@ here and needs nothing there but a `python3` with torch and the wheel folder tha
    (`pip install --no-index --no-deps --target`): its torch and everything else it has are never touched;
 2. the parts (`PARTS`), each a child process with its own time budget (what an earlier part left unused is added to
    the next), stopped with all its children when it overruns, so one failure cannot eat the rest: the machine;
-   the data the parts train on; `gantools check` (every row, the CUDA-only ones included); the benchmark ladder at
-   DCGAN 64 px (images/s, FLOPs, MFU against the published peak and against the bf16 matmul peak measured here);
+   the data the parts train on; `gantools check` (every row, the CUDA-only ones included); whole-step CUDA graphs
+   replayed against eager training (`speed.replay.replay_matches_eager`); the climbing benchmark ladder at DCGAN 64
+   px (images/s, FLOPs, MFU against the published peak and against the bf16 matmul peak measured here, each row's
+   host budget);
    `gantools doctor --try --patch` on the tutorial's plain DCGAN and on a WGAN-GP; FID of the ladder's best beside
    the reference's where the time left fits a meaningful budget; the first notebook in quick mode;
 3. one folder, `<device>-<date>` under $GANTOOLS_EVIDENCE_DIR (default gpu-evidence/), rewritten after every part
@@ -69,8 +71,11 @@ PARTS = (
                           "but compile max-autotune"),
     Part("check-autotune", 60, 30, "`gantools check`'s compile max-autotune row on its own: the slowest to compile, "
                                    "so an overrun costs no other row"),
-    Part("ladder", 165, 60, "the benchmark ladder at DCGAN 64 px: reference, each technique, all together, max "
-                            "throughput; images/s, FLOPs, MFU"),
+    Part("graphs", 45, 30, "whole-step CUDA graphs replayed against eager training: 20 seeded steps of the GPU "
+                           "preset (device data, bf16), losses and weights compared"),
+    Part("ladder", 120, 60, "the climbing benchmark ladder at DCGAN 64 px: the reference and device-resident data, "
+                            "then each technique on top of the best so far, kept where measured faster; images/s, "
+                            "FLOPs, MFU, each row's host budget"),
     Part("memory", 20, 40, "the largest batch that fits the GPU (`largest_batch`: cudaMemGetInfo, bisection on "
                            "out-of-memory) and activation checkpointing's peak against none, at DCGAN 64 px"),
     Part("doctor-dcgan", 55, 60, "`gantools doctor --try --patch` on the PyTorch tutorial's plain DCGAN script"),
@@ -322,12 +327,56 @@ def part_check_autotune(run: Run, seconds: float) -> Built | str:
                  lambda: _json(path))
 
 
+GRAPHS_STEPS = 20
+
+GRAPHS_CODE = """
+import json, sys
+from gantools.core.config import preset
+from gantools.errors import ConfigError
+from gantools.speed.bench import SIZES
+from gantools.speed.figures import first_line
+cfg = preset("default", device={device!r}, loader="device", precision="bf16", **SIZES[{size!r}])
+found = {{"size": {size!r}, "loader": "device", "precision": "bf16", "steps": {steps}}}
+def done(code):
+    json.dump(found, open({path!r}, "w"))
+    sys.exit(code)
+try:
+    cfg.replace(cuda_graphs=True).validate()
+except ConfigError as e:
+    found["refused"] = first_line(e)
+    print(f"cuda_graphs=True refused: {{found['refused']}}")
+    done(0 if {dry!r} else 1)  # a CPU cannot capture: its refusal is what the dry run checks
+if {dry!r}:
+    found["error"] = "cuda_graphs=True was accepted on a CPU, which cannot capture"
+    print(found["error"])
+    done(1)
+from gantools.speed.replay import replay_matches_eager
+found.update(replay_matches_eager(cfg, steps={steps}))
+verdict = "matches" if found["matches"] else "DOES NOT MATCH"
+print(f"CUDA graph replay against eager, {{found['steps']}} seeded steps: {{verdict}} (largest loss difference "
+      f"{{found['max_loss_diff']:.2e}}, largest relative weight difference {{found['max_weight_rel_diff']:.2e}})")
+done(0 if found["matches"] else 1)
+"""
+
+
+def part_graphs(run: Run, seconds: float) -> Built:
+    """`replay_matches_eager` on the GPU preset with device data and bf16. The dry run's CPU cannot capture: there
+    the part records the ConfigError the switch raises, which is what it checks."""
+    path = run.scratch / "graphs.json"
+    code = GRAPHS_CODE.format(device="cpu" if run.dry else "cuda", size="tiny" if run.dry else "gpu",
+                              steps=GRAPHS_STEPS, path=str(path), dry=run.dry)
+    return Built([_py(run, "-c", code)], lambda: _json(path))
+
+
 def part_ladder(run: Run, seconds: float) -> Built:
+    """The climbing ladder (`bench --climb`) after a one-at-a-time table of the reference and one row: the climb
+    holds every technique, and its budget is the part's."""
     path = run.scratch / "bench.json"
     # the dry run's variant trains in fp32: on a CPU without native bf16, a bf16 row at this width overruns the part
     size = (["--size", "tiny", "--device", "cpu", "--variants", "channels_last", "--repeats", "2", "--no-compile"]
-            if run.dry else ["--size", "gpu", "--device", "cuda", "--repeats", "3"])
-    return Built([_py(run, "-m", "gantools", "bench", *size, "--json", str(path), "--png",
+            if run.dry else ["--size", "gpu", "--device", "cuda", "--variants", "device-resident data",
+                             "--repeats", "3"])
+    return Built([_py(run, "-m", "gantools", "bench", *size, "--climb", "--json", str(path), "--png",
                        str(run.out / "bench.png"))], lambda: _json(path))
 
 
@@ -393,7 +442,8 @@ def quality_images(ladder: dict | None, seconds: float, dry: bool) -> tuple[int 
     if dry:
         return 128 * 3, "the dry run's tiny budget (its FID means nothing)"
     rows = {r["variant"]: r for r in (ladder or {}).get("rows", [])}
-    ref, together = rows.get("reference (tutorial loop)"), rows.get("all together")
+    # without the fixed combination's row, the climb's best (its 'all together') sizes it
+    ref, together = rows.get("reference (tutorial loop)"), rows.get("all together") or _climb_best(ladder)
     if not ref or not together:
         return None, "the ladder measured no reference and all-together speeds to size it by"
     train_s = seconds - 1.5 * (ref["warmup_s"] + together["warmup_s"]) - 15  # warm-ups, the FID classifier
@@ -404,6 +454,11 @@ def quality_images(ladder: dict | None, seconds: float, dry: bool) -> tuple[int 
                       f" s at the ladder's speeds; {seconds:.0f} s were left")
     n = min(fits, FID_IMAGES)
     return n, f"{n:,} images each ({'the ladder budget' if n == FID_IMAGES else 'what the time left holds'})"
+
+
+def _climb_best(ladder: dict | None) -> dict | None:
+    best = ((ladder or {}).get("climb") or {}).get("best")
+    return best if best and best.get("images_per_sec") and best.get("warmup_s") is not None else None
 
 
 def part_quality(run: Run, seconds: float) -> Built | str:
@@ -430,7 +485,7 @@ def part_notebooks(run: Run, seconds: float) -> Built | str:
 
 
 BUILDERS = {"machine": part_machine, "data": part_data, "check": part_check, "check-autotune": part_check_autotune,
-            "ladder": part_ladder, "memory": part_memory,
+            "graphs": part_graphs, "ladder": part_ladder, "memory": part_memory,
             "doctor-dcgan": part_doctor_dcgan, "doctor-wgan-gp": part_doctor_wgan_gp, "quality": part_quality,
             "notebooks": part_notebooks}
 

@@ -25,11 +25,13 @@ def _part(evidence: dict, name: str) -> dict | None:
 def headline(evidence: dict) -> dict:
     """What the README and docs/results.md show of a stored run: the device and date, the ladder's best against the
     reference, the max-throughput row's MFU (against the published bf16 peak and the bf16 matmul measured there),
-    FID where measured, and every check row."""
+    the climbing ladder's best and CUDA graph replay against eager where the run has them, FID where measured, and
+    every check row."""
     ladder = (_part(evidence, "ladder") or {}).get("result") or {}
     rows = ladder.get("rows") or []
     out = {"device": device_name(evidence), "date": evidence["date"], "dry": evidence["dry"], "ladder": None,
-           "check": [], "quality": None}
+           "climb": _climb(ladder), "graphs": (_part(evidence, "graphs") or {}).get("result"), "check": [],
+           "quality": None}
     if rows:
         ref, best = rows[0], max(rows, key=lambda r: r["speedup"])
         top = next((r for r in rows if r["variant"].startswith("max throughput")), best)
@@ -53,6 +55,41 @@ def headline(evidence: dict) -> dict:
     return out
 
 
+def _climb(ladder: dict) -> dict | None:
+    """The climb's best ('all together': its last kept config) and the reference it climbed from, with their host
+    budgets; None for a run without a climb."""
+    climb = ladder.get("climb") or {}
+    best = climb.get("best")
+    if not best or best.get("images_per_sec") is None:
+        return None
+    ref = climb["rows"][0]
+    return {"best_images_per_sec": best["images_per_sec"], "kept_at": best["from"],
+            "kept": [r["variant"] for r in climb["rows"][1:] if r["kept"]],
+            "reference_images_per_sec": ref["images_per_sec"], "best_host_budget": best.get("host_budget"),
+            "reference_host_budget": ref.get("host_budget")}
+
+
+def _climb_lines(climb: dict) -> list[str]:
+    lines = [f"| climbing ladder's best (all together: {', '.join(climb['kept']) or 'nothing kept'}) images/s | "
+             f"{climb['best_images_per_sec']:.0f} |"]
+    ref, best = climb["reference_host_budget"], climb["best_host_budget"]
+    if ref and best:
+        lines.append(f"| launches, syncs per iteration: reference / climbing best | {ref['launches']:g}, "
+                     f"{ref['syncs']:g} / {best['launches']:g}, {best['syncs']:g} |")
+    return lines
+
+
+def _graphs_line(graphs: dict) -> str:
+    if "matches" in graphs:
+        return (f"CUDA graph replay against eager over {graphs['steps']} seeded steps: "
+                f"{'matches' if graphs['matches'] else 'DOES NOT MATCH'} (largest loss difference "
+                f"{graphs['max_loss_diff']:.2e}, largest relative weight difference "
+                f"{graphs['max_weight_rel_diff']:.2e}).")
+    if "refused" in graphs:
+        return f"CUDA graphs (cuda_graphs=True) refused: {graphs['refused']}."
+    return f"CUDA graph replay: {graphs.get('result', 'no result')} ({graphs.get('why', '')})."
+
+
 def headline_markdown(evidence: dict, source: str) -> str:
     """The headline as Markdown, its measured table marked with its source (tests/test_docs.py checks the numbers)."""
     h = headline(evidence)
@@ -73,12 +110,16 @@ def headline_markdown(evidence: dict, source: str) -> str:
         if lad["top_of_matmul"] is not None:
             lines.append(f"| {lad['top']} against the {lad['matmul_precision']} matmul measured there "
                          f"({lad['matmul_tflops']:.1f} TFLOP/s) | {100 * lad['top_of_matmul']:.1f}% |")
+        if h["climb"]:
+            lines += _climb_lines(h["climb"])
         if h["quality"]:
             q = h["quality"]
             lines.append(f"| FID after {q['images']:,} images: reference / {q['variant']} | "
                          f"{q['reference_fid']:.1f} / {q['fid']:.1f} |")
     elif _part(evidence, "ladder"):
         lines += ["", "The ladder did not finish: see the report."]
+    if h["graphs"]:
+        lines += ["", _graphs_line(h["graphs"])]
     if h["check"]:
         passed = [c["row"] for c in h["check"] if c["ok"]]
         failed = [c for c in h["check"] if not c["ok"]]
@@ -169,6 +210,8 @@ def _part_body(p: dict, evidence: dict) -> str:
         return _fenced(tail[-4000:]) + (f"\n\nThe patch: `{p['name']}.patch`." if kept else "")
     if p["name"] == "machine":
         return ""
+    if p["name"] == "graphs" and r:  # its one line of result (the log holds the code it ran)
+        return _graphs_line(r)
     if p["output_tail"]:
         return _fenced(p["output_tail"][-1500:])
     return ""

@@ -70,6 +70,13 @@ def test_the_dry_run_passes_every_part_and_leaves_one_folder_the_device_tool_can
     assert "out of memory told apart, then training again" in check["cuda_only_not_run"]
     ladder = next(p for p in data["parts"] if p["name"] == "ladder")["result"]
     assert ladder["rows"][0]["variant"].startswith("reference") and ladder["rows"][0]["flops_per_image"] > 0
+    # the climbing ladder, every row's host budget counted as a GPU runs it (skipped rungs: none)
+    assert ladder["climb"]["best"]["variant"] == "all together" and "partial" not in ladder
+    for row in [*ladder["rows"], *(r for r in ladder["climb"]["rows"] if not r["skipped"])]:
+        assert row["host_budget"]["as_on"] == "cuda" and row["host_ms"] > 0
+    # a CPU cannot capture: the graphs part records the switch's refusal, and that is its run
+    graphs = next(p for p in data["parts"] if p["name"] == "graphs")["result"]
+    assert graphs["refused"].startswith("invalid TrainConfig: cuda_graphs=True") and graphs["steps"] == 20
     quality = next(p for p in data["parts"] if p["name"] == "quality")["result"]
     assert all("fid" in r for r in quality["rows"])
     report = (folders[0] / "report.md").read_text()
@@ -215,6 +222,35 @@ def test_fid_runs_only_where_the_time_left_holds_a_meaningful_budget():
     none, why = evidence.quality_images(ladder, 40, dry=False)
     assert none is None and "102,400 images each need about" in why
     assert evidence.quality_images(None, 100, dry=False)[0] is None
+
+
+def test_without_an_all_together_row_the_climbs_best_sizes_the_fid_budget():
+    ladder = {"rows": [{"variant": "reference (tutorial loop)", "images_per_sec": 4000.0, "warmup_s": 2.0}],
+              "climb": {"best": {"variant": "all together", "images_per_sec": 20000.0, "warmup_s": 10.0}}}
+    n, _ = evidence.quality_images(ladder, 100, dry=False)
+    assert n == int(67 / (1 / 4000 + 1 / 20000)) // 128 * 128
+
+
+def test_the_headline_shows_the_climbs_best_and_graph_replay_where_a_run_has_them():
+    budget = {"launches": 154, "syncs": 0}
+    climb = {"rows": [{"variant": "reference (tutorial loop)", "kept": True, "images_per_sec": 100.0,
+                       "host_budget": {"launches": 300, "syncs": 4}},
+                      {"variant": "device-resident data", "kept": True, "images_per_sec": 150.0},
+                      {"variant": "CUDA graphs", "kept": False, "skipped": "refused", "images_per_sec": None}],
+             "best": {"variant": "all together", "from": "device-resident data", "images_per_sec": 150.0,
+                      "host_budget": budget}}
+    ladder = {"rows": [{"variant": "reference (tutorial loop)", "images_per_sec": 100.0, "speedup": 1.0,
+                        "tflops": 0.1, "mfu": None, "flops_per_image": 1e9}],
+              "measured_matmul_flops": {"fp32": 1e12}, "climb": climb}
+    graphs = {"steps": 20, "max_loss_diff": 1e-6, "max_weight_rel_diff": 2e-7, "matches": True}
+    data = {"dry": False, "date": "2026-12-01", "commit": "abc", "machine": {"info": {"device_name": "NVIDIA H200"}},
+            "parts": [{"name": "graphs", "result": graphs}, {"name": "ladder", "result": ladder}]}
+    text = evidence.headline_markdown(data, "x")
+    assert "| climbing ladder's best (all together: device-resident data) images/s | 150 |" in text
+    assert "| launches, syncs per iteration: reference / climbing best | 300, 4 / 154, 0 |" in text
+    assert "CUDA graph replay against eager over 20 seeded steps: matches" in text
+    graphs_refused = {**data, "parts": [{"name": "graphs", "result": {"steps": 20, "refused": "no GPU"}}]}
+    assert "CUDA graphs (cuda_graphs=True) refused: no GPU." in evidence.headline_markdown(graphs_refused, "x")
 
 
 def test_the_wheel_folder_leaves_out_torch_and_everything_it_brings():

@@ -122,3 +122,14 @@ def test_a_cuda_graph_optimizer_is_fused_and_capturable(tmp_path):
 
     opt = make_optimizer(torch.nn.Linear(2, 1).parameters(), TrainConfig(device="cuda", cuda_graphs=True), 1e-3)
     assert opt.defaults["fused"] is True and opt.defaults["capturable"] is True
+
+
+def test_the_host_budget_of_a_graphed_step_is_its_index_copies_and_one_graph_launch(tmp_path):
+    from gantools.speed.iteration_budget import count
+
+    trainer = Trainer(TrainConfig(**SMALL, d_steps=2, out_dir=str(tmp_path)))
+    trainer.graphed = GraphedStep(trainer.stepper, trainer.loader, trainer.rng, lambda run, gen, device: lambda: None)
+    budget, _ = count(trainer, iterations=3)
+    assert budget.per_iteration()["launches"] == 3  # an index copy per D step, and the replay
+    assert [op for op, _, _ in budget.where("launches")] == ["copy_", "graph replay"]
+    assert budget.per_iteration()["syncs"] == budget.per_iteration()["cpu_reads"] == 0

@@ -110,6 +110,7 @@ def test_the_lean_step_trains_to_the_same_losses_and_weights_as_before(case, tmp
         assert now["weights"][name][0] == pytest.approx(total, abs=rel * max(norm, 1.0)), name
 
 
+@pytest.mark.slow  # compiles
 def test_a_compiled_config_counts_its_compiles_and_its_eager_ops(tmp_path):
     from gantools.core.config import preset
     from gantools.speed.bench import SIZES
@@ -123,6 +124,7 @@ def test_a_compiled_config_counts_its_compiles_and_its_eager_ops(tmp_path):
     assert counts["launches"] > 0 and counts["syncs"] == 0
 
 
+@pytest.mark.slow  # compiles twice
 def test_compiled_rows_at_two_batch_sizes_in_one_process_never_recompile(tmp_path):
     """Each call site compiles a function of its own (`builders.own_call`, dynamic=False): D in D's step and in G's,
     real and fake images alike in dtype and layout, and a second trainer at twice the batch (the ladder's max

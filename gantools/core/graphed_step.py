@@ -81,6 +81,7 @@ class GraphedStep:
         local = loader.sampler.batch_size // loader.world.size
         self.indices = torch.zeros(stepper.cfg.d_steps, local, dtype=torch.long, device=loader.device)
         self.replay, self.captured_at, self.eager_left = None, None, warmup
+        self.replays = 0  # steps run by a replay (the host issued one graph launch for each)
 
     def __call__(self, indices: list, first_d_index: int, eager: Callable) -> None:
         """One training step on the batches at `indices` (one device index tensor per D step). `eager(*batches)`
@@ -101,6 +102,7 @@ class GraphedStep:
                                        self.generator, self.loader.device)
             self.captured_at = self.stepper.restores
         self.replay()
+        self.replays += 1
 
     def batches(self) -> list:
         """The step's batches, gathered from the static indices (inside the graph, once captured)."""

@@ -68,6 +68,14 @@ class HostBudget:
         counts = {kind: round(self.totals[kind] / n, 1) for kind in (*KINDS, "dispatches")}
         return {k: int(v) if float(v).is_integer() else v for k, v in counts.items()}
 
+    def note(self, kind: str, op: str, where: tuple[str, str]) -> None:
+        """Count one op the dispatcher does not see (a CUDA graph's replay): `where` is (site, line)."""
+        key = (kind, op, where[0])
+        self.totals[kind] += 1
+        self.totals["dispatches"] += 1
+        self.sites[key] += 1
+        self.lines.setdefault(key, where[1])
+
     def where(self, kind: str) -> list[tuple[str, str, int]]:
         """(op, source line, count over all iterations) for one kind, most frequent first."""
         rows = [(op, self.lines[(k, op, site)], n) for (k, op, site), n in self.sites.items() if k == kind]
@@ -123,9 +131,8 @@ class _Counting(TorchDispatchMode):
         return kinds
 
     def _note(self, kind: str, func) -> None:
-        op = str(func.overloadpacket.__name__)
         site, line = _caller()
-        key = (kind, op, site)
+        key = (kind, str(func.overloadpacket.__name__), site)
         self.budget.totals[kind] += 1
         self.budget.sites[key] += 1
         self.budget.lines.setdefault(key, line)

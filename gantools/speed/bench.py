@@ -8,6 +8,9 @@ them all alike. Every chunk is timed with the device synchronised; a row reports
 and its spread (min to max). Every variant trains on the same number of images, so with `quality=True` their FID,
 KID and class coverage are comparable.
 
+`run(climb=True)` (the default on CUDA) adds the climbing ladder after the rows (`climb`). Every row of both carries
+its FLOPs and host figures (`figures`: launches, syncs, host reads and host ms per iteration).
+
 `scaling()` adds the row for more than one GPU: the same training under torchrun with 1..N processes (N: the GPUs
 here; on a CPU, 2 processes with gloo), each process with the preset's batch (so the global batch grows with N, the
 usual "weak scaling"), and the scaling efficiency images/s(N) / (N x images/s(1)).
@@ -22,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import Callable, NotRequired, TypedDict
 
 import torch
 
@@ -30,14 +33,13 @@ from ..core import distributed, techniques
 from ..core.config import TrainConfig, cli_flags, preset, scale_batch
 from ..errors import ConfigError, GantoolsError, ScalingCrash, Stopped
 from ..measuring.clock import logged_seconds
-from ..measuring.hardware import autocast_precision, fast_bf16, machine_info, resolve_device
+from ..measuring.hardware import machine_info, resolve_device
 from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
 from ..quick import QUICK
+from .climb import REFERENCE, Measuring, climb_ladder, climb_markdown, climb_rungs
+from .figures import HOST_HEAD, host_cells, host_figures, host_note, ladder_rows, peaks
+from .figures import flops_per_image as flops_per_image  # where the docs and tests first found it
 from .keep import QUALITY_TARGET
-
-# bf16 dense tensor-core peaks (FLOP/s), the MFU denominator; matched against the CUDA device name
-PEAK_BF16 = {"H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 PCIe": 756e12, "H100": 756e12,
-             "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12, "RTX 4090": 165e12}
 
 TARGETS = {"cpu": 3.0, "gpu": 10.0}  # best preset's images/s over the reference's
 MFU_TARGET = 0.25                   # max-throughput preset on one H100
@@ -54,6 +56,9 @@ PLAN = {"cpu": dict(warmup_images=128 * 3, images_per_repeat=128 * 3, repeats=5,
 # Quick mode (GANTOOLS_QUICK=1: tests, nbval): one-step chunks, a tiny quality budget; the tiny size's plan too
 QUICK_PLAN = dict(warmup_images=1, images_per_repeat=1, repeats=3, quality_images=32 * 12)
 PLAN["tiny"] = QUICK_PLAN
+# On CUDA a timed chunk lasts at least this long (`interleave`): a GPU runs a small GAN's step in a millisecond or two,
+# and a chunk of a few steps would time the log's synchronisation and the host's jitter more than the steps
+MIN_CHUNK_S = 0.5
 
 
 def plan_for(device: torch.device) -> dict:
@@ -67,25 +72,6 @@ def can_compile(device: torch.device) -> bool:
     import shutil
 
     return device.type == "cuda" or any(shutil.which(c) for c in ("g++", "c++", "clang++"))
-
-
-def matmul_peak(device: torch.device, dtype=torch.bfloat16, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a large square matmul measured here: the denominator for a CPU's utilisation, which has no
-    published per-core peak to look up. Synchronised; the best of `repeats`."""
-    from ..measuring.hardware import synchronize
-
-    n, inner = (8192, 20) if device.type == "cuda" else (n, 1)  # a GPU needs more work per timing than a launch
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    a @ b
-    best = math.inf
-    for _ in range(repeats):
-        synchronize(device)
-        t = time.perf_counter()
-        for _ in range(inner):
-            a @ b
-        synchronize(device)
-        best = min(best, (time.perf_counter() - t) / inner)
-    return 2 * n**3 / best
 
 
 def ladder(device: torch.device, compile_variants: bool) -> dict:
@@ -118,7 +104,8 @@ def _apply(base: TrainConfig, changes: dict) -> TrainConfig:
     return scale_batch(base, base.batch_size * batch_scale).replace(**changes)
 
 
-def _config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> TrainConfig:
+def row_config(base: TrainConfig, changes: dict, out_dir: Path, name: str) -> TrainConfig:
+    """A row's config as it is measured: `changes` on `base`, no samples or checkpoints, a folder named for it."""
     return _apply(base, changes).replace(
         sample_interval=0, checkpoint_interval=0,
         out_dir=str(out_dir / name.split(" (")[0].replace(" ", "-").replace("/", "-"))).validate()
@@ -163,7 +150,7 @@ def side_by_side_markdown(result: dict) -> str:
 
 
 def interleave(contenders: dict, warmup_images: int, images_per_repeat: int, repeats: int, progress=None,
-               stop=None) -> dict:
+               stop=None, min_chunk_s: float | None = MIN_CHUNK_S) -> dict:
     """Measure trainers against each other in one process: the benchmark's protocol, and the tuner's, by
     `turns.take_turns` in alternating order.
 
@@ -172,19 +159,34 @@ def interleave(contenders: dict, warmup_images: int, images_per_repeat: int, rep
     turns for `repeats` rounds, one chunk of `images_per_repeat` images (at least one step) each per round. A chunk's
     images/s comes from the trainer's own synchronised step times over that chunk (`_chunk`). `stop()` is asked
     between chunks; a chunk cut short (Ctrl-C, `Trainer.stop`) also ends the measurement: both raise `Stopped`.
+    A contender on CUDA gets chunks of at least `min_chunk_s` seconds at the speed of its warm-up's second half (the
+    first holds what happens once: compile, a graph's capture, cudnn's search), so a fast config's chunk times its
+    steps, not the log's synchronisation; on a CPU the plan's chunks stand.
     Returns name -> `turns.Measured`, its subject the warm trainer."""
     stop = stop or (lambda: False)
+    chunks = {}  # name -> steps per timed chunk, decided at its warm-up
 
-    def warm_up(contender):
+    def warm_up(name, contender):
         trainer = contender() if callable(contender) else contender
-        _chunk(trainer, max(1, warmup_images // trainer.cfg.images_per_step), stop)  # real images per step
+        per_step = trainer.cfg.images_per_step  # real images per step
+        warm, chunks[name] = max(1, warmup_images // per_step), max(1, images_per_repeat // per_step)
+        if min_chunk_s and getattr(getattr(trainer, "device", None), "type", None) == "cuda":
+            speed = _warm_up_speed(trainer, warm, stop)
+            chunks[name] = max(chunks[name], math.ceil(min_chunk_s * speed / per_step))
+        else:
+            _chunk(trainer, warm, stop)
         return trainer
 
-    def turn(trainer):
-        return _chunk(trainer, max(1, images_per_repeat // trainer.cfg.images_per_step), stop)
+    return take_turns({name: Contender(warm_up=lambda n=name, c=c: warm_up(n, c),
+                                       turn=lambda trainer, n=name: _chunk(trainer, chunks[n], stop))
+                       for name, c in contenders.items()}, repeats, order=ALTERNATE, progress=progress)
 
-    return take_turns({name: Contender(warm_up=lambda c=c: warm_up(c), turn=turn) for name, c in contenders.items()},
-                      repeats, order=ALTERNATE, progress=progress)
+
+def _warm_up_speed(trainer, steps: int, stop) -> float:
+    """Images/s of the second half of a warm-up of `steps` steps (of the whole, with one step)."""
+    first = (steps + 1) // 2
+    speed = _chunk(trainer, first, stop)
+    return _chunk(trainer, steps - first, stop) if steps > first else speed
 
 
 def prefetched(cfg: TrainConfig) -> int:
@@ -212,37 +214,6 @@ def _chunk(trainer, steps: int, stop) -> float:
     return steps * trainer.cfg.images_per_step / seconds
 
 
-def flops_per_image(trainer) -> float:
-    """FLOPs of one training step of this trainer's own config (D and G, forward and backward; a frozen D computes
-    no weight gradients in G's step) per image, counted by FlopCounterMode, without training it: the step runs on
-    a snapshot of its state (`Trainer.unchanged`), on the eager networks. Eager because a compiled network under
-    FlopCounterMode (a TorchDispatchMode) is not compiled: dynamo skips a frame run under a dispatch mode and then
-    skips that code object for good (pytorch/pytorch#190286; #140909: compiled models fall back to eager after
-    being counted), and the DCGAN's forward code is shared by every variant. Compiling changes no matmul or
-    convolution, which is all FlopCounterMode counts."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from ..core.loaders import prepare_batch
-
-    # one batch straight from the dataset: iterating the trainer's loader could restart its persistent workers
-    items = [trainer.dataset[i] for i in range(trainer.cfg.batch_size // trainer.world.size)]
-    images = torch.stack([item[0] if isinstance(item, (tuple, list)) else item for item in items])
-    batch = prepare_batch(images, trainer.device, channels_last=trainer.cfg.channels_last)
-    if trainer.cfg.conditional:  # with its labels
-        batch = (batch, torch.as_tensor([int(item[1]) for item in items], device=trainer.device))
-    with trainer.unchanged(), trainer.stepper.eager():
-        with FlopCounterMode(display=False) as counter:
-            trainer.train_step(*[batch] * trainer.cfg.d_steps)  # a step: d_steps D steps, one G step
-    return counter.get_total_flops() / (len(images) * trainer.cfg.d_steps)  # per real image, as images/s counts
-
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
-
-
 class BenchRow(TypedDict, total=False):
     """One variant of the ladder, as `run` returns it and bench.json stores it (`fid`, `kid`, ... with quality)."""
 
@@ -259,11 +230,14 @@ class BenchRow(TypedDict, total=False):
     tflops: float
     mfu: float | None
     matmul_share: float
+    host_budget: dict | None
+    host_ms: float | None
     fid: float
 
 
 class BenchResult(TypedDict):
-    """What `run` returns and `python -m gantools bench` writes as JSON: the machine, the protocol, the rows."""
+    """What `run` returns and `python -m gantools bench` writes as JSON: the machine, the protocol, the rows, and
+    with a climb its rows and its best ('all together')."""
 
     machine: dict
     size: str
@@ -273,71 +247,96 @@ class BenchResult(TypedDict):
     measured_matmul_flops: dict
     date: str
     rows: list[BenchRow]
+    climb: NotRequired[dict]
+    partial: NotRequired[bool]
 
 
 def run(size: str = "cpu", device: str = "auto", variants=None, quality: bool = False, compile: bool | None = None,
         repeats: int | None = None, out_dir="runs/bench", quality_samples: int = 2048, overrides=None,
-        plan=None, progress=print) -> BenchResult:
-    """Run the ladder (or the named `variants` of it): machine, protocol and one `BenchRow` per variant. In quick mode
-    the quick plan's one-step chunks measure the `size`'s networks."""
+        plan=None, progress=print, climb: bool | None = None,
+        partial: Callable[[dict], None] | None = None) -> BenchResult:
+    """Run the ladder (or the named `variants` of it): machine, protocol and one `BenchRow` per variant, each with its
+    host figures; with `climb` (default: on CUDA) the climbing ladder after it (`climb.Climb`, under 'climb'). `partial`
+    is given the result so far after each stage (marked 'partial'), so a run stopped at a time limit leaves what it
+    measured. In quick mode the quick plan's one-step chunks measure the `size`'s networks."""
     dev = resolve_device(device)
-    plan = {**(QUICK_PLAN if QUICK else PLAN[size]), **(plan or {})}
-    if repeats:
-        plan["repeats"] = repeats
+    plan = _plan(size, dev, plan, repeats)
     base = preset("reference", device=str(dev), **SIZES[size]).replace(**(overrides or {}))
-    steps = ladder(dev, compile if compile is not None else can_compile(dev))
-    if variants:
-        unknown = set(variants) - set(steps)
-        if unknown:
-            raise ConfigError(f"unknown variant(s) {sorted(unknown)}; choose from {list(steps)}")
-        steps = {k: v for k, v in steps.items() if k in variants or k.startswith("reference")}
+    compile_ok = compile if compile is not None else can_compile(dev)
+    steps = _chosen(ladder(dev, compile_ok), variants)
     out_dir = Path(out_dir)
-    configs = {name: _config(base, changes, out_dir, name) for name, changes in steps.items()}
+    configs = {name: row_config(base, changes, out_dir, name) for name, changes in steps.items()}
     # Each variant is built and trained with its own settings (TF32, cudnn.benchmark and its RNG live in its
     # Trainer and apply only during its own fit()), so building them all first and interleaving them is fair.
     builders = {name: (lambda cfg=cfg: measurement_trainer(cfg, plan)) for name, cfg in configs.items()}
-    measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress)
-    peak = peak_flops(dev)
-    half = autocast_precision(dev)  # a GPU without fast bf16 has fast fp16
-    matmul = {"fp32": matmul_peak(dev, torch.float32)}
-    # emulated bf16 is never the peak, and its matmul takes minutes: the CPU's real answer (imported by name, so the
-    # test suite's pin of `hardware.fast_bf16` does not make a CPU without it spend those minutes)
-    if dev.type == "cuda" or fast_bf16(dev):
-        matmul[half] = matmul_peak(dev, torch.bfloat16 if half == "bf16" else torch.float16)
-    reference = measured[next(iter(measured))].images_per_sec
-    rows, trainers = {}, {name: m.subject for name, m in measured.items()}
-    for name, m in measured.items():
-        flops = flops_per_image(m.subject)
-        rows[name] = {"variant": name, "changes": dict(steps[name]), "batch_size": m.subject.cfg.batch_size,
-                      "warmup_s": m.warmup_s, "images_per_sec_runs": m.images_per_sec_runs,
-                      "flops_per_image": flops, "images_per_sec": m.images_per_sec, "spread": m.spread,
-                      "speedup": m.images_per_sec / reference, "peak_mem_mb": m.subject.history[-1]["peak_mem_mb"],
-                      "tflops": m.images_per_sec * flops / 1e12,
-                      "mfu": m.images_per_sec * flops / peak if peak else None,
-                      "matmul_share": m.images_per_sec * flops / max(matmul.values())}
-    if quality:  # same image budget for every variant, then FID/KID/coverage
-        from ..core.metrics import QualityCallback, QualityMeter
+    measured = interleave(builders, plan["warmup_images"], plan["images_per_repeat"], plan["repeats"], progress,
+                          min_chunk_s=plan.get("min_chunk_s"))
+    result = {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "plan": plan,
+              **peaks(dev), "date": time.strftime("%Y-%m-%d")}
+    result["rows"] = ladder_rows(measured, steps, result)
 
-        meter = QualityMeter(base.dataset, base.image_size, base.channels, n=quality_samples, device=dev)
-        progress(f"training every variant to {plan['quality_images']} images for FID ...")
-        for name, trainer in trainers.items():
-            seen = trainer.batches_seen * trainer.cfg.batch_size  # real images
-            trainer.callbacks.append(QualityCallback(meter))
-            trainer.fit(max(0, plan["quality_images"] - seen) // trainer.cfg.images_per_step)
-            rows[name].update(trainer.history.quality)
-            progress(f"quality of {name}: FID {rows[name]['fid']:.2f}")
-    return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "plan": plan,
-            "peak_bf16_flops": peak, "measured_matmul_flops": matmul,
-            "date": time.strftime("%Y-%m-%d"),
-            "rows": list(rows.values())}
+    def emit() -> None:
+        if partial is not None:
+            partial({**result, "partial": True})
+    emit()
+    cache, climber = {}, None
+    if climb if climb is not None else dev.type == "cuda":
+        why = "left out (compile=False, --no-compile)" if compile is False else "no C++ compiler for torch.compile"
+        climber = climb_ladder(base, plan, out_dir / "climb", climb_rungs(dev, compile_ok, why),
+                               Measuring(interleave, measurement_trainer, row_config), measured[REFERENCE].subject,
+                               progress, result, emit)
+    for i, row in enumerate(result["rows"]):  # counted after every speed: a run cut short keeps those first
+        row.update(host_figures(configs[row["variant"]], out_dir / "host" / f"{i:02d}", cache))
+        emit()
+    if climber is not None:
+        climber.count(cache)
+    if quality:
+        _quality(result["rows"], {name: m.subject for name, m in measured.items()}, base, plan, quality_samples,
+                 dev, progress)
+    return result
+
+
+def _plan(size: str, dev: torch.device, plan: dict | None, repeats: int | None) -> dict:
+    """The size's plan (the quick one in quick mode) with the caller's changes; on CUDA, chunks of at least
+    `MIN_CHUNK_S` (`interleave`)."""
+    plan = {**(QUICK_PLAN if QUICK else PLAN[size]), **(plan or {})}
+    if repeats:
+        plan["repeats"] = repeats
+    if dev.type == "cuda":
+        plan.setdefault("min_chunk_s", MIN_CHUNK_S)
+    return plan
+
+
+def _chosen(steps: dict, variants) -> dict:
+    """The ladder's rows named in `variants` (all without), the reference always."""
+    if not variants:
+        return steps
+    unknown = set(variants) - set(steps)
+    if unknown:
+        raise ConfigError(f"unknown variant(s) {sorted(unknown)}; choose from {list(steps)}")
+    return {k: v for k, v in steps.items() if k in variants or k == REFERENCE}
+
+
+def _quality(rows: list, trainers: dict, base: TrainConfig, plan: dict, samples: int, dev, progress) -> None:
+    """Every variant trained to the same image budget, then its FID, KID and class coverage added to its row."""
+    from ..core.metrics import QualityCallback, QualityMeter
+
+    meter = QualityMeter(base.dataset, base.image_size, base.channels, n=samples, device=dev)
+    progress(f"training every variant to {plan['quality_images']} images for FID ...")
+    for row in rows:
+        trainer = trainers[row["variant"]]
+        seen = trainer.batches_seen * trainer.cfg.batch_size  # real images
+        trainer.callbacks.append(QualityCallback(meter))
+        trainer.fit(max(0, plan["quality_images"] - seen) // trainer.cfg.images_per_step)
+        row.update(trainer.history.quality)
+        progress(f"quality of {row['variant']}: FID {row['fid']:.2f}")
 
 
 def markdown(result: dict) -> str:
     m = result["machine"]
     quality = any("fid" in r for r in result["rows"])
-    cuda = m["device"].startswith("cuda")
     head = ["variant", "images/s", "spread", "vs reference", "peak tensor MB", "warm-up s", "TFLOP/s", "of matmul peak",
-            "MFU"]
+            "MFU", *HOST_HEAD]
     head += ["FID", "KID", "classes"] if quality else []
     peaks = result["measured_matmul_flops"]
     half = next((k for k in peaks if k != "fp32"), None)  # the device's 16-bit precision, where it is fast
@@ -345,25 +344,36 @@ def markdown(result: dict) -> str:
                 "peak\": a row's TFLOP/s against the faster of the two)" if half else
                 f"{peaks['fp32'] / 1e12:.2f} TFLOP/s in fp32 (\"of matmul peak\": a row's TFLOP/s against it; this CPU "
                 "has no native bf16, so its emulated bf16 is not measured)")
+    chunks = (f", each timed chunk at least {result['plan']['min_chunk_s']:g} s" if result["plan"].get("min_chunk_s")
+              else "")
     lines = [f"{m['device_name']} ({m['device']}), torch {m['torch']}, {result['date']}, preset {result['size']}: "
              f"DCGAN {result['config']['image_size']} px, {result['config']['channels']} ch, "
              f"{result['config']['dataset']}, batch {result['config']['batch_size']}, median of "
-             f"{result['plan']['repeats']} interleaved repeats. A large square matmul runs here at {measured}; MFU "
-             "is against the GPU's published bf16 dense peak.", "",
+             f"{result['plan']['repeats']} interleaved repeats{chunks}. A large square matmul runs here at "
+             f"{measured}; MFU is against the GPU's published bf16 dense peak.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         cells = [r["variant"], f"{r['images_per_sec']:.0f}", f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f}",
                  f"{r['speedup']:.2f}x", f"{r['peak_mem_mb']:.0f}", f"{r['warmup_s']:.1f}",
                  f"{r['tflops']:.2f}", f"{100 * r['matmul_share']:.0f}%",
-                 f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"]
+                 f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a", *host_cells(r)]
         if quality:
             cells += [f"{r['fid']:.2f}", f"{r['kid']:.3f}", f"{r['classes_covered']}"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", host_note(result), "", *_verdicts(result, quality)]
+    if result.get("climb"):
+        lines += ["", climb_markdown(result)]
+    return "\n".join(lines)
+
+
+def _verdicts(result: dict, quality: bool) -> list[str]:
+    """The ladder's best against the speed target, quality against its target, and the max-throughput MFU."""
     rows = result["rows"]
     best = max(rows, key=lambda r: r["speedup"])
+    cuda = result["machine"]["device"].startswith("cuda")
     target = TARGETS["gpu" if cuda else "cpu"]
-    lines += ["", f"best: {best['variant']} at {best['speedup']:.2f}x the reference's images/s "
-                  f"(target {target}x: {'met' if best['speedup'] >= target else 'NOT met'})"]
+    lines = [f"best: {best['variant']} at {best['speedup']:.2f}x the reference's images/s "
+             f"(target {target}x: {'met' if best['speedup'] >= target else 'NOT met'})"]
     if quality:
         ref = rows[0]
         ratio = best["fid"] / ref["fid"]
@@ -378,7 +388,7 @@ def markdown(result: dict) -> str:
     if cuda and top is not None and top["mfu"] is not None:
         lines.append(f"max-throughput MFU {100 * top['mfu']:.1f}% (target >= {100 * MFU_TARGET:.0f}%: "
                      f"{'met' if top['mfu'] >= MFU_TARGET else 'NOT met'})")
-    return "\n".join(lines)
+    return lines
 
 
 def scaling_config(size: str = "cpu", device: str = "auto", overrides=None) -> TrainConfig:

@@ -12,6 +12,7 @@ import contextlib
 import torch
 
 from ..core.batches import BatchStream
+from ..core.loaders import IndexBatches
 from ..core.config import TrainConfig, optimizer_kernels
 from ..measuring import compile_counts, hardware
 from ..measuring.host_budget import HostBudget, counting
@@ -49,11 +50,45 @@ def _host_steps(*optimizers) -> list[torch.Tensor]:
             for state in (opt.state[p],)]
 
 
+class _Iterations:
+    """A trainer's iterations as fit() runs them, one call each: its batches fetched (a DataLoader's outside
+    `budget`, the device loader's inside), then its step: eager, or through the trainer's CUDA graph
+    (`Trainer.graphed`: index batches, its warm-up steps, then replays, each replay one launch the dispatcher never
+    sees, so counted here as one)."""
+
+    def __init__(self, trainer):
+        self.trainer, cfg = trainer, trainer.cfg
+        self.graphed = trainer.graphed
+        loader = IndexBatches(trainer.loader) if self.graphed is not None else trainer.loader
+        self.stream = BatchStream(loader, trainer.batches_seen)
+        # a DataLoader's batches are host work (workers hand them over whenever they are ready, and each epoch's
+        # start reads a seed back on the host): fetched outside the count, and the profiler's data wait says what
+        # loading costs; the device loader's gather, normalise and flip are device work, counted
+        self.outside = cfg.loader == "dataloader"
+        self.warmup = self.graphed.warmup + 1 if self.graphed is not None else 0  # its eager steps, its capture
+
+    def __call__(self, counter=None) -> None:
+        trainer, fetch = self.trainer, lambda: [next(self.stream) for _ in range(trainer.cfg.d_steps)]
+        batches = fetch() if self.outside else None
+        with counter or contextlib.nullcontext():
+            batches = batches if self.outside else fetch()
+            if self.graphed is None:
+                trainer.train_step(*batches)
+                return
+            replays = self.graphed.replays
+            self.graphed(batches, trainer.batches_seen, lambda *real: trainer.train_step(*real))
+        if counter is not None and self.graphed.replays > replays:
+            counter.budget.note("launches", "graph replay", ("gantools/core/graphed_step.py:__call__",) * 2)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
 def count(trainer, iterations: int = 3, warmup: int = 2, as_on_gpu: bool = False) -> tuple[HostBudget, dict]:
-    """The host budget of `trainer`'s iteration (its batches fetched from the device loader, then its step; a
-    DataLoader's batches are fetched uncounted), counted over `iterations`
-    after `warmup` iterations (the optimizers' state made, compiled code compiled), and what the compiler did
-    across all of them. The trainer is left as it was (`Trainer.unchanged`).
+    """The host budget of `trainer`'s iteration (`_Iterations`: its batches, then its step, eager or graphed),
+    counted over `iterations` after `warmup` iterations (the optimizers' state made, compiled code compiled, a CUDA
+    graph captured), and what the compiler did across all of them. The trainer is left as it was
+    (`Trainer.unchanged`).
 
     A compiled trainer's iterations run uncounted (the compiler's records count them), and its ops are counted on
     its eager networks (`TrainStep.eager`): a compiled frame run under a dispatch mode is skipped by dynamo, for
@@ -63,26 +98,12 @@ def count(trainer, iterations: int = 3, warmup: int = 2, as_on_gpu: bool = False
     Returns:
         (budget, compiles): the HostBudget, and compile_counts' counts as a dict (graphs, recompiles, breaks).
     """
-    stream = BatchStream(trainer.loader, trainer.batches_seen)
-    cfg = trainer.cfg
-    compiled_run = cfg.compile != "off"
-    # a DataLoader's batches are host work (workers hand them over whenever they are ready, and each epoch's start
-    # reads a seed back on the host): they are fetched outside the count, and the profiler's data wait says what
-    # loading costs; the device loader's gather, normalise and flip are device work, counted
-    workers = cfg.loader == "dataloader"
-
-    def iteration(budget=None):
-        if workers:
-            batches = [next(stream) for _ in range(cfg.d_steps)]
-        with budget or contextlib.nullcontext():
-            if not workers:
-                batches = [next(stream) for _ in range(cfg.d_steps)]
-            trainer.train_step(*batches)
-
+    iteration = _Iterations(trainer)
+    compiled_run = trainer.cfg.compile != "off"
     try:
         with trainer.unchanged():
             with compile_counts.counting() as compiled:
-                for _ in range(warmup + (iterations if compiled_run else 0)):
+                for _ in range(max(warmup, iteration.warmup) + (iterations if compiled_run else 0)):
                     iteration()
             with trainer.stepper.eager() if compiled_run else contextlib.nullcontext():
                 counter = counting(trainer.device, _host_steps(trainer.opt_g, trainer.opt_d), as_on_gpu=as_on_gpu)
@@ -91,7 +112,7 @@ def count(trainer, iterations: int = 3, warmup: int = 2, as_on_gpu: bool = False
             budget = counter.budget
             budget.iterations = iterations
     finally:
-        stream.close()
+        iteration.close()
     return budget, {"compiled_graphs": compiled.compiled_graphs, "recompiles": compiled.recompiles,
                     "graph_breaks": compiled.graph_breaks, "counted": "eager" if compiled_run else "as run"}
 
@@ -129,17 +150,17 @@ def host_ms(cfg: TrainConfig, iterations: int = 20, warmup: int = 3, **trainer_a
     small = cfg.replace(batch_size=2 * cfg.grad_accum_steps, **HOST_TIME_WIDTHS,
                         sample_interval=0, checkpoint_interval=0)
     trainer = Trainer(small, **trainer_args)
-    stream = BatchStream(trainer.loader, 0)
+    iteration = _Iterations(trainer)
     timer = hardware.Timer(trainer.device)
     times = []
     try:
         with trainer.unchanged():
-            for i in range(warmup + iterations):
+            for i in range(max(warmup, iteration.warmup) + iterations):
                 timer.start()
-                trainer.train_step(*[next(stream) for _ in range(small.d_steps)])
-                if i >= warmup:
+                iteration()
+                if i >= max(warmup, iteration.warmup):
                     times.append(timer.stop())
     finally:
-        stream.close()
+        iteration.close()
         trainer.close()
     return 1000 * statistics.median(times)
