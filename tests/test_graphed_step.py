@@ -111,6 +111,7 @@ def test_cuda_graphs_are_refused_on_a_cpu_with_what_to_do():
     (dict(lr_schedule="cosine"), "replays the rate it captured"),
     (dict(on_nonfinite="skip"), "replacing the optimizers' state"),
     (dict(activation_checkpointing="both"), "which a capture prohibits"),
+    (dict(drop_last=False), "last, short batch changes the shapes"),
 ])
 def test_settings_a_replay_could_not_honour_are_refused_by_name(changes, reason):
     with pytest.raises(ConfigError, match=reason):
@@ -133,3 +134,38 @@ def test_the_host_budget_of_a_graphed_step_is_its_index_copies_and_one_graph_lau
     assert budget.per_iteration()["launches"] == 3  # an index copy per D step, and the replay
     assert [op for op, _, _ in budget.where("launches")] == ["copy_", "graph replay"]
     assert budget.per_iteration()["syncs"] == budget.per_iteration()["cpu_reads"] == 0
+
+
+def test_a_restore_before_the_capture_restarts_the_warm_up(tmp_path):
+    """A snapshot from before the optimizers had state, put back after the warm-up: capturing now would record
+    Adam's first step (its zeroed moments) into every replay; the warm-up starts again instead."""
+    trainer = Trainer(TrainConfig(**SMALL, out_dir=str(tmp_path)))
+    capture = ReplayByRunning()
+    trainer.graphed = GraphedStep(trainer.stepper, trainer.loader, trainer.rng, capture)
+    with trainer.unchanged():
+        trainer.fit(3)  # the three warm-up steps, then put back as they were: no optimizer state
+    trainer.fit(4)
+    assert (capture.captures, capture.replays) == (1, 1)  # three eager steps again, then the capture
+
+
+def test_a_step_that_cannot_be_captured_is_one_clear_error(tmp_path):
+    def refusing(run, generator, device):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    trainer = Trainer(TrainConfig(**SMALL, out_dir=str(tmp_path)))
+    trainer.graphed = GraphedStep(trainer.stepper, trainer.loader, trainer.rng, refusing)
+    with pytest.raises(ConfigError, match=r"could not be captured in a CUDA graph \(operation not permitted when "
+                                          r"stream is capturing\); train with cuda_graphs=False"):
+        trainer.fit(5)
+
+
+def test_a_resumed_run_keeps_its_own_optimizer_kernels(tmp_path):
+    """torch's load_state_dict takes the saved groups' flags: a run built fused (or capturable, for a graph)
+    resumed from a for-loop run's checkpoint would step with for-loop kernels. The run's own groups stay."""
+    first = Trainer(TrainConfig(**SMALL, optimizer_impl="for-loop", out_dir=str(tmp_path / "a")))
+    first.fit(2)
+    resumed = Trainer.resume(tmp_path / "a" / "checkpoint.pt", optimizer_impl="fused", out_dir=str(tmp_path / "b"))
+    for opt in (resumed.opt_g, resumed.opt_d):
+        assert all(group["fused"] is True and not group["foreach"] for group in opt.param_groups)
+        steps = [state["step"] for state in opt.state.values()]
+        assert steps and all(float(step) == 2 for step in steps)  # the moments and counters came back

@@ -119,9 +119,16 @@ def build_compiler(cfg: TrainConfig, device: torch.device):
     if device.type == "cpu":
         _import_cpp_extension_quietly()
     mode = None if cfg.compile == "default" else cfg.compile
-    shapes = (cfg.batch_size, cfg.grad_accum_steps, cfg.precision, cfg.channels_last, cfg.image_size, cfg.channels)
-    return lambda m, site: torch.compile(own_call(m, (site, type(m).__qualname__, *shapes)), mode=mode,
+    # what a graph's guards see: the inputs' shapes, dtypes and layouts, the networks' structure, requires_grad
+    seen = tuple(getattr(cfg, name) for name in _GUARDED)
+    return lambda m, site: torch.compile(own_call(m, (site, type(m).__qualname__, mode, *seen)), mode=mode,
                                          dynamic=False)
+
+
+# the config fields a compiled call site's graphs depend on: configs that agree on all of them share its graphs
+_GUARDED = ("batch_size", "grad_accum_steps", "precision", "channels_last", "image_size", "channels", "nz", "ngf",
+            "ndf", "architecture", "d_norm", "loss", "conditional", "fp32_stages", "freeze_d", "sync_batchnorm",
+            "activation_checkpointing", "d_steps")
 
 
 _CODES: dict = {}  # call site key -> its code object

@@ -120,7 +120,13 @@ def load_parts(parts: dict, state: dict) -> str | None:
     except RuntimeError as e:
         raise ConfigError(f"the checkpoint's networks do not match this config's (image_size, channels, nz, "
                           f"ngf, ndf or your own modules differ): {str(e).splitlines()[0]}") from e
-    for key in ("opt_g", "opt_d", "scaler_g", "scaler_d"):
+    for key in ("opt_g", "opt_d"):  # the moments and step counters; the run's own groups (kernels: fused,
+        # capturable; hyperparameters from its config), so its counters land where its kernels keep them (torch's
+        # load_state_dict would take the saved groups' flags: a fused or captured run resumed from another's state
+        # would step with the other's kernels)
+        parts[key].load_state_dict({"state": state[key]["state"],
+                                    "param_groups": parts[key].state_dict()["param_groups"]})
+    for key in ("scaler_g", "scaler_d"):
         parts[key].load_state_dict(state[key])
     ema = parts.get("ema")
     if ema is None:

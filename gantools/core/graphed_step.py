@@ -35,6 +35,9 @@ from typing import Callable
 
 import torch
 
+from ..errors import ConfigError
+from .recovery import is_out_of_memory
+
 WARMUP_STEPS = 3  # the whole-network example's warm-up iterations in PyTorch's CUDA-graph notes
 
 
@@ -80,7 +83,7 @@ class GraphedStep:
         self.warmup = warmup
         local = loader.sampler.batch_size // loader.world.size
         self.indices = torch.zeros(stepper.cfg.d_steps, local, dtype=torch.long, device=loader.device)
-        self.replay, self.captured_at, self.eager_left = None, None, warmup
+        self.replay, self.seen, self.eager_left = None, stepper.restores, warmup
         self.replays = 0  # steps run by a replay (the host issued one graph launch for each)
 
     def __call__(self, indices: list, first_d_index: int, eager: Callable) -> None:
@@ -88,8 +91,8 @@ class GraphedStep:
         trains a warm-up step eagerly (the trainer's own step, which also measures its memory)."""
         for slot, batch in zip(self.indices, indices, strict=True):
             slot.copy_(batch)
-        if self.replay is not None and self.captured_at != self.stepper.restores:
-            self.replay, self.eager_left = None, self.warmup  # the state it holds by address was replaced
+        if self.seen != self.stepper.restores:  # the state a graph holds by address was replaced: warm up again
+            self.replay, self.eager_left, self.seen = None, self.warmup, self.stepper.restores
         if self.replay is None and self.eager_left > 0:
             self.eager_left -= 1
             with side_stream(self.loader.device), warnings.catch_warnings():
@@ -98,11 +101,27 @@ class GraphedStep:
                 eager(*self.batches())
             return
         if self.replay is None:
-            self.replay = self.capture(lambda: self.stepper(*self.batches(), first_d_index=first_d_index),
-                                       self.generator, self.loader.device)
-            self.captured_at = self.stepper.restores
+            self.replay = self._captured(first_d_index)
         self.replay()
         self.replays += 1
+
+    def _captured(self, first_d_index: int) -> Callable[[], None]:
+        """The step captured (its replay). Every optimizer has its state by now (the warm-up made it): a capture
+        that made it would record its zeros, and every replay would start Adam afresh. A step that cannot be
+        captured (code of yours that reads a value back, say) is one clear error."""
+        parts = self.stepper.parts
+        for opt in (parts.opt_d, parts.opt_g):
+            if any(p.grad is not None and p not in opt.state for g in opt.param_groups for p in g["params"]):
+                raise RuntimeError("a CUDA graph would capture an optimizer's first step: warm up first")
+        try:
+            return self.capture(lambda: self.stepper(*self.batches(), first_d_index=first_d_index),
+                                self.generator, self.loader.device)
+        except RuntimeError as e:
+            if is_out_of_memory(e):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"cuda_graphs=True: the training step could not be captured in a CUDA graph ({first}); "
+                              "train with cuda_graphs=False") from e
 
     def batches(self) -> list:
         """The step's batches, gathered from the static indices (inside the graph, once captured)."""

@@ -15,6 +15,7 @@ from .distributed import World
 from ..errors import ConfigError, DataError, OutOfMemory
 from .recovery import is_out_of_memory
 
+_HALF_RANGE = torch.tensor(127.5)  # float32 whatever the default dtype, as x.float() was
 ONE_PROCESS = World()  # the default world: one process of one (a frozen dataclass, so one instance serves all)
 
 
@@ -39,13 +40,12 @@ class EpochBatchSampler(Sampler):
     def set_position(self, epoch: int, batch: int) -> None:
         self.epoch, self.start = epoch, batch
 
-    def epoch_order(self, device: torch.device | None = None) -> torch.Tensor:
-        """This epoch's shuffled order, drawn on `device` (the CPU by default) from a generator seeded by (seed,
-        epoch) alone. On a GPU the order is drawn there, so no host-to-device copy of it waits on the queue at
-        each epoch; the CPU's and a GPU's permutations of one seed differ, each the same on every run and rank."""
+    def epoch_order(self) -> torch.Tensor:
+        """This epoch's shuffled order, from a CPU generator seeded by (seed, epoch) alone: the same on every
+        machine, device and rank, so a run resumes mid-epoch anywhere (a GPU's permutation of a seed depends on
+        the GPU model)."""
         key = int.from_bytes(hashlib.sha256(f"{self.seed}/{self.epoch}".encode()).digest()[:8], "little")
-        device = torch.device(device or "cpu")
-        return torch.randperm(self.n, generator=torch.Generator(device).manual_seed(key), device=device)
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(key))
 
     def batch_indices(self, order: torch.Tensor, b: int) -> torch.Tensor:
         """This rank's indices of global batch b (all of them for one process)."""
@@ -69,8 +69,8 @@ def prepare_batch(images: torch.Tensor, device: torch.device, hflip: bool = Fals
     waits for the work queued on the GPU (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()"),
     which is why a DataLoader feeding CUDA pins its batches by default (`make_loader`)."""
     x = images.to(device, non_blocking=True)
-    if x.dtype == torch.uint8:  # uint8 / float computes in float32: x.float() / 127.5 in one launch, not two
-        x = torch.div(x, 127.5).sub_(1.0)
+    if x.dtype == torch.uint8:  # uint8 / a float32 0-d tensor computes in float32: x.float() / 127.5 in one launch
+        x = torch.div(x, _HALF_RANGE).sub_(1.0)
     if hflip:
         draws = torch.rand(x.shape[0] * world.size, 1, 1, 1, device=x.device, generator=generator)
         flip = world.shard(draws) < 0.5
@@ -180,8 +180,10 @@ class DeviceLoader:
 
     def batch_indices(self):
         """The indices of each batch's images, from the current position to the epoch's end: device tensors (views
-        of the epoch's order, made on the device)."""
-        order = self.sampler.epoch_order(self.device)
+        of the epoch's order, copied there once an epoch)."""
+        order = self.sampler.epoch_order()
+        # to a GPU from pinned memory, asynchronously: a pageable copy would wait for the queued work (prepare_batch)
+        order = (order.pin_memory() if self.device.type == "cuda" else order).to(self.device, non_blocking=True)
         for b in range(self.sampler.start, len(self.sampler)):
             yield self.sampler.batch_indices(order, b)
 

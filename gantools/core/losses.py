@@ -29,11 +29,12 @@ import torch
 import torch.nn.functional as F
 
 
-@functools.lru_cache(maxsize=32)
+@functools.cache
 def _filled(shape: torch.Size, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A constant target (all `value`), made once per shape, dtype and device rather than at every loss call: one
-    launch fewer each time, and a tensor that outlives a CUDA graph's capture. Made outside inference mode, so a
-    first call under it (sampling, a check) still gives a tensor the training's backward can save."""
+    launch fewer each time. Never evicted: a captured CUDA graph reads it by address for as long as it replays (a
+    few small tensors per process: one per batch shape and value). Made outside inference mode, so a first call
+    under it (sampling, a check) still gives a tensor the training's backward can save."""
     with torch.inference_mode(False):
         return torch.full(shape, value, dtype=dtype, device=device)
 

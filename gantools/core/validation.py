@@ -302,6 +302,8 @@ def capture_problems(c, distributed: bool = False) -> list[str]:
     why = [
         (c.loader != "device", f"loader={c.loader!r}: a graph gathers its batch from device-resident data inside "
                                "the capture; use loader='device'"),
+        (not c.drop_last, "drop_last=False: an epoch's last, short batch changes the shapes a graph replays; use "
+                          "drop_last=True"),
         (c.compile != "off", f"compile={c.compile!r}: both capture graphs; use compile='off' with cuda_graphs, or "
                              "compile='reduce-overhead' without it"),
         (c.precision == "fp16", "precision='fp16': PyTorch's CUDA-graph notes rule GradScaler's step out of a "

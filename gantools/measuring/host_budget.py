@@ -10,7 +10,8 @@ GPU, and sorts it:
   one per chunk of its tensor list, and counts once here);
 - **views**: ops that only make a new view of the same memory (`view`, `detach`, slicing): host work, no kernel;
 - **allocations**: `empty`-like ops, which reserve memory without running a kernel;
-- **syncs**: ops that wait for the device to finish, because their result goes to Python (`.item()`, `nonzero`);
+- **syncs**: ops that wait for the device to finish, because their result goes to Python or its size depends on
+  the data (`.item()`, `nonzero`, a boolean mask, a copy to the host);
 - **CPU reads**: the same reads of a tensor that lives on the host by design (foreach Adam's `step` counters are
   CPU tensors on a GPU: `torch/optim/adam.py` reads them with `.item()` for its bias corrections), which cost host
   time but never wait for the device;
@@ -40,7 +41,9 @@ KINDS = ("launches", "views", "allocations", "syncs", "cpu_reads", "h2d_copies",
 _ATEN = torch.ops.aten
 # ops whose result is read on the host: they wait for the device (nonzero and friends size their output by it)
 _READS = {_ATEN._local_scalar_dense.default, _ATEN.nonzero.default, _ATEN.equal.default, _ATEN.is_nonzero.default,
-          _ATEN.masked_select.default, _ATEN._unique2.default, _ATEN.unique_consecutive.default}
+          _ATEN.masked_select.default, _ATEN._unique2.default, _ATEN.unique_consecutive.default,
+          _ATEN.bincount.default, _ATEN.repeat_interleave.Tensor}
+_VIEWS = {_ATEN._unsafe_view.default}  # a view in all but name (reshape's copy-free path)
 # ops that reserve memory or read metadata without running a kernel
 _NO_KERNEL = {_ATEN.empty.memory_format, _ATEN.empty_strided.default, _ATEN.empty_like.default,
               _ATEN.lift_fresh.default, _ATEN.set_.source_Storage_storage_offset, _ATEN.resize_.default,
@@ -99,9 +102,9 @@ class _Counting(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _kinds(self, func, args, kwargs) -> tuple[str, ...]:
-        if func in _READS:
+        if func in _READS or _masked(func, args):
             return (self._read_kind(args[0]),)
-        if func.is_view:
+        if func.is_view or func in _VIEWS:
             return ("views",)
         if func in _NO_KERNEL:
             return ("allocations",)
@@ -124,6 +127,8 @@ class _Counting(TorchDispatchMode):
         kinds = []
         if source.device.type == "cpu" and target_device.type != "cpu":
             kinds.append("h2d_copies")
+        if source.device.type != "cpu" and target_device.type == "cpu":
+            kinds.append("syncs")  # to the host (.cpu(), .tolist()): the host waits for the copy
         dtype = kwargs.get("dtype")
         if (func is _ATEN._to_copy.default and dtype in _HALF and source.dtype == torch.float32
                 and self.in_autocast[0]):
@@ -136,6 +141,13 @@ class _Counting(TorchDispatchMode):
         self.budget.totals[kind] += 1
         self.budget.sites[key] += 1
         self.budget.lines.setdefault(key, line)
+
+
+def _masked(func, args) -> bool:
+    """Indexing with a boolean mask: its output's size is the mask's count of True, read back to the host."""
+    if func is not _ATEN.index.Tensor:
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
 
 
 class _AutocastWatch(TorchFunctionMode):
