@@ -51,6 +51,7 @@ _NO_KERNEL = {_ATEN.empty.memory_format, _ATEN.empty_strided.default, _ATEN.empt
               _ATEN.sym_size.int, _ATEN.sym_stride.int, _ATEN.sym_numel.default}
 _HALF = (torch.float16, torch.bfloat16)
 _TORCH = str(Path(torch.__file__).parent)
+_PACKAGE = Path(__file__).resolve().parents[1]  # gantools/
 
 
 @dataclass
@@ -188,9 +189,11 @@ def _inside_torch(filename: str) -> bool:
 
 
 def _short(path: str) -> str:
-    """A path from its package on (gantools/core/step.py), or the file's name."""
-    parts = Path(path).parts
-    return "/".join(parts[parts.index("gantools"):]) if "gantools" in parts else Path(path).name
+    """A path in the gantools package from the package on (gantools/core/step.py), else the file's name."""
+    try:
+        return f"gantools/{Path(path).resolve().relative_to(_PACKAGE).as_posix()}"
+    except ValueError:
+        return Path(path).name
 
 
 class counting:
