@@ -215,9 +215,11 @@ def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
             train_step(batch)
             doc.end_step()
             iterations += 1
-    # warm-up, profiler warm-up, profiled, counted (the host budget), timed: then the loop ended itself
-    assert iterations == 1 + 1 + 2 + doctor.host_count.COUNTED + 2
     again = doc.report
+    # warm-up, profiler warm-up, profiled, counted (the host budget: not where this process holds compiled code,
+    # from a test before this one in the same worker), timed: then the loop ended itself
+    counted = 0 if "skipped" in (again.host_budget or {}) else doctor.host_count.COUNTED
+    assert iterations == 1 + 1 + 2 + counted + 2
     assert again.complete and set(again.phases_ms) == set(report.phases_ms) and again.phases_ms["data wait"] > 0
     assert "images/s" in str(compare(report, again))
     plot_phases(again)

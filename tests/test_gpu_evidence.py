@@ -70,9 +70,9 @@ def test_the_dry_run_passes_every_part_and_leaves_one_folder_the_device_tool_can
     assert "out of memory told apart, then training again" in check["cuda_only_not_run"]
     ladder = next(p for p in data["parts"] if p["name"] == "ladder")["result"]
     assert ladder["rows"][0]["variant"].startswith("reference") and ladder["rows"][0]["flops_per_image"] > 0
-    # the climbing ladder, every row's host budget counted as a GPU runs it (skipped rungs: none)
-    assert ladder["climb"]["best"]["variant"] == "all together" and "partial" not in ladder
-    for row in [*ladder["rows"], *(r for r in ladder["climb"]["rows"] if not r["skipped"])]:
+    # every row's host budget counted as a GPU runs it (the dry run leaves the climb to test_bench's CLI test)
+    assert "climb" not in ladder and "partial" not in ladder
+    for row in ladder["rows"]:
         assert row["host_budget"]["as_on"] == "cuda" and row["host_ms"] > 0
     # a CPU cannot capture: the graphs part records the switch's refusal, and that is its run
     graphs = next(p for p in data["parts"] if p["name"] == "graphs")["result"]
