@@ -285,7 +285,7 @@ def _doctor(args: dict) -> int:
     if args["patch"]:
         _check_patch_path(Path(args["patch"]), script)
     if args["nproc"] or distributed.world().distributed:  # a DDP script: one diagnosis per process
-        from .doctor import ranks
+        from .doctor.diagnosis import ranks
         return ranks.main(args, _doctor_argv(args))
     try:
         report = doctor.run_script(args["script"], args["args"], args["steps"], args["warmup"], args["trace"],
@@ -335,8 +335,10 @@ def _check_patch_path(path: Path, script: Path) -> None:
 
 
 def _try(args: dict, report) -> int:
-    from .doctor import analysis, patching, trying
-    from .doctor.fixes import context
+    from .doctor.diagnosis import analysis
+    from .doctor.patching import patch as patching
+    from .doctor.trying import try_fixes as trying
+    from .doctor.fixes.catalogue import context
 
     import torch
     facts = analysis.machine_facts(torch.device(report.device))

@@ -185,7 +185,7 @@ def steady_doctor():
     own in test_doctor_rules.py. The verdict is the doctor's own (`analysis._verdict`) on these numbers. The fixture
     keeps what was measured: `measured[id(report)]` is (its phases, its step time), for what a test asks of the
     measuring itself."""
-    from gantools.doctor import analysis
+    from gantools.doctor.diagnosis import analysis
 
     measure, measured = analysis._profile_into, {}
 

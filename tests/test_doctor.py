@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 import gantools
 from gantools import doctor
 from gantools.cli import main
-from gantools.doctor.hooks import _ACTIVE, RANGE, SYNC_METHODS, Hooks
-from gantools.doctor.observations import CL, NCHW
+from gantools.doctor.watching.hooks import _ACTIVE, RANGE, SYNC_METHODS, Hooks
+from gantools.doctor.watching.observations import CL, NCHW
 from gantools.workbook.display import plot_phases
 from gantools.speed.profiling import DATA_BOUND, compare
 
@@ -218,7 +218,7 @@ def test_run_and_watch_forms_on_a_loop_in_python(glyphs64):
     again = doc.report
     # warm-up, profiler warm-up, profiled, counted (the host budget: not where this process holds compiled code,
     # from a test before this one in the same worker), timed: then the loop ended itself
-    counted = 0 if "skipped" in (again.host_budget or {}) else doctor.host_count.COUNTED
+    counted = 0 if "skipped" in (again.host_budget or {}) else doctor.watching.host_count.COUNTED
     assert iterations == 1 + 1 + 2 + counted + 2
     assert again.complete and set(again.phases_ms) == set(report.phases_ms) and again.phases_ms["data wait"] > 0
     assert "images/s" in str(compare(report, again))
@@ -231,7 +231,7 @@ def test_the_layout_read_from_strides_is_atens():
     contiguous, channels_last, permuted and sliced strides: the cases where contiguity and strides disagree."""
     from torch._prims_common import suggest_memory_format
 
-    from gantools.doctor.hooks import _channels_last
+    from gantools.doctor.watching.hooks import _channels_last
 
     seen = set()
     for shape in itertools.product((1, 2, 3), repeat=4):

@@ -12,9 +12,9 @@ from torch.utils.data import DataLoader
 
 import gantools
 from gantools import doctor
-from gantools.doctor.compile_rules import graph_breaks, recompiles
-from gantools.doctor.hooks import SYNC_METHODS
-from gantools.doctor.report import DoctorReport
+from gantools.doctor.findings.compile import graph_breaks, recompiles
+from gantools.doctor.watching.hooks import SYNC_METHODS
+from gantools.doctor.findings.report import DoctorReport
 
 from conftest import BatchFreeD, BatchFreeG
 

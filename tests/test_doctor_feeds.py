@@ -12,13 +12,13 @@ import torch
 from torch.overrides import _len_torch_function_stack
 
 from gantools import doctor
-from gantools.doctor.analysis import machine_facts
-from gantools.doctor.feeds import Feeds
-from gantools.doctor.fixes import candidates, context
-from gantools.doctor.observations import AGAIN, DATA, DERIVED, MADE
-from gantools.doctor.report import UNKNOWN_RATE
-from gantools.doctor.trial import Trial
-from gantools.doctor.trying import TryReport, _on_functions
+from gantools.doctor.diagnosis.analysis import machine_facts
+from gantools.doctor.watching.feeds import Feeds
+from gantools.doctor.fixes.catalogue import candidates, context
+from gantools.doctor.watching.observations import AGAIN, DATA, DERIVED, MADE
+from gantools.doctor.findings.report import UNKNOWN_RATE
+from gantools.doctor.trying.trial import Trial
+from gantools.doctor.trying.try_fixes import TryReport, _on_functions
 from gantools.speed.profiling import compare
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -148,7 +148,7 @@ def test_try_leaves_out_the_fixes_that_change_a_module_when_g_and_d_are_function
     fixes, skipped = candidates(report, machine_facts(torch.device("cpu")))
     plain = SimpleNamespace(models={"G": {"class": "Generator"}, "D": {"class": "Discriminator"}})
     assert _on_functions(fixes, skipped, plain) == (fixes, skipped)
-    from gantools.doctor.fixes import FIXES
+    from gantools.doctor.fixes.catalogue import FIXES
     kept, said = _on_functions(list(FIXES), [], report)
     on_modules = {"autocast", "logits", "freeze-d", "channels-last", "compile"}
     assert not on_modules & {f.name for f in kept} and {name for name, _ in said} == on_modules

@@ -1,4 +1,4 @@
-"""The doctor's host budget of a loop it did not write (`doctor.host_count`): the launches, syncs and host reads of a
+"""The doctor's host budget of a loop it did not write (`watching.host_count`): the launches, syncs and host reads of a
 few of its iterations, counted after the profiled ones with the doctor's hooks off. On this CPU reads are sorted as a
 GPU would run the loop: an `.item()` of a loss is a sync, Adam's step counters (kept on the host) are host reads. A
 loop that runs compiled code is not counted, and says so; nothing stays installed, whenever the loop ends."""
@@ -10,7 +10,7 @@ from torch.overrides import _len_torch_function_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from gantools import doctor
-from gantools.doctor.host_count import COST, COUNTED
+from gantools.doctor.watching.host_count import COST, COUNTED
 
 from conftest import BatchFreeD, BatchFreeG
 

@@ -19,8 +19,11 @@ import torch
 
 from gantools import doctor
 from gantools.core.data import write_glyph_pngs
-from gantools.doctor import analysis, fixes, patching, rules
-from gantools.doctor.analysis import machine_facts
+from gantools.doctor.diagnosis import analysis
+from gantools.doctor.fixes import catalogue as fixes
+from gantools.doctor.patching import patch as patching
+from gantools.doctor.findings import rules
+from gantools.doctor.diagnosis.analysis import machine_facts
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN, TUTORIAL = SCRIPTS / "dcgan_plain.py", SCRIPTS / "dcgan_tutorial.py"

@@ -1,4 +1,4 @@
-"""The doctor's memory measure of a loop it did not write (`doctor.memory_watch`): one warm-up iteration's peak
+"""The doctor's memory measure of a loop it did not write (`doctor.watching.memory`): one warm-up iteration's peak
 tensor memory and its parts, checked against what the networks and Adam hold by construction; 16-bit autocast's
 activations against fp32's; nothing left installed, whenever the loop ends. The rules that read it are tested on
 constructed reports in test_doctor_rules."""

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from gantools.doctor import DoctorReport, MachineFacts, RULES, findings
-from gantools.doctor import rules
+from gantools.doctor.findings import rules
 
 CPU = MachineFacts(cuda=False, bf16=True, workers=2, cpus=2)
 A100 = MachineFacts(cuda=True, compute_capability=(8, 0), bf16=True, workers=4, cpus=16, cudnn_benchmark=False,
@@ -167,7 +167,7 @@ def test_a_cpu_without_native_bf16_gets_no_autocast_advice():
     """Emulated bf16 runs slower than fp32 (docs/profiling.md): the doctor proposes no 16-bit autocast there."""
     import torch
 
-    from gantools.doctor.analysis import machine_facts
+    from gantools.doctor.diagnosis.analysis import machine_facts
 
     facts = machine_facts(torch.device("cpu"))
     assert facts.bf16 and not facts.fast16  # it runs, and it is slow
@@ -203,8 +203,9 @@ def test_fp16_advice_names_fused_optimizers_whose_gradscaler_step_needs_no_host_
 def test_a_fix_is_one_object_that_applied_and_make_patch_both_go_through(tmp_path, monkeypatch):
     """A fix added to `FIXES` alone is answered, installed for a run and undone, and planned as a source edit:
     `Applied`, `candidates` and `make_patch` loop over the fix objects, with no branch of their own per fix."""
-    from gantools.doctor import fixes, patching
-    from gantools.doctor.fixing import Fix
+    from gantools.doctor.fixes import catalogue as fixes
+    from gantools.doctor.patching import patch as patching
+    from gantools.doctor.fixes.fix import Fix
 
     class Target:
         value = "as written"
@@ -232,7 +233,7 @@ def test_a_fix_is_one_object_that_applied_and_make_patch_both_go_through(tmp_pat
 
 
 def test_the_verdict_is_typed_and_its_json_keeps_its_two_fields():
-    from gantools.doctor.report import Verdict
+    from gantools.doctor.findings.report import Verdict
 
     r = report(verdict=Verdict(bottleneck="compute-bound", evidence={"step ms": 100.0, "heaviest ops": "conv"}))
     assert r.to_dict()["verdict"] == {"bottleneck": "compute-bound", "evidence": {"step ms": 100.0,
@@ -245,7 +246,7 @@ def test_what_fits_is_a_lower_bound_from_one_batch_and_the_advice_stays_near_the
     """Weights and optimizer state (150 MB) are live whatever the batch; the other 850 MB of the 1,000 MB peak taken
     to grow with it: 64 x (80,000 - 150) / 850 images fit; the change offers 8x, not all of it; a batch at a
     quarter of what fits or more is left alone."""
-    from gantools.doctor import memory_rules
+    from gantools.doctor.findings import memory as memory_rules
     assert memory_rules.fits_at_least(ROOMY, 64) == 6012
     found = memory_rules.batch_below_memory(*FIRES["batch-below-memory"])
     assert "about 6012 fits" in found.seen and "batch_size=512" in found.change and "sqrt(8)" in found.change
@@ -264,14 +265,14 @@ def test_activation_memory_offers_16_bit_only_where_activations_are_32_bit():
 
 
 def rules_of(r, facts):
-    from gantools.doctor import memory_rules
+    from gantools.doctor.findings import memory as memory_rules
     return memory_rules.activation_memory(r, facts)
 
 
 def test_a_gradient_penalty_at_every_d_step_is_worth_a_finding_by_its_measured_share():
     """Its gain is Amdahl's on the penalty's share saved 15 times in 16; a WGAN-GP's five critic steps with five
     penalties is every step too; under 5% of the iteration it is not worth a finding."""
-    from gantools.doctor import penalty_rules
+    from gantools.doctor.findings import penalties as penalty_rules
     found = penalty_rules.gradient_penalty_every_step(penalty(), CPU)
     assert found.estimated_speedup == pytest.approx(100 / (100 - 20 * 15 / 16))
     assert "train.py:80 `grad = torch.autograd.grad(d_real.sum(), real, create_graph=True)[0]` (1/it)" in found.seen
@@ -284,7 +285,7 @@ def test_a_gradient_penalty_at_every_d_step_is_worth_a_finding_by_its_measured_s
 def test_the_lazy_form_corrects_d_adam_as_stylegan2_does():
     """StyleGAN2's D: Adam(lr=0.002, betas=(0, 0.99)), R1 every 16 minibatches in a step of its own: c = 16/17, so
     lr 0.002 * 16/17 = 0.00188 and beta2 0.99 ** (16/17) = 0.99058 (its training loop's `mb_ratio`)."""
-    from gantools.doctor import penalty_rules
+    from gantools.doctor.findings import penalties as penalty_rules
     lr, betas = penalty_rules.lazy_adam(0.002, (0.0, 0.99))
     assert lr == pytest.approx(0.0018823529) and betas == pytest.approx((0.0, 0.9905849))
     change = penalty_rules.gradient_penalty_every_step(penalty(), CPU).change

@@ -18,14 +18,14 @@ from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
 from gantools import doctor
-from gantools.doctor import trial
-from gantools.doctor.analysis import machine_facts
-from gantools.doctor.fixes import AUTOCAST, FREEZE_D, LOGITS, Applied, candidates, context
-from gantools.doctor.lazy import LAZY
-from gantools.doctor.patching import make_patch
-from gantools.doctor.penalty_rules import lazy_adam
-from gantools.doctor.trainer_fixes import PRECISION
-from gantools.doctor.trying import pacer_index, try_fixes
+from gantools.doctor.trying import trial
+from gantools.doctor.diagnosis.analysis import machine_facts
+from gantools.doctor.fixes.catalogue import AUTOCAST, FREEZE_D, LOGITS, Applied, candidates, context
+from gantools.doctor.fixes.lazy_penalty import LAZY
+from gantools.doctor.patching.patch import make_patch
+from gantools.doctor.findings.penalties import lazy_adam
+from gantools.doctor.fixes.trainer import PRECISION
+from gantools.doctor.trying.try_fixes import pacer_index, try_fixes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CGAN, WGAN_GP, ACCELERATE = SCRIPTS / "cgan_mlp.py", SCRIPTS / "wgan_gp_mlp.py", SCRIPTS / "accelerate_dcgan.py"
@@ -165,7 +165,7 @@ def test_a_trainer_class_loop_is_named_and_patched_in_its_self_attributes(diagno
 def test_models_and_optimizers_are_named_as_the_code_reaches_them():
     """A plain name first; else `self.X` in a method; else an attribute of a module or of an object of your class
     (`gan.generator`, `pair.opt`), never the class's name (the report's and the patch's names are the code's)."""
-    from gantools.doctor.frames import name_in_frames
+    from gantools.doctor.watching.frames import name_in_frames
 
     class Pair:
         def __init__(self):
@@ -209,7 +209,7 @@ def test_models_and_optimizers_are_named_as_the_code_reaches_them():
 ], ids=["module", "main", "parameter", "string", "another-function", "self-device", "self-device-parameter",
         "annotated", "loop-variable", "bound-after"])
 def test_autocast_names_device_only_where_the_wrapped_line_sees_a_torch_device(source, named):
-    from gantools.doctor.scopes import autocast_item
+    from gantools.doctor.editing.scopes import autocast_item
     line = [x.strip() for x in source.splitlines()].index("x = 1") + 1  # the line to wrap, inside main()
     item = autocast_item(source, "cuda", [line])
     expected = {True: "device.type", False: "'cuda'"}.get(named, f"{named}.type")
@@ -304,7 +304,7 @@ def test_r1_taken_lazily_at_run_time_computes_one_gradient_in_sixteen_d_steps(di
 def test_try_measures_r1_taken_lazily_against_every_step(diagnose, small_pngs, monkeypatch):
     """--try measures the lazy penalty against the loop as written (the other fixes left out here, for time), kept or
     not as this CPU decides, its losses held to be finite only, since it changes D's loss by design."""
-    from gantools.doctor import trying
+    from gantools.doctor.trying import try_fixes as trying
 
     report = diagnose(R1)
 
@@ -464,7 +464,7 @@ def test_a_loop_run_by_lightnings_trainer_is_diagnosed_in_its_own_terms(diagnose
     Lightning's per-step reads of prog_bar values are placed at the self.log lines; every wrapper of Lightning's
     classes is gone after the run (lightning is in the dev extras: a missing one fails here)."""
     import lightning.pytorch as pl
-    from gantools.doctor.lightning import TrainerWatch
+    from gantools.doctor.watching.lightning import TrainerWatch
 
     report = diagnose(LIGHTNING)
     assert report.complete, report.note
@@ -509,7 +509,7 @@ def test_try_measures_the_trainers_precision_argument_on_a_lightning_loop(diagno
     that against the loop as written (the other fixes left out here, for time); kept or not, as this CPU decides, and
     when kept, --patch's diff holds the Trainer's argument."""
     import lightning as L
-    from gantools.doctor import trying
+    from gantools.doctor.trying import try_fixes as trying
 
     report = diagnose(LIGHTNING)
     ctx = context(report, facts())
@@ -564,7 +564,7 @@ def test_a_loop_of_your_own_under_lightning_fabric_is_diagnosed(tmp_path):
 def test_packages_installed_outside_site_packages_are_not_your_code(tmp_path, monkeypatch):
     """A `pip install --target` folder on PYTHONPATH (how `make gpu-evidence` installs what a GPU machine lacks), or
     Debian's dist-packages, holds libraries: their frames are never named as yours; a folder of scripts is yours."""
-    from gantools.doctor.frames import yours
+    from gantools.doctor.watching.frames import yours
     target, scripts = tmp_path / "site", tmp_path / "project"
     (target / "somelib-1.0.dist-info").mkdir(parents=True)
     (target / "somelib").mkdir()

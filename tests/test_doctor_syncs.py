@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 from gantools import doctor
 
 from gantools.measuring import hardware
-from gantools.doctor import rules
-from gantools.doctor.hooks import Hooks
-from gantools.doctor.observations import Observations
-from gantools.doctor.syncs import SYNC_WARNING, SyncWatch
+from gantools.doctor.findings import rules
+from gantools.doctor.watching.hooks import Hooks
+from gantools.doctor.watching.observations import Observations
+from gantools.doctor.watching.syncs import SYNC_WARNING, SyncWatch
 
 from conftest import BatchFreeD, BatchFreeG
 from test_doctor_rules import A100, report
@@ -80,7 +80,7 @@ def test_a_sync_is_placed_on_the_line_of_your_code_that_made_it(sync_mode):
 
 
 def _here() -> str:
-    from gantools.doctor.frames import shown
+    from gantools.doctor.watching.frames import shown
     return shown(__file__)
 
 

@@ -19,10 +19,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gantools import doctor
 from gantools.cli import main
-from gantools.doctor import fixes, patching, trying
-from gantools.doctor.analysis import machine_facts
-from gantools.doctor.lazy import LAZY
-from gantools.doctor.trial import Trial
+from gantools.doctor.fixes import catalogue as fixes
+from gantools.doctor.patching import patch as patching
+from gantools.doctor.trying import try_fixes as trying
+from gantools.doctor.diagnosis.analysis import machine_facts
+from gantools.doctor.fixes.lazy_penalty import LAZY
+from gantools.doctor.trying.trial import Trial
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN = SCRIPTS / "dcgan_plain.py"

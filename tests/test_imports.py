@@ -127,9 +127,44 @@ def test_every_module_imports_only_its_own_layer_and_the_layers_below():
 
 def test_the_layer_rule_catches_an_import_upward_and_one_beside():
     graph = {"gantools.core.trainer": {"gantools.speed.bench", "gantools.measuring.clock"},
-             "gantools.doctor.trying": {"gantools.tuning.tuner", "gantools.speed.bench"}}
+             "gantools.doctor.trying.try_fixes": {"gantools.tuning.tuner", "gantools.speed.bench"}}
     assert _layer_breaks(graph) == ["gantools.core.trainer -> gantools.speed.bench",
-                                    "gantools.doctor.trying -> gantools.tuning.tuner"]
+                                    "gantools.doctor.trying.try_fixes -> gantools.tuning.tuner"]
+
+
+# The doctor's stages, bottom first (docs/design.md): a stage imports itself and the stages below, never one above.
+DOCTOR_STAGES = ["watching", "findings", "editing", "fixes", "patching", "diagnosis", "trying"]
+
+
+def _stage_breaks(graph: dict) -> list:
+    """'module -> target' for each import of a doctor stage from one above it (the package's own __init__ aside)."""
+    def stage(name):
+        parts = name.split(".")
+        return parts[2] if len(parts) > 3 and parts[:2] == ["gantools", "doctor"] else None
+    breaks = []
+    for name, targets in graph.items():
+        if (here := stage(name)) is None:
+            continue
+        for target in targets:
+            if (there := stage(target)) is not None and DOCTOR_STAGES.index(there) > DOCTOR_STAGES.index(here):
+                breaks.append(f"{name} -> {target}")
+    return sorted(breaks)
+
+
+def test_each_doctor_stage_imports_only_itself_and_the_stages_below():
+    modules = _modules()
+    assert {n.split(".")[2] for n in modules if n.startswith("gantools.doctor.") and n.count(".") > 2} \
+        == set(DOCTOR_STAGES), "a doctor module outside every stage"
+    assert not [n for n in modules if n.startswith("gantools.doctor.") and n.count(".") == 2
+                and n.split(".")[2] not in DOCTOR_STAGES], "a doctor module outside every stage"
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _stage_breaks(graph) == []
+
+
+def test_the_stage_rule_catches_a_stage_importing_one_above():
+    graph = {"gantools.doctor.watching.hooks": {"gantools.doctor.fixes.fix", "gantools.doctor.watching.frames"},
+             "gantools.doctor.trying.trial": {"gantools.doctor.diagnosis.script"}}
+    assert _stage_breaks(graph) == ["gantools.doctor.watching.hooks -> gantools.doctor.fixes.fix"]
 
 
 EACH_ALONE = """

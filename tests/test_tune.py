@@ -313,7 +313,7 @@ def test_lazy_penalties_are_offered_only_where_a_zero_centred_penalty_runs_every
     none where no penalty runs every step, and none where the space keeps to the speed knobs."""
     from gantools import preset
     from gantools.core.losses import LAZY_INTERVAL
-    from gantools.doctor import penalty_rules
+    from gantools.doctor.findings import penalties as penalty_rules
     from gantools.tuning.space import PRIOR
 
     cpu, r3gan = torch.device("cpu"), preset("r3gan", out_dir=str(tmp_path))

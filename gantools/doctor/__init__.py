@@ -51,30 +51,39 @@ is ranked by its estimated gain (Amdahl on measured shares), or says "measure it
 Measured, not estimated (`--try`, `try_fixes`): the script is run again with each fix the findings call for applied
 at run time (`fixes`: global patches and per-model forward wrappers, undone after each run), each run timed on its
 own (`trial`), each fix measured against the best so far with tune's paired-repeat protocol and a loss guard
-(`trying`); `--patch` turns the kept fixes into source edits of your files with libcst (`patching`; the logits
+(`try_fixes`); `--patch` turns the kept fixes into source edits of your files with libcst (`patching`; the logits
 edit, which must keep what your code computes, is made whole or listed by hand: `logits`, over `sources`).
 
 Several processes (DistributedDataParallel): `--nproc N`, or the doctor itself under torchrun, runs the diagnosis in
-every process; rank 0 gathers the others' and adds what only several processes show (`ranks`, `ddp`, `ddp_rules`):
+every process; rank 0 gathers the others' and adds what only several processes show (`ranks`, `watching.ddp`,
+`findings.ddp`):
 the gradient all-reduce's share of a step, accumulation without `no_sync`, a DataLoader without a DistributedSampler,
 `find_unused_parameters`, BatchNorm buffers broadcast at every forward.
 
-The parts: `frames` (which code is yours), `observations` (what the hooks record; G and D told apart), `hooks`,
-`lightning` (Lightning's Trainer running the loop), `feeds` (what fed each model call), `functions` (networks
-written as plain functions), `penalties` (a gradient penalty, seen and timed), `schedule`, `syncs` (the device syncs
-the hooks do not see), `host_count` (the ops of a few iterations, counted), `analysis`, `rules` (with
-`penalty_rules`, and `lazy`: its `--try` fix), `pipeline` (the DataLoader's per-image work), `report`, `script` and
-`watch` (the front object, `Watch`).
+The stages, each a subpackage, bottom first (a stage imports only itself and those below: tests/test_imports.py):
+- `watching`: watching a run: `frames` (which code is yours), `observations` (what the hooks record; G and D told
+  apart), `hooks`, `lightning` (Lightning's Trainer running the loop), `feeds` (what fed each model call),
+  `functions` (networks written as plain functions), `penalties` (a gradient penalty, seen and timed), `syncs` (the
+  device syncs the hooks do not see), `memory`, `host_count` (the ops of a few iterations, counted), `pipeline`
+  (the DataLoader's per-image work) and `schedule` (which iteration is watched how).
+- `findings`: what is drawn from it: `report` (`DoctorReport`, `Finding`) and the rules (`rules`, with `compile`,
+  `memory`, `penalties` and `ddp`).
+- `editing`: your source read and edited whole (`sources`, `scopes`, `logits`).
+- `fixes`: one `Fix` object per change (`fix`), listed in `catalogue` with `Applied`, which installs and undoes them;
+  `lazy_penalty` and `trainer` hold the fixes with run-time machinery of their own.
+- `patching`: the kept fixes as one diff of your files (`patch`).
+- `diagnosis`: a run turned into a report: `analysis`, `watch` (the front object, `Watch`), `script` and `ranks`.
+- `trying`: `--try`: `trial` (one run of your script with fixes applied) and `try_fixes` (each fix against the best).
 """
 from ..errors import DoctorError, ScriptError
-from .analysis import OTHER, default_trace
-from .hooks import SYNC_METHODS
-from .report import DoctorReport, Finding
-from .rules import MIN_GAIN, MIN_SHARE, RULES, SYNCS_PER_STEP, MachineFacts, findings
-from .schedule import PACING_LIMIT, STEPS, WARMUP
-from .script import TIMEOUT_S, check_script, run_script
-from .trying import TryReport, try_fixes
-from .watch import Watch, run, watch
+from .diagnosis.analysis import OTHER, default_trace
+from .watching.hooks import SYNC_METHODS
+from .findings.report import DoctorReport, Finding
+from .findings.rules import MIN_GAIN, MIN_SHARE, RULES, SYNCS_PER_STEP, MachineFacts, findings
+from .watching.schedule import PACING_LIMIT, STEPS, WARMUP
+from .diagnosis.script import TIMEOUT_S, check_script, run_script
+from .trying.try_fixes import TryReport, try_fixes
+from .diagnosis.watch import Watch, run, watch
 
 __all__ = ["DoctorError", "DoctorReport", "Finding", "MIN_GAIN", "MIN_SHARE", "MachineFacts", "OTHER", "PACING_LIMIT",
            "RULES", "STEPS", "SYNCS_PER_STEP", "SYNC_METHODS", "ScriptError", "TIMEOUT_S", "TryReport", "WARMUP",

@@ -113,12 +113,12 @@ def profiled_collectives(step_fn, gan, steps: int = 3, warmup: int = 2) -> dict:
     """`steps` of `step_fn(gan, batch)` under torch.profiler on every rank (a collective needs them all), after
     `warmup` steps (two: DDP rebuilds its buckets in the second iteration, a one-off broadcast of their order that
     is no part of a step): this rank's profiled step time and its collectives per step, read by the doctor's rule
-    (`doctor.ddp.collectives`: gradient all-reduces, their time, the share of it that overlapped backward, what
+    (`doctor.watching.ddp.collectives`: gradient all-reduces, their time, the share of it that overlapped backward, what
     was left after it, and buffer broadcasts)."""
     from torch import distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from ..doctor.ddp import collectives
+    from ..doctor.watching.ddp import collectives
 
     for _ in range(warmup):
         step_fn(gan, next(gan.batches))

@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-from ..measuring import hardware
+from ...measuring import hardware
 from .frames import site, yours
 
 SYNC_WARNING = hardware.SYNC_WARNING

@@ -30,15 +30,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
-from ..core.process import backend_flags
-from .fixing import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs, keywords_missed, watch_backward,
+from ...core.process import backend_flags
+from .fix import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs, keywords_missed, watch_backward,
                      with_kwargs)
-from . import logits
-from .frames import location
-from .lazy import LAZY_PENALTY, penalty_sites
-from .report import DoctorReport
-from .rules import MachineFacts, faster_impl
-from .trainer_fixes import PRECISION, TrainerPrecision
+from ..editing import logits
+from ..watching.frames import location
+from .lazy_penalty import LAZY_PENALTY, penalty_sites
+from ..findings.report import DoctorReport
+from ..findings.rules import MachineFacts, faster_impl
+from .trainer import PRECISION, TrainerPrecision
 
 AUTOCAST, LOGITS, FREEZE_D, FUSED, WORKERS, PIN, CHANNELS_LAST, CUDNN, TF32, COMPILE = (
     "autocast", "logits", "freeze-d", "fused-optimizers", "loader-workers", "pin-memory", "channels-last",

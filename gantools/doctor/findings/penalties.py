@@ -6,11 +6,11 @@ weighted by k so that on average it pulls as hard, and corrects that optimizer f
 holds it to finite losses only (`lazy.LazyPenalty`), FID being its quality check (`--fid`)."""
 from __future__ import annotations
 
-from ..core.losses import LAZY_INTERVAL
-from ..core.techniques import GAN_VARIANTS
-from ..measuring.protocol import amdahl
-from .frames import shown
-from .penalties import PENALTY
+from ...core.losses import LAZY_INTERVAL
+from ...core.techniques import GAN_VARIANTS
+from ...measuring.protocol import amdahl
+from ..watching.frames import shown
+from ..watching.penalties import PENALTY
 from .report import MIN_GAIN, MIN_SHARE, DoctorReport, Finding
 
 LEARN = GAN_VARIANTS.removesuffix(".ipynb")  # R1 and its lazy form in gantools' trainer (`r1_interval`)

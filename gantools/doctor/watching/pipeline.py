@@ -17,7 +17,7 @@ def _dataset_chain(dataset) -> list:
 
 def _per_image_work(dataset) -> str | None:
     """What the dataset does to each image on the host (PIL decoding, torchvision transforms), if anything."""
-    from ..core.data import ImageFolderDataset, ImageTensorDataset
+    from ...core.data import ImageFolderDataset, ImageTensorDataset
 
     for ds in _dataset_chain(dataset):
         transform = getattr(ds, "transform", None)

@@ -6,13 +6,13 @@ import contextlib
 import sys
 import warnings
 
-from ..errors import DoctorError
+from ...errors import DoctorError
 from .analysis import Run, analyse
-from .frames import site
-from .hooks import _ACTIVE, Hooks
-from .observations import Observations
-from .report import DoctorReport
-from .schedule import STEPS, WARMUP, Schedule
+from ..watching.frames import site
+from ..watching.hooks import _ACTIVE, Hooks
+from ..watching.observations import Observations
+from ..findings.report import DoctorReport
+from ..watching.schedule import STEPS, WARMUP, Schedule
 
 
 class Watch:

@@ -15,9 +15,9 @@ import contextlib
 
 import torch
 
-from ..measuring.compile_counts import compiled_code_cached
-from ..measuring.host_budget import HostBudget, counting
-from ..speed.iteration_budget import _host_steps
+from ...measuring.compile_counts import compiled_code_cached
+from ...measuring.host_budget import HostBudget, counting
+from ...speed.iteration_budget import _host_steps
 from .observations import Observations
 
 COUNTED = 2  # iterations counted: a read every other iteration shows at its rate

@@ -7,11 +7,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..measuring import hardware
-from ..measuring.protocol import PhaseTable
-from ..measuring.results import megabytes
-from .hooks import SYNC_METHODS
-from .host_count import budget_line
+from ...measuring import hardware
+from ...measuring.protocol import PhaseTable
+from ...measuring.results import megabytes
+from ..watching.hooks import SYNC_METHODS
+from ..watching.host_count import budget_line
 
 READ_METHODS = {name.strip("_") for name in SYNC_METHODS}  # as the hooks record them
 UNKNOWN_RATE = "images/s unknown (no batch size found)"
@@ -210,6 +210,6 @@ def _describe_loop(r: DoctorReport) -> list:
         out.append(f"real images per iteration: unknown ({r.images_source})")
     out += [f"not found: {part}" for part in r.missing]
     if r.settings.get("ddp"):  # several processes (`ranks`)
-        from .ddp import describe
+        from ..watching.ddp import describe
         out += describe(r.settings["ddp"])
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..core.techniques import MEMORY
+from ...core.techniques import MEMORY
 from .report import DoctorReport, Finding
 
 FAR = 4        # a batch at least this many times smaller than what fits is far below it

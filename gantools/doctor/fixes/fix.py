@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .lightning import TRAINER, trainer_edit, trainer_owned
-from .report import DoctorReport
+from ..watching.lightning import TRAINER, trainer_edit, trainer_owned
+from ..findings.report import DoctorReport
 
 
 @dataclass(frozen=True, kw_only=True)

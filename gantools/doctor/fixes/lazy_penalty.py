@@ -15,11 +15,11 @@ import sys
 
 import torch
 
-from ..core.losses import LAZY_INTERVAL
-from .fixing import Fix
-from .frames import location, shown
-from .penalties import creates_graph, grad_inputs
-from .report import DoctorReport
+from ...core.losses import LAZY_INTERVAL
+from .fix import Fix
+from ..watching.frames import location, shown
+from ..watching.penalties import creates_graph, grad_inputs
+from ..findings.report import DoctorReport
 
 LAZY = "lazy-penalty"
 KIND = "gradient-penalty-every-step"

@@ -22,11 +22,13 @@ import torch
 from torch.optim import optimizer as _optim
 from torch.utils.data import dataloader as _dataloader
 
-from ..errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
-from ..measuring.protocol import IterationClock
-from ..core.process import ProcessSnapshot, on_interrupt
-from . import fixing, lazy, trainer_fixes
-from .fixes import Applied, Context
+from ...errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
+from ...measuring.protocol import IterationClock
+from ...core.process import ProcessSnapshot, on_interrupt
+from ..fixes import fix as fixing
+from ..fixes import lazy_penalty as lazy
+from ..fixes import trainer as trainer_fixes
+from ..fixes.catalogue import Applied, Context
 
 _FIXES_FILES = {os.path.realpath(inspect.getsourcefile(m))  # the fixes and their mechanisms
                 for m in (Applied, fixing, lazy, trainer_fixes)}
@@ -114,7 +116,7 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
     once the script has stopped; the script's own exceptions come back in `Trial.traceback`, as its own.
     `seed_offset`: every seed the script sets is moved by it (another seed of the same run); `samples`: that many
     images drawn from G (unconditional: noise shaped like its first input) after the run, for FID."""
-    from .script import _user_traceback, execute, ignored_here
+    from ..diagnosis.script import _user_traceback, execute, ignored_here
 
     watchdog = _Watchdog(timeout)
     pace = _Pace(torch.device(ctx.device_type), pacer, warmup, steps, on_mark=watchdog.arm)

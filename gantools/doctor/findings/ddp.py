@@ -3,8 +3,8 @@ report, returning a `Finding` or None), read from `report.settings["ddp"]`: what
 gathered by `ranks`). Gains are Amdahl's law on the measured collective times, or None ("measure it")."""
 from __future__ import annotations
 
-from ..core.techniques import notebook
-from ..measuring.protocol import amdahl
+from ...core.techniques import notebook
+from ...measuring.protocol import amdahl
 from .report import DoctorReport, Finding
 from .rules import MIN_GAIN, MIN_SHARE
 

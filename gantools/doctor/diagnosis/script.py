@@ -15,13 +15,13 @@ import traceback
 from pathlib import Path
 
 
-from ..measuring import protocol as measuring
-from ..errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout
-from ..core.process import ProcessSnapshot, on_interrupt
+from ...measuring import protocol as measuring
+from ...errors import DoctorError, ScriptError, ScriptInterrupted, ScriptMeasured, ScriptTimeout
+from ...core.process import ProcessSnapshot, on_interrupt
 from .analysis import default_trace
-from .frames import DOCTOR_DIR, GANTOOLS_DIR
-from .report import DoctorReport
-from .schedule import STEPS, WARMUP
+from ..watching.frames import DOCTOR_DIR, GANTOOLS_DIR
+from ..findings.report import DoctorReport
+from ..watching.schedule import STEPS, WARMUP
 from .watch import Watch
 
 TIMEOUT_S = 300.0
@@ -30,7 +30,7 @@ TIMEOUT_S = 300.0
 def check_script(path, several: bool = False) -> Path:
     """The script must be an existing .py file: said before anything runs. Under torchrun only the processes that
     `ranks` runs (`several`) may diagnose it: each needs the others' results for the report."""
-    from ..core import distributed
+    from ...core import distributed
 
     path = Path(path)
     if distributed.world().distributed and not several:

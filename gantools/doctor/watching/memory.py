@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..measuring.memory import LiveTensorBytes, SavedActivations, held_bytes
-from ..speed.batch_fit import MARGIN
+from ...measuring.memory import LiveTensorBytes, SavedActivations, held_bytes
+from ...speed.batch_fit import MARGIN
 from .observations import Observations
 
 MB = 2**20

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..core.techniques import notebook
+from ...core.techniques import notebook
 from .report import DoctorReport, Finding
 
 # dynamo's guard-failure wording (a pattern) -> the change that keeps that guard holding, in your code

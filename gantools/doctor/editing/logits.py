@@ -23,7 +23,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .frames import cell_label, shown, yours
+from ..watching.frames import cell_label, shown, yours
 from .sources import SHAPE_OPS, Source, callee, code, passed, returned
 
 RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}

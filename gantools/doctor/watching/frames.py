@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-GANTOOLS_DIR = str(Path(__file__).resolve().parents[1]) + os.sep  # gantools' own frames: the package, not the checkout
-DOCTOR_DIR = str(Path(__file__).resolve().parent) + os.sep
+GANTOOLS_DIR = str(Path(__file__).resolve().parents[2]) + os.sep  # gantools' own frames: the package, not the checkout
+DOCTOR_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 LIBRARIES = (str(Path(torch.__file__).resolve().parent) + os.sep, GANTOOLS_DIR)
 NOT_YOURS = LIBRARIES + tuple(str(Path(p).resolve()) + os.sep for p in {sysconfig.get_paths()[k] for k in
                                                                         ("stdlib", "purelib", "platlib")})

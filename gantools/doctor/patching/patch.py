@@ -19,13 +19,13 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .fixes import AUTOCAST, FIXES, LOGITS, Context, by_name
-from .frames import cell_label, yours
-from .lightning import trainer_missed
-from .logits import RENAMES, LastSigmoid, is_sigmoid_module, rewrite
-from .report import DoctorReport
-from .scopes import autocast_item
-from .sources import callee, node_key
+from ..fixes.catalogue import AUTOCAST, FIXES, LOGITS, Context, by_name
+from ..watching.frames import cell_label, yours
+from ..watching.lightning import trainer_missed
+from ..editing.logits import RENAMES, LastSigmoid, is_sigmoid_module, rewrite
+from ..findings.report import DoctorReport
+from ..editing.scopes import autocast_item
+from ..editing.sources import callee, node_key
 
 WHOLE = (LOGITS,)  # fixes made whole or not at all: half of the logits edit trains on another loss
 

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..core import distributed
-from ..errors import DoctorError, GantoolsError, ScriptError
+from ...core import distributed
+from ...errors import DoctorError, GantoolsError, ScriptError
 
 GATHER_S = 120.0  # how long rank 0 waits for the other processes' results after its own
 GRACE_S = 5.0     # how long --nproc lets the other processes go on after one failed, before ending them
@@ -46,7 +46,7 @@ def run_rank(path, args, steps: int, warmup: int, trace, timeout):
     """This process's part: the script diagnosed under the DDP watch; its result (or the error that ended it)
     written for rank 0. Returns (rank 0's merged report, or None on another rank). Raises on rank 0 what any rank
     raised, naming it."""
-    from .ddp import DDPWatch, rank_facts
+    from ..watching.ddp import DDPWatch, rank_facts
     from .script import run_script
 
     where = distributed.world()
@@ -115,7 +115,7 @@ def _gather(folder: Path, size: int) -> list:
 
 def _merge(own: dict, others: list, size: int):
     """Rank 0's report with what all processes showed: the `ddp` settings and the findings of `ddp_rules`."""
-    from .ddp_rules import ddp_findings
+    from ..findings.ddp import ddp_findings
 
     for rank, result in enumerate(others, 1):
         if result["error"]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from .fixing import Fix, with_kwargs
-from .lightning import TRAINER_MODULES, precision
+from .fix import Fix, with_kwargs
+from ..watching.lightning import TRAINER_MODULES, precision
 
 PRECISION = "trainer-precision"
 

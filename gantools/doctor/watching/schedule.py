@@ -9,13 +9,13 @@ import contextlib
 import sys
 from collections import Counter
 
-from ..measuring import hardware
-from ..errors import ScriptMeasured
-from ..measuring.compile_counts import compiled_code_cached, since, snapshot
-from ..measuring.protocol import IterationClock, ProfilerSession
+from ...measuring import hardware
+from ...errors import ScriptMeasured
+from ...measuring.compile_counts import compiled_code_cached, since, snapshot
+from ...measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .host_count import COUNTED, HostCount
-from .memory_watch import MemoryWatch
+from .memory import MemoryWatch
 from .observations import Observations, Optimizer
 from .syncs import SyncWatch
 

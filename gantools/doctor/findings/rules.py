@@ -11,15 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..measuring.protocol import amdahl
-from ..core.techniques import YOUR_OWN_GAN, notebook
-from .compile_rules import RULES as COMPILE_RULES
-from .memory_rules import RULES as MEMORY_RULES
-from .frames import shown
-from .observations import NCHW
-from .penalty_rules import RULES as PENALTY_RULES
+from ...measuring.protocol import amdahl
+from ...core.techniques import YOUR_OWN_GAN, notebook
+from .compile import RULES as COMPILE_RULES
+from .memory import RULES as MEMORY_RULES
+from ..watching.frames import shown
+from ..watching.observations import NCHW
+from .penalties import RULES as PENALTY_RULES
 from .report import MIN_GAIN, MIN_SHARE, READ_METHODS, DoctorReport, Finding, describe_site
-from .syncs import NOT_LOCATED, SYNC_OP
+from ..watching.syncs import NOT_LOCATED, SYNC_OP
 
 SYNCS_PER_STEP = 1.0    # reading values at least once per iteration, on average, is a per-step sync
 

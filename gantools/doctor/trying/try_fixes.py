@@ -22,14 +22,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..measuring import hardware
-from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
-from ..speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
-from ..errors import DoctorError
-from .fixes import WORKERS, Context, candidates, context
-from .fixing import Fix
-from .report import DoctorReport
-from .rules import MachineFacts, not_judged
+from ...measuring import hardware
+from ...measuring.turns import ALTERNATE, Contender, Spread, take_turns
+from ...speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
+from ...errors import DoctorError
+from ..fixes.catalogue import WORKERS, Context, candidates, context
+from ..fixes.fix import Fix
+from ..findings.report import DoctorReport
+from ..findings.rules import MachineFacts, not_judged
 from .trial import Trial, run_trial
 
 REPEATS = 5
@@ -77,7 +77,7 @@ class TryReport:
         return tuple(p for t in self.tried if t.outcome == "kept" for p in t.parts)
 
     def to_dict(self) -> dict:
-        from .report import _jsonable
+        from ..findings.report import _jsonable
         return _jsonable({"source": self.source, "device": self.device, "machine": self.machine,
                           "start_images_per_sec": self.start_images_per_sec, "unit": self.unit, "kept": self.kept,
                           "tried": [t.__dict__ for t in self.tried], "skipped": self.skipped,
@@ -218,7 +218,7 @@ def quality_check(runner: "_Runner", result: TryReport, report: DoctorReport, da
     Returns:
         The FIDs, the second seed's and its spread (None where no decision needed it), the limit, the fixes backed
         off and a one-line summary; or only a summary saying why nothing was scored."""
-    from ..core import metrics
+    from ...core import metrics
     from .trial import NotScorable
 
     shape = report.models.get("G", {}).get("output_shape") or []

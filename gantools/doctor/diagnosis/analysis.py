@@ -14,22 +14,22 @@ from pathlib import Path
 
 import torch
 
-from ..core.checkpoint import atomic_write
-from ..measuring import hardware
-from ..measuring.compile_counts import first_lines
-from ..measuring.protocol import OWN_SYNC, code_syncs, spans
-from ..measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
-from ..speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
-from .hooks import COUNTED_READ, RANGE
-from .lightning import in_trainer_terms
-from .lightning import settings as lightning_settings
-from .observations import DATA, Call, Observations, Optimizer
-from .penalties import PENALTY, described, penalty_spans, within
-from .pipeline import describe_loader
-from .report import DoctorReport, Verdict
-from .rules import MachineFacts, findings, not_judged
-from .schedule import Schedule
-from .syncs import NOT_LOCATED
+from ...core.checkpoint import atomic_write
+from ...measuring import hardware
+from ...measuring.compile_counts import first_lines
+from ...measuring.protocol import OWN_SYNC, code_syncs, spans
+from ...measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
+from ...speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
+from ..watching.hooks import COUNTED_READ, RANGE
+from ..watching.lightning import in_trainer_terms
+from ..watching.lightning import settings as lightning_settings
+from ..watching.observations import DATA, Call, Observations, Optimizer
+from ..watching.penalties import PENALTY, described, penalty_spans, within
+from ..watching.pipeline import describe_loader
+from ..findings.report import DoctorReport, Verdict
+from ..findings.rules import MachineFacts, findings, not_judged
+from ..watching.schedule import Schedule
+from ..watching.syncs import NOT_LOCATED
 
 OTHER = "other (your code)"
 MODE_STACK_GUARD = "___check_torch_function_mode_stack"  # dynamo's guard on the torch function modes pushed
@@ -117,8 +117,8 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
 def _in_your_code(report: DoctorReport, facts: MachineFacts) -> None:
     """Each finding's change as a diff of your own lines, where its fix can be made as a source edit, and the lines
     to change by hand where it cannot."""
-    from .fixes import context, parts_for
-    from .patching import make_patch
+    from ..fixes.catalogue import context, parts_for
+    from ..patching.patch import make_patch
 
     ctx = context(report, facts)
     for f in report.findings:
