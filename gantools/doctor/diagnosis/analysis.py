@@ -315,7 +315,8 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     s["loss_modules"] = dict(obs.losses)
     d = obs.role("D")
     s["d_last_module"] = d.last_module if d else None
-    s["d_final_sigmoid"] = d.sigmoid_path if d else None
+    s["d_final_sigmoid"] = d.sigmoid_path if d else None  # the nn.Sigmoid whose output D returns
+    s["d_sigmoid_output"] = d.sigmoid_output if d else None  # which of D's outputs, where it returns several
     s["compiled"] = [m.name for m in obs.models.values() if m.compiled]
     s["compiler"] = _compiler(obs.compiler, obs.function_mode)
     s["lightning"] = lightning_settings(obs)

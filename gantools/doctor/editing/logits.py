@@ -24,10 +24,11 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..watching.frames import cell_label, shown, yours
-from .sources import SHAPE_OPS, Source, callee, code, passed, returned
+from .sources import SHAPE_OPS, Part, Source, callee, code, passed, returned
 
 RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
 SIGMOIDS = frozenset({"sigmoid", "expit"})
+MOVES = frozenset({"cuda", "to", "cpu"})  # a loss module moved (`adversarial_loss.cuda()`): still the same object
 UNWRAP, THROUGH_SIGMOID = "unwrap", "sigmoid"   # the two node edits: a sigmoid taken off, a read put through one
 
 
@@ -63,6 +64,7 @@ class FileEdit:
 
     rename: bool = False
     sigmoid_class: str | None = None
+    sigmoid_at: tuple | None = None   # (line, column) of the nn.Sigmoid() to remove from it
     nodes: dict = field(default_factory=dict)   # node_key -> (UNWRAP, parenthesize) or (THROUGH_SIGMOID,)
 
 
@@ -138,6 +140,9 @@ class _Finder:
         self.call_sites = [(f, line) for f, line in at]
         self.sources, self.losses, self.d_names = {}, {}, set()  # losses: Call -> its Source
         self.inputs, self.d_params = set(), set()  # the losses' inputs (helpers' arguments too), helpers' cst.Params
+        # of the values a two-headed D returns, the one its nn.Sigmoid makes (as the run saw it) and the losses take
+        self.index = report.settings.get("d_sigmoid_output")
+        self.head = self.index is not None
 
     def run(self):
         if not self._open():
@@ -202,10 +207,12 @@ class _Finder:
 
     def _criterion_calls(self, src: Source, built) -> dict:
         """The calls of the BCELoss built at `built` (each with its Source): inline (`nn.BCELoss()(x, y)`), or
-        through the one name (or attribute) it is assigned to, called and never passed on."""
-        node, parent = built, src.parent[built]
-        if isinstance(parent, cst.IfExp):  # `nn.BCEWithLogitsLoss() if logits else nn.BCELoss()`
-            node, parent = parent, src.parent[parent]
+        through the one name (or attribute) it is assigned to, called and never passed on (moved to a device, as
+        `adversarial_loss.cuda()` or `criterion = criterion.to(device)`, it is the same module)."""
+        node = src.parent[built] if isinstance(src.parent[built], cst.IfExp) else built  # `... if logits else ...`
+        while _move_of(src, node) is not None:  # `nn.BCELoss().to(device)`
+            node = _move_of(src, node)
+        parent = src.parent[node]
         if isinstance(parent, cst.Call) and parent.func is node:
             return {parent: src}
         target = (parent.targets[0].target if isinstance(parent, cst.Assign) and len(parent.targets) == 1 else
@@ -217,8 +224,7 @@ class _Finder:
         calls, handed = {}, []
         for other in self.sources.values():
             calls.update((c, other) for c in other.calls if callee(c) == name)
-            handed += [(other, x) for x in other.loads if code(x) == name
-                       and not (isinstance(other.parent[x], cst.Call) and other.parent[x].func is x)]
+            handed += [(other, x) for x in other.loads if code(x) == name and _handed(other, x, name)]
         for other, x in handed:
             self._problem(other, x, f"`{name}` (a BCELoss) is passed on, and the doctor cannot follow its calls")
         if not calls and not handed:
@@ -233,6 +239,9 @@ class _Finder:
         found = set()
         for call, at in self.losses.items():
             for src, made, where in self._origins(at, _input(call), call):
+                if not self._head_taken(src, made, where):
+                    continue
+                made = made.call if isinstance(made, Part) else made
                 name = callee(made) if isinstance(made, cst.Call) else ""
                 if not name or name.split(".")[-1] in SIGMOIDS | SHAPE_OPS | set(RENAMES):
                     self._problem(src, where, "the loss's input is not followed to D's output" if not name else
@@ -258,6 +267,23 @@ class _Finder:
             self.problems.append(f"the losses' inputs come from {', '.join(sorted(self.d_names))}, which the doctor "
                                  "cannot match to D's code")
         return None
+
+    def _head_taken(self, src: Source, made, where) -> bool:
+        """A loss's input taken from D as its sigmoid makes it: its whole output, or for a two-headed D (one that
+        returns a tuple), the value its nn.Sigmoid makes, unpacked (`validity, label = discriminator(x)`). All of a
+        two-headed D's losses take the same place; where the run saw no nn.Sigmoid make it (`torch.sigmoid` in
+        forward), that place is the one the losses take."""
+        index = made.index if isinstance(made, Part) else None
+        if index is None and not self.head:
+            return True
+        if index is not None and self.index in (None, index):
+            self.index = index
+            return True
+        name = callee(made.call if isinstance(made, Part) else made) if isinstance(made, (Part, cst.Call)) else "D"
+        self._problem(src, where, f"the loss takes {'a value' if index is None else f'value {index}'} of "
+                      f"{name}(...), and D's sigmoid makes its output {self.index}: the doctor follows a D that "
+                      "returns several values only unpacked (`validity, label = D(x)`), each loss from one place")
+        return False
 
     def _origins(self, src: Source, value, where, depth=0) -> list:
         """Where a loss's input `value` comes from: `[(Source, what makes it, the call to name if it is not D)]`. An
@@ -302,41 +328,60 @@ class _Finder:
 
     # -- where D applies its sigmoid --------------------------------------------------------------------------------
     def _sigmoid(self, src: Source, owner, kind: str):
-        """D's sigmoid: its class's final nn.Sigmoid (removed from the container forward returns the output of, or
-        taken off where forward calls it), else a sigmoid call on what its forward (a plain function D: the
-        function) returns."""
+        """D's sigmoid: its class's nn.Sigmoid whose output forward returns (removed from the container forward
+        returns the output of, or taken off where forward calls it), else a sigmoid call on what its forward (a plain
+        function D: the function) returns; for a two-headed D, on the value it returns at the place the losses take."""
         function = owner if kind == "function" else next(
             (s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
+        attribute, made = None, "its output" if self.index is None else f"its output {self.index}"
         if kind == "class" and self.ctx.d_sigmoid:
-            last = LastSigmoid(owner.name.value)
-            MetadataWrapper(src.module, unsafe_skip_copy=True).visit(last)
-            if last.node is not None and self._removable(src, last.node):
-                self._site(src, last.node, "D's final nn.Sigmoid(): remove it (D then returns logits)")
+            node = self._module(src, owner)
+            if node is not None and self._removable(src, node):
+                self._site(src, node, f"D's nn.Sigmoid() that makes {made}: remove it ({made} is then logits)")
                 container = f"self.{self.ctx.d_sigmoid.split('.')[0]}"
-                if returned(src, function, lambda call: callee(call) == container) is None:
-                    self._problem(src, function or owner, f"forward does not return {container}(...) as it is, so "
-                                  "the doctor cannot tell what removing its final nn.Sigmoid leaves")
-                self._file(src).sigmoid_class = owner.name.value
+                if returned(src, function, lambda call: callee(call) == container, self.index) is None:
+                    self._problem(src, function or owner, f"forward does not return {container}(...) as it is "
+                                  f"({made}), so the doctor cannot tell what removing its nn.Sigmoid leaves")
+                edit = self._file(src)
+                edit.sigmoid_class, edit.sigmoid_at = owner.name.value, (src.line(node), src.pos[node].start.column)
                 return
-            held = src.parent.get(last.node) if last.node is not None else None
-            attribute = (code(held.targets[0].target) if isinstance(held, cst.Assign) and len(held.targets) == 1
-                         else None)
-            if attribute != f"self.{self.ctx.d_sigmoid}":  # `self.out = nn.Sigmoid()`, called in forward
-                self._problem(src, last.node or owner, "D builds its final nn.Sigmoid in a way the doctor cannot edit")
+            attribute = self._attribute(src, owner, node)
+            if attribute is None:
                 return
-            self._site(src, last.node, "D's final nn.Sigmoid, called in forward (the call is taken off)")
-        else:
-            attribute = None
-        applied = returned(src, function, lambda call: _is_sigmoid_call(call, attribute))
+        applied = returned(src, function, lambda call: _is_sigmoid_call(call, attribute), self.index)
         if applied is None:
             where = f"function {owner.name.value}" if kind == "function" else f"class {owner.name.value}'s forward"
-            self._problem(src, function or owner, f"no sigmoid found on the value {where} returns")
+            self._problem(src, function or owner, f"no sigmoid found on the value {where} returns"
+                          + ("" if self.index is None else f" at place {self.index}"))
             return
         parent = src.parent[applied]
         inner = applied.args[0].value if applied.args else applied.func.value
         parens = not _atomic(inner) and not isinstance(parent, (cst.Assign, cst.AnnAssign, cst.Return, cst.Arg))
         self._file(src).nodes[src.key(applied)] = (UNWRAP, parens)
-        self._site(src, applied, "D's sigmoid: take it off (D then returns logits)")
+        self._site(src, applied, f"D's sigmoid on {made}: take it off ({made} is then logits)")
+
+    def _module(self, src: Source, owner):
+        """The nn.Sigmoid() call that builds the module the run saw make D's output: the last one D's class builds,
+        in source order (an earlier one is a gate inside the network); for a two-headed D, the one its head is built
+        with, by its dotted path (`self.adv_layer = nn.Sequential(nn.Linear(...), nn.Sigmoid())`: adv_layer.1)."""
+        if not self.head:
+            last = LastSigmoid(owner.name.value)
+            MetadataWrapper(src.module, unsafe_skip_copy=True).visit(last)
+            return last.node
+        return next((c for c in src.calls if is_sigmoid_module(c) and src.line(c) in src.lines(owner)
+                     and _built_path(src, c) == self.ctx.d_sigmoid), None)
+
+    def _attribute(self, src: Source, owner, node) -> str | None:
+        """`self.out`, where D keeps its nn.Sigmoid as an attribute and calls it in forward; else None (a problem)."""
+        held = src.parent.get(node) if node is not None else None
+        attribute = (code(held.targets[0].target) if isinstance(held, cst.Assign) and len(held.targets) == 1
+                     else None)
+        if attribute != f"self.{self.ctx.d_sigmoid}":
+            self._problem(src, node or owner, "D builds the nn.Sigmoid it returns the output of in a way the doctor "
+                          "cannot edit")
+            return None
+        self._site(src, node, "D's nn.Sigmoid, called in forward (the call is taken off)")
+        return attribute
 
     def _removable(self, src: Source, sigmoid) -> bool:
         """An nn.Sigmoid() that `patching` removes: an nn.Sequential's (or nn.ModuleList's) argument, a list's or
@@ -370,15 +415,25 @@ class _Finder:
             if bind is not None and self._holds_d(src, bind):
                 self._problem(src, x, f"`{code(x)}` (D's output) is changed in place")
         for root in roots:
-            top = src.chain_top(root)
-            parent = src.parent[top]
-            if self._kept(src, top, parent):
-                continue
-            if isinstance(parent, cst.Attribute) and parent.attr.value.endswith("_"):
-                self._problem(src, top, f"D's output is changed in place (.{parent.attr.value})")
-                continue
-            self._file(src).nodes[src.key(top)] = (THROUGH_SIGMOID,)
-            self._site(src, top, "a value read from D's output: put it through .sigmoid()")
+            self._read(src, root)
+
+    def _read(self, src: Source, root):
+        """One use of D's output (a call of D, or a load of a variable holding it), put through a sigmoid unless it
+        is kept as it is; a two-headed D's call must be unpacked (its values are then followed one by one)."""
+        if self.index is not None and isinstance(root, cst.Call) and callee(root) in self.d_names:
+            if not _unpacked(src, root):
+                self._problem(src, root, "D returns several values, used here other than unpacked (`validity, "
+                              "label = D(x)`): the doctor cannot tell which it reads")
+            return
+        top = src.chain_top(root)
+        parent = src.parent[top]
+        if self._kept(src, top, parent):
+            return
+        if isinstance(parent, cst.Attribute) and parent.attr.value.endswith("_"):
+            self._problem(src, top, f"D's output is changed in place (.{parent.attr.value})")
+            return
+        self._file(src).nodes[src.key(top)] = (THROUGH_SIGMOID,)
+        self._site(src, top, "a value read from D's output: put it through .sigmoid()")
 
     def _kept(self, src: Source, top, parent) -> bool:
         """D's output as a BCE loss's input, held in a variable (its reads are followed), or thrown away."""
@@ -391,11 +446,67 @@ class _Finder:
         return isinstance(parent, cst.Expr)
 
     def _holds_d(self, src: Source, bind) -> bool:
-        """A binding of D's output: a helper's parameter that every call passes it to, or a value made from it."""
+        """A binding of D's output (of a two-headed D, the value its sigmoid makes): a helper's parameter that every
+        call passes it to, or a value made from it."""
         if bind.param is not None:
             return bind.param in self.d_params
-        made = src.origin(bind.value) if bind.value is not None else None
+        made = src.held(bind)
+        if isinstance(made, Part):
+            return made.index == self.index and callee(made.call) in self.d_names
         return made in self.d_params or isinstance(made, cst.Call) and callee(made) in self.d_names
+
+
+def _unpacked(src: Source, call) -> bool:
+    """`a, b = call`: each value it returns bound to a name of its own."""
+    holder = src.parent.get(call)
+    targets = holder.targets if isinstance(holder, cst.Assign) and holder.value is call else ()
+    return len(targets) == 1 and isinstance(targets[0].target, (cst.Tuple, cst.List)) and all(
+        isinstance(e, cst.Element) and not isinstance(e, cst.StarredElement)
+        and isinstance(e.value, (cst.Name, cst.Attribute)) for e in targets[0].target.elements)
+
+
+def _built_path(src: Source, sigmoid) -> str | None:
+    """The dotted path of the module an nn.Sigmoid() call builds, where its class assigns it: `a.N` for
+    `self.a = nn.Sequential(..., nn.Sigmoid())` (its N-th argument), `a` for `self.a = nn.Sigmoid()`."""
+    node, index = sigmoid, None
+    parent = src.parent[sigmoid]
+    if isinstance(parent, cst.Arg):
+        container = src.parent[parent]
+        if (parent.keyword is not None or callee(container).split(".")[-1] != "Sequential"
+                or any(a.star for a in container.args)):
+            return None
+        node, index = container, [a is parent for a in container.args].index(True)
+    holder = src.parent.get(node)
+    if not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and holder.value is node):
+        return None
+    target = holder.targets[0].target
+    if not (isinstance(target, cst.Attribute) and code(target.value) == "self"):
+        return None
+    return target.attr.value if index is None else f"{target.attr.value}.{index}"
+
+
+def _move_of(src: Source, node):
+    """The call that moves `node` to a device (`node.cuda()`, `node.to(device)`), if one does: a module moved is the
+    same object, returned."""
+    attribute = src.parent.get(node)
+    if isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value in MOVES:
+        call = src.parent.get(attribute)
+        if isinstance(call, cst.Call) and call.func is attribute:
+            return call
+    return None
+
+
+def _handed(src: Source, x, name: str) -> bool:
+    """A load of the loss's `name` other than a call of it, or a move of it kept as it is (a statement of its own,
+    `adversarial_loss.cuda()`, or assigned back to the same name)."""
+    parent = src.parent[x]
+    if isinstance(parent, cst.Call) and parent.func is x:
+        return False
+    moved = _move_of(src, x)
+    holder = src.parent.get(moved) if moved is not None else None
+    if isinstance(holder, cst.Expr):
+        return False
+    return not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and code(holder.targets[0].target) == name)
 
 
 def _input(call: cst.Call):

@@ -1,8 +1,8 @@
 """Your source, read for an edit that must keep what it computes: one file's calls, bindings and name loads, each
 with its scope, and a value followed back to the call that made it (or the parameter it arrived as), through the
 variables of its function and through shape-only ops (view, squeeze, indexing, .float(): they commute with any
-elementwise function, a sigmoid included); a function's calls and the argument each passes at one of its
-parameters."""
+elementwise function, a sigmoid included), and through a tuple unpacked (`validity, label = discriminator(x)`: one of
+the values a call returns, a `Part`); a function's calls and the argument each passes at one of its parameters."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,11 +32,22 @@ def node_key(node, where) -> tuple:
 @dataclass(eq=False)
 class Bind:
     """A name (or `self.x`) bound in a scope: where the binding statement ends, and its value if it is one
-    expression (None: a loop variable, a tuple's element, a parameter...); `param`: the cst.Param it is, if one."""
+    expression (None: a loop variable, a parameter...); `param`: the cst.Param it is, if one; `index`: where the name
+    is one target of a tuple unpacked from `value` (`a, b = f(x)`), its place there."""
 
     end: tuple
     value: object
     param: object = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Part:
+    """One of the values a call returns as a tuple, unpacked (`validity, label = discriminator(x)`: `validity` is
+    Part(the call, 0)): a two-headed D's outputs are told apart by it."""
+
+    call: cst.Call
+    index: int
 
 
 class Source(cst.CSTVisitor):
@@ -122,15 +133,23 @@ class Source(cst.CSTVisitor):
                 self.augmented.append(node)
             param = self.parent[node] if isinstance(self.parent[node], cst.Param) else None
             end = (self.pos[node].end.line, self.pos[node].end.column) if param else self._statement_end(node)
-            self.binds.setdefault((scope, code(node)), []).append(Bind(end, self._value(node), param))
+            value, index = self._value(node)
+            self.binds.setdefault((scope, code(node)), []).append(Bind(end, value, param, index))
 
-    def _value(self, target):
+    def _value(self, target) -> tuple:
+        """The value bound to `target`, and its place where the target is one of a tuple's (None otherwise)."""
         parent = self.parent[target]
         if isinstance(parent, cst.AssignTarget):
-            return self.parent[parent].value
+            return self.parent[parent].value, None
         if isinstance(parent, cst.AnnAssign) and parent.target is target:
-            return parent.value
-        return None
+            return parent.value, None
+        if isinstance(parent, cst.Element) and not isinstance(parent, cst.StarredElement):
+            unpacked = self.parent[parent]
+            holder = self.parent.get(unpacked)
+            if (isinstance(unpacked, (cst.Tuple, cst.List)) and isinstance(holder, cst.AssignTarget)
+                    and not any(isinstance(e, cst.StarredElement) for e in unpacked.elements)):
+                return self.parent[holder].value, [e.value for e in unpacked.elements].index(target)
+        return None, None
 
     def _statement_end(self, node) -> tuple:
         while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Module)):
@@ -154,17 +173,24 @@ class Source(cst.CSTVisitor):
         return made if isinstance(made, cst.Call) else None
 
     def origin(self, node, depth=0):
-        """The call whose result `node` is, or the parameter (a cst.Param) it arrived as, through shape-only ops and
-        the variables holding it; else None."""
+        """The call whose result `node` is, the `Part` of one it is unpacked from, or the parameter (a cst.Param) it
+        arrived as, through shape-only ops and the variables holding it; else None."""
         node = peel(node)
         if isinstance(node, cst.Call):
             return node
         if isinstance(node, (cst.Name, cst.Attribute)) and node in self.scope_of and depth < 20:
             bind = self.resolve(node)
-            if bind is None or bind.value is None:
-                return bind.param if bind else None
-            return self.origin(bind.value, depth + 1)
+            return self.held(bind, depth + 1) if bind is not None else None
         return None
+
+    def held(self, bind: Bind, depth=0):
+        """What a binding holds, as `origin` says it: a call, a `Part` of one, a parameter, or None."""
+        if bind.value is None:
+            return bind.param
+        made = self.origin(bind.value, depth)
+        if bind.index is None:
+            return made
+        return Part(made, bind.index) if isinstance(made, cst.Call) else None
 
     def chain_top(self, node):
         """The outermost shape-only op over `node` (`output.view(-1).float()` for `output`)."""
@@ -197,10 +223,11 @@ def peel(node):
 
 
 # -- functions: what they return, what their calls pass ----------------------------------------------------------------
-def returned(src: Source, function, wanted):
-    """The call `wanted` (a test of a call) that makes the value `function` returns, up to shape-only ops, in its last
-    statement and only return: the returned expression, or the last assignment of the variable returned (at the
-    function's top level, read nowhere else in between)."""
+def returned(src: Source, function, wanted, index: int | None = None):
+    """The call `wanted` (a test of a call) that makes the value `function` returns (with `index`, the value at that
+    place of the tuple it returns, `return validity, label`), up to shape-only ops, in its last statement and only
+    return: the returned expression, or the last assignment of the variable returned (at the function's top level,
+    read nowhere else in between)."""
     if function is None:
         return None
     returns = _Returns()
@@ -208,7 +235,12 @@ def returned(src: Source, function, wanted):
     last = function.body.body[-1] if function.body.body else None
     if len(returns.found) != 1 or not isinstance(last, cst.SimpleStatementLine) or returns.found[0] not in last.body:
         return None
-    value = peel(returns.found[0].value) if returns.found[0].value is not None else None
+    value = returns.found[0].value
+    if index is not None:
+        items = value.elements if isinstance(value, (cst.Tuple, cst.List)) else ()
+        plain = len(items) > index and not any(isinstance(e, cst.StarredElement) for e in items)
+        value = items[index].value if plain else None
+    value = peel(value) if value is not None else None
     if isinstance(value, cst.Call) and wanted(value):
         return value
     if not isinstance(value, cst.Name):

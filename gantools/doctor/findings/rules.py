@@ -231,14 +231,20 @@ def sigmoid_bce(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     s, d = r.settings, _names(r)[1]
     cls = r.models.get("D", {})
     defined = (f", class {cls['class']} in {shown(cls['defined_in'])}" if cls.get("defined_in") else "")
-    where = f"; {d} ends in nn.Sigmoid ({d}.{s['d_final_sigmoid']}{defined})" if s.get("d_final_sigmoid") else ""
+    path, head = s.get("d_final_sigmoid"), s.get("d_sigmoid_output")
+    where = (f"; {d}'s output {head} comes from nn.Sigmoid ({d}.{path}{defined})"
+             if path and head is not None else f"; {d} ends in nn.Sigmoid ({d}.{path}{defined})" if path else "")
+    change = (f"remove the nn.Sigmoid() of the head that makes its output {head} ({d}.{path}); that output is "
+              "logits now" if path and head is not None else
+              f"remove the final nn.Sigmoid() ({d}.{path}); it returns logits now" if path else
+              "take off the sigmoid it applies to what it returns; it returns logits now")
     return Finding(
         "sigmoid-bce", "D's probabilities go into BCELoss",
         f"aten::binary_cross_entropy {sum(bce.values()):g} times per iteration{where}",
         "a sigmoid rounds to exactly 1.0 in 16-bit for logits above about 6, and log(1 - p) becomes log(0) "
         "(BCELoss clamps it to -100: no gradient); BCELoss is refused under autocast on CUDA. "
         "BCEWithLogitsLoss computes the same loss from logits, stably, in one op",
-        f"# {d}: remove the final nn.Sigmoid(); it returns logits now\n"
+        f"# {d}: {change}\n"
         "criterion = nn.BCEWithLogitsLoss()\n"
         "D_x = output.sigmoid().mean()  # where you report D's probabilities",
         notebook("precision"), None)

@@ -53,6 +53,7 @@ class Hooks:
         self.feeds = Feeds()                         # what made each batch a model is fed, this iteration
         self.functions = FunctionWatch(self)         # networks written as plain functions (no nn.Module)
         self._last_leaf_name = None  # the last leaf module run inside the current top-level call
+        self._sigmoids: list = []  # (nn.Sigmoid, its output) run inside the current top-level call
         self._handles, self._grad_handles, self._patches, self._light_handles = [], [], [], []
         self.trainers = TrainerWatch(obs)  # Lightning's Trainer, when it runs the loop
         self.uncounted = contextlib.nullcontext  # a batch's loading, left out of the host budget's count (`Schedule`)
@@ -211,16 +212,23 @@ class Hooks:
             leaf = self.leaf[key] = is_leaf(module)
         if leaf and self.depth > 0:
             self._leaf_seen(module, args, output)
-        if self.depth or self.top is None:
+        if self.depth:
+            return
+        sigmoids, self._sigmoids = self._sigmoids, []
+        if self.top is None:
             return
         call, rf, x = self.top
         self.top = None
         self.returned(call, rf, first_tensor(output))
         call.model.last_module = self._last_leaf_name
         self._last_leaf_name = None
+        if isinstance(output, (tuple, list)):
+            call.model.outputs_seen(output, sigmoids)
 
     def _leaf_seen(self, module, args, output):
         self._last_leaf_name = type(module).__name__
+        if isinstance(module, nn.Sigmoid) and isinstance(output, torch.Tensor):
+            self._sigmoids.append((module, output))
         if isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)) and isinstance(output, torch.Tensor):
             window = self.obs.window
             device_type = output.device.type

@@ -37,8 +37,18 @@ class Model:
         self.fed_by, self.sites = Counter(), Counter()
         self.locations = Counter()      # (file, line) -> calls from there, for source edits
         self.phase_sites = Counter()    # ((file, line), the Optimizer that stepped next) -> calls
-        self.sigmoid_path = None  # where a final nn.Sigmoid sits inside it
+        self.sigmoid_path = None  # where the nn.Sigmoid whose output it returns sits inside it
+        self.outputs = None  # how many values it returns, where it returns a tuple (a two-headed D)
+        self.head_sigmoid = None  # (which of those values, the nn.Sigmoid module that made it)
+        self.sigmoid_output = None  # of a tuple it returns, the value `sigmoid_path` makes
         self.defined_in = defined_in  # the file of its class (or function), where a source edit of it goes
+
+    def outputs_seen(self, output, sigmoids: list) -> None:
+        """A call that returned a tuple: which of its values an nn.Sigmoid module made (its output, as is or viewed),
+        when exactly one did: the adversarial head of a two-headed D (`validity, label = D(x)`)."""
+        made = [(i, m) for i, x in enumerate(output) if isinstance(x, torch.Tensor) for m, y in sigmoids
+                if x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() and x.numel() == y.numel()]
+        self.outputs, self.head_sigmoid = len(output), made[0] if len(made) == 1 else None
 
     def describe(self) -> dict:
         return {"name": self.name, "class": self.cls, "parameters": self.parameters, "compiled": self.compiled,
@@ -201,7 +211,7 @@ class Observations:
             if len(owners) == 1:  # an optimizer over one model's parameters
                 o.role, o.model = owners[0].role or owners[0].name, owners[0].name
         if d is not None and d.module is not None:
-            d.sigmoid_path = final_sigmoid(d.module)
+            d.sigmoid_path = final_sigmoid(d.module) if d.outputs is None else _head_sigmoid(d)
 
 
 def _fed(models: list, images: list, scalar: list) -> Counter:
@@ -218,6 +228,18 @@ def _fed(models: list, images: list, scalar: list) -> Counter:
                 if producer is not m and producer not in scalar:
                     fed[(producer, m)] += n
     return fed
+
+
+def _head_sigmoid(d: Model) -> str | None:
+    """The dotted path of the nn.Sigmoid that made one of the values a two-headed D returns (its adversarial head),
+    wherever it sits in D (its last registered module may be another head's, a Softmax); that value's place in
+    `sigmoid_output`."""
+    if d.head_sigmoid is None:
+        return None
+    index, sigmoid = d.head_sigmoid
+    path = next((name for name, m in d.module.named_modules() if m is sigmoid), None)
+    d.sigmoid_output = index if path is not None else None
+    return path
 
 
 def final_sigmoid(module: nn.Module) -> str | None:
