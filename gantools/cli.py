@@ -360,16 +360,24 @@ def _try(args: dict, report) -> int:
         for fix, why in patch.by_hand:
             print(f"  apply by hand ({fix}): {why}")
         _write_atomically(Path(args["patch"]), patch.diff)
-        p = args["patch"]
-        if patch.root != str(Path.cwd().resolve()):  # the script is not below here: apply it from its folder
-            p = os.path.abspath(p)
-            where = f"cd {shlex.quote(patch.root)} && "
-        else:
-            where = ""
-        p = shlex.quote(p)
-        print(f"patch: {args['patch']} (edits {', '.join(patch.files)}); apply it with: {where}git apply {p}  "
-              f"(or: {where}patch -p1 < {p})" if patch else f"patch: {args['patch']} is empty: no fix was kept")
+        print(patch_line(args["patch"], patch, result.kept_parts))
     return 0
+
+
+def patch_line(path: str, patch, kept) -> str:
+    """Where `--patch` wrote the kept fixes and how to apply them; or, for an empty patch, which kept fixes it could not
+    write (each listed above it with its lines, "apply by hand"): "no fix was kept" only where --try kept none."""
+    if not patch:
+        if kept:
+            return (f"patch: {path} is empty: --try kept {', '.join(kept)}, which the doctor could not write as an "
+                    "edit of your files: apply by hand (the lines above)")
+        return f"patch: {path} is empty: no fix was kept"
+    p, where = path, ""
+    if patch.root != str(Path.cwd().resolve()):  # the script is not below here: apply it from its folder
+        p, where = os.path.abspath(p), f"cd {shlex.quote(patch.root)} && "
+    p = shlex.quote(p)
+    return (f"patch: {path} (edits {', '.join(patch.files)}); apply it with: {where}git apply {p}  "
+            f"(or: {where}patch -p1 < {p})")
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -16,19 +16,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import DataLoader
 
-from gantools import doctor
+from gantools import cli, doctor
 from gantools.core.data import write_glyph_pngs
 from gantools.doctor.diagnosis import analysis
 from gantools.doctor.fixes import catalogue as fixes
 from gantools.doctor.patching import patch as patching
 from gantools.doctor.findings import rules
 from gantools.doctor.diagnosis.analysis import machine_facts
+from gantools.doctor.editing import logits
+
+from conftest import BatchFreeG
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PLAIN, TUTORIAL = SCRIPTS / "dcgan_plain.py", SCRIPTS / "dcgan_tutorial.py"
 VANILLA, FUNCTIONAL = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "vanilla_gan_functional.py"
 IN_FORWARD, HELPER = SCRIPTS / "sigmoid_in_forward.py", SCRIPTS / "bce_helper.py"
+ACGAN, ADV_LAYER = SCRIPTS / "acgan.py", SCRIPTS / "dcgan_adv_layer.py"
+DESCRIBED = {PLAIN: ("netD", "main.11", None), TUTORIAL: ("netD", "main.11", None),  # D's name, its Sigmoid, output
+             ACGAN: ("discriminator", "adv_layer.1", 0), ADV_LAYER: ("discriminator", "adv_layer.1", None)}
 CPU = machine_facts(torch.device("cpu"))
 LOGGED = re.compile(r"(D\(x\)|D\(G\(z\)\)|D accuracy): ([-\d.]+)(?: / ([-\d.]+))?")
 pytestmark = pytest.mark.usefixtures("one_thread", "steady_doctor")
@@ -42,19 +50,27 @@ def flags(script, pngs, epochs: int) -> list:
     if script == FUNCTIONAL:
         return ["--dataroot", str(pngs), "--iters", str(epochs), "--batch-size", "16", "--img-size", "16",
                 "--z-dim", "16", "--hidden", "32"]
+    if script in (ACGAN, ADV_LAYER):
+        return ["--dataroot", str(pngs), "--batch_size", "16", "--latent_dim", "16", "--img_size", "16",
+                "--sample_interval", "0", "--n_epochs", str(epochs)]
     return ["--dataroot", str(pngs), "--batch-size", "16", "--img-size", "16", "--nz", "16", "--hidden", "32",
             "--epochs", str(epochs)]
 
 
 def described(script: Path) -> doctor.DoctorReport:
-    """What a diagnosis of a DCGAN script says of its D (test_doctor.py and test_doctor_try.py check it on a run, at
-    several seconds each): netD, class Discriminator with a final nn.Sigmoid, called where `netD(` is written."""
+    """What a diagnosis of a DCGAN script says of its D (test_doctor.py, test_doctor_try.py and, for a two-headed D,
+    `test_a_two_headed_d_is_seen_to_make_one_output_with_its_sigmoid` check it on a run): its name, class
+    Discriminator, the nn.Sigmoid whose output it returns (of a tuple, which output: `DESCRIBED`), called where the
+    loop writes `name(`."""
     path = str(script.resolve())
-    calls = [n for n, line in enumerate(script.read_text().splitlines(), 1) if "= netD(" in line]
+    name, sigmoid, output = DESCRIBED[script]
+    called = re.compile(rf"\s+\S.*[=(] ?{name}\(")  # a statement of the loop, not the docstring
+    calls = [n for n, line in enumerate(script.read_text().splitlines(), 1) if called.match(line)]
     report = doctor.DoctorReport(str(script), "cpu", complete=True)
-    report.models = {"D": {"name": "netD", "class": "Discriminator", "parameters": 1, "defined_in": path,
+    report.models = {"D": {"name": name, "class": "Discriminator", "parameters": 1, "defined_in": path,
                            "call_sites": [[path, n] for n in calls]}}
-    report.settings = {"d_final_sigmoid": "main.11", "loss_ops_per_iteration": {"aten::binary_cross_entropy": 3.0}}
+    report.settings = {"d_final_sigmoid": sigmoid, "d_sigmoid_output": output,
+                       "loss_ops_per_iteration": {"aten::binary_cross_entropy": 3.0}}
     return report
 
 
@@ -66,7 +82,7 @@ def shown_edit(small_pngs, tmp_path_factory, steady_doctor):
 
     def get(script):
         if script not in edits:
-            if script in (PLAIN, TUTORIAL):
+            if script in DESCRIBED:
                 report = described(script)
                 edits[script] = patching.make_patch(fixes.parts_for("sigmoid-bce", fixes.context(report, CPU)),
                                                     report, fixes.context(report, CPU)).diff
@@ -121,9 +137,9 @@ def both(shown_edit, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, VANILLA, FUNCTIONAL, IN_FORWARD, HELPER],
+@pytest.mark.parametrize("script", [PLAIN, TUTORIAL, VANILLA, FUNCTIONAL, IN_FORWARD, HELPER, ACGAN, ADV_LAYER],
                          ids=["sequential", "appended", "in-main", "plain-function", "torch-sigmoid-in-forward",
-                              "loss-helper"])
+                              "loss-helper", "two-headed", "head-moved-with-cuda"])
 def test_the_shown_logits_edit_trains_on_the_same_losses(both, script):
     """D's sigmoid gone with the BCE on probabilities: BCE on logits, the same loss (a sigmoid left in D, or one
     loss not switched, would not be)."""
@@ -220,3 +236,125 @@ def test_an_edit_the_doctor_cannot_make_whole_is_not_shown_and_its_lines_are_lis
     assert patch.diff == "" and [fix for fix, _ in patch.by_hand] == [fixes.LOGITS]
     amp = patching.make_patch((fixes.LOGITS, fixes.AUTOCAST), report, fixes.context(report, CPU), root=tmp_path)
     assert amp.diff == "" and [fix for fix, _ in amp.by_hand] == [fixes.LOGITS, fixes.AUTOCAST]  # BCE refuses it
+
+
+class TwoHeads(nn.Module):
+    """PyTorch-GAN's ACGAN D in miniature: the adversarial head's nn.Sequential ends in nn.Sigmoid, the auxiliary
+    head's (registered last: D's last module) in nn.Softmax; forward returns both."""
+
+    def __init__(self, size=32, classes=10):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 4, 4, 2, 1), nn.LeakyReLU(0.2), nn.Flatten())
+        self.adv_layer = nn.Sequential(nn.Linear(4 * (size // 2) ** 2, 1), nn.Sigmoid())
+        self.aux_layer = nn.Sequential(nn.Linear(4 * (size // 2) ** 2, classes), nn.Softmax(dim=1))
+
+    def forward(self, x):
+        out = self.body(x)
+        return self.adv_layer(out), self.aux_layer(out)
+
+
+def test_a_two_headed_d_is_seen_to_make_one_output_with_its_sigmoid(glyphs64):
+    """D's last module is the auxiliary head's Softmax; the Sigmoid that makes the output BCE takes is found by the
+    output it made (D.adv_layer.1, output 0), named so in the finding, and swapped at run time by the logits fix."""
+    torch.manual_seed(0)
+    G, D = BatchFreeG(), TwoHeads()
+    opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+    bce, ce = nn.BCELoss(), nn.CrossEntropyLoss()
+
+    def train_step(batch):
+        real, labels = batch[0].float() / 127.5 - 1, batch[1]
+        ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+        fake = G(torch.randn(real.shape[0], 8))
+        real_pred, real_aux = D(real)
+        fake_pred, _ = D(fake.detach())
+        opt_d.zero_grad()
+        (bce(real_pred, ones) + bce(fake_pred, zeros) + ce(real_aux, labels)).backward()
+        opt_d.step()
+        validity, _ = D(fake)
+        opt_g.zero_grad()
+        bce(validity, ones).backward()
+        opt_g.step()
+
+    report = doctor.run(train_step, DataLoader(glyphs64, batch_size=16, shuffle=True), steps=2, warmup=1)
+    s = report.settings
+    assert (s["d_last_module"], s["d_final_sigmoid"], s["d_sigmoid_output"]) == ("Softmax", "adv_layer.1", 0)
+    (finding,) = [f for f in report.findings if f.kind == "sigmoid-bce"]
+    assert "D's output 0 comes from nn.Sigmoid (D.adv_layer.1" in finding.seen, finding.seen
+    with fixes.Applied((fixes.LOGITS,), fixes.context(report, CPU)):
+        D(torch.zeros(2, 1, 32, 32))
+    assert isinstance(D.adv_layer[1], nn.Identity) and isinstance(D.aux_layer[1], nn.Softmax)
+
+
+TWO_HEADS = ("import torch\nfrom torch import nn\n\n\nclass Critic(nn.Module):\n    def __init__(self):\n"
+             "        super().__init__()\n        self.adv = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n"
+             "        self.aux = nn.Sequential(nn.Linear(4, 3), nn.Sigmoid())\n\n    def forward(self, x):\n"
+             "        validity = self.adv(x)\n        return validity, self.aux(x)\n\n\n"
+             "torch.manual_seed(0)\ncritic = Critic()\ncriterion = nn.BCELoss()\nif torch.cuda.is_available():\n"
+             "    criterion.cuda()\nx, y = torch.randn(8, 4), torch.ones(8, 1)\n")
+UNPACKED = "p, attrs = critic(x)\nloss = criterion(p, y) + attrs.mean()\nloss.backward()\n"
+
+
+def two_heads(tmp_path, loop: str):
+    """A two-headed D (both heads end in nn.Sigmoid, the auxiliary one last) and `loop`, as a script; what the run
+    saw of it: the Sigmoid that makes output 0, adv.1."""
+    script = tmp_path / "train.py"
+    script.write_text(TWO_HEADS + loop)
+    calls = [n for n, line in enumerate(script.read_text().splitlines(), 1) if "critic(x)" in line]
+    report = doctor.DoctorReport(str(script), "cpu", complete=True)
+    report.models = {"D": {"name": "critic", "class": "Critic", "parameters": 20, "defined_in": str(script),
+                           "call_sites": [[str(script), n] for n in calls]}}
+    report.settings = {"d_final_sigmoid": "adv.1", "d_sigmoid_output": 0,
+                       "loss_ops_per_iteration": {"aten::binary_cross_entropy": 1.0}}
+    return script, report
+
+
+def test_a_two_headed_ds_edit_takes_the_sigmoid_off_its_head_and_reads_that_head_through_one(tmp_path):
+    """Only the head the BCE takes loses its Sigmoid (not the auxiliary head's, the last one the class builds), the
+    criterion moved with .cuda() is followed, and the head's value printed is read through a sigmoid: the loss and
+    the printed numbers are the script's own."""
+    script, report = two_heads(tmp_path, UNPACKED + "print(f'{p.mean().item():.6f} {attrs.mean().item():.6f}')\n")
+    ctx = fixes.context(report, CPU)
+    diff = patching.make_patch((fixes.LOGITS,), report, ctx, root=tmp_path).diff
+    assert "+        self.adv = nn.Sequential(nn.Linear(4, 1))\n" in diff, diff
+    assert "-        self.aux" not in diff and "+criterion = nn.BCEWithLogitsLoss()" in diff
+    assert "+print(f'{p.sigmoid().mean().item():.6f} {attrs.mean().item():.6f}')" in diff
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "train.py").write_text(script.read_text())
+    applied = subprocess.run(["patch", "-p1"], input=diff, cwd=edited, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    (losses, printed), (edited_losses, edited_printed) = run_once(script, []), run_once(edited / "train.py", [])
+    assert edited_losses == pytest.approx(losses, rel=1e-5) and printed == edited_printed
+
+
+@pytest.mark.parametrize("loop", ["loss = criterion(critic(x)[0], y)\n",
+                                  "out = critic(x)\nloss = criterion(out[0], y)\n"], ids=["indexed", "held-whole"])
+def test_a_two_headed_d_read_other_than_unpacked_is_listed_by_hand_with_its_heads_sigmoid(tmp_path, loop):
+    script, report = two_heads(tmp_path, loop)
+    edit = logits.logits_edit(report, fixes.context(report, CPU))
+    assert edit.why_not and not edit.files
+    text = edit.by_hand()
+    for line in ("self.adv = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())    # D's nn.Sigmoid() that makes its "
+                 "output 0", "criterion = nn.BCELoss()    # switch to nn.BCEWithLogitsLoss"):
+        assert line in text, text
+    assert "self.aux" not in text and "passed on" not in text
+
+
+def test_the_fixes_try_kept_on_a_dcgan_whose_loss_moves_with_cuda_are_written_into_the_patch():
+    """The bug: `--try` kept autocast with logits on PyTorch-GAN's DCGAN (`adversarial_loss.cuda()` under `if cuda:`,
+    read as the loss passed on), then wrote an empty patch. Both are written, nothing left by hand."""
+    report = described(ADV_LAYER)
+    patch = patching.make_patch((fixes.LOGITS, fixes.AUTOCAST), report, fixes.context(report, CPU))
+    assert not patch.by_hand, patch.by_hand
+    assert "+adversarial_loss = torch.nn.BCEWithLogitsLoss()" in patch.diff
+    assert "+        self.adv_layer = nn.Sequential(nn.Linear(128 * ds_size ** 2, 1))" in patch.diff
+    assert patch.diff.count("with torch.autocast(") == 2, patch.diff  # G's step; D's two lines in one block
+
+
+def test_a_kept_fix_the_patch_cannot_write_is_named_never_no_fix_kept():
+    """`--patch` after `--try` kept fixes: an empty diff names the kept fixes it could not write (their lines are
+    listed above it); "no fix was kept" only where --try kept none."""
+    empty = patching.Patch(by_hand=[(fixes.LOGITS, "by hand: train.py:3: ...")])
+    line = cli.patch_line("fix.diff", empty, (fixes.LOGITS, fixes.AUTOCAST))
+    assert "no fix was kept" not in line and "autocast" in line and "logits" in line and "by hand" in line
+    assert "no fix was kept" in cli.patch_line("fix.diff", patching.Patch(), ())

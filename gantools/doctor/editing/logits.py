@@ -8,7 +8,10 @@ Where D applies its sigmoid, in a form the edit removes:
 - a final nn.Sigmoid its class builds (an nn.Sequential's argument, a list's element, `layers.append(...)`), or one
   kept as an attribute and called on the value its forward returns;
 - `torch.sigmoid(x)`, `F.sigmoid(x)` or `x.sigmoid()` on the value D's forward (or a plain function D) returns,
-  directly or through the variable its last assignment names.
+  directly or through the variable its last assignment names;
+- of a two-headed D (`return validity, label`, unpacked by each call: `validity, label = discriminator(x)`), the same
+  on the one value its losses take: the nn.Sigmoid the run saw make it, found where its class builds it by its path
+  (`self.adv_layer = nn.Sequential(nn.Linear(...), nn.Sigmoid())`: adv_layer.1), wherever D's last module is.
 
 D's output is followed through the variables of the function it is assigned in, and through shape-only ops (view,
 squeeze, indexing, .float(): they commute with an elementwise sigmoid). A BCE loss is followed from where it is
@@ -16,19 +19,18 @@ built to its calls; each one's input must be D's output, or a parameter of the f
 `def adversarial_loss(y_hat, y)`) that every call of that function, found in your files, passes D's output."""
 from __future__ import annotations
 
+import linecache
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..watching.frames import cell_label, shown, yours
-from .sources import SHAPE_OPS, Part, Source, callee, code, passed, returned
+from .sources import SHAPE_OPS, Part, Source, built_path, callee, code, handed, move_of, passed, returned, unpacked
 
 RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
 SIGMOIDS = frozenset({"sigmoid", "expit"})
-MOVES = frozenset({"cuda", "to", "cpu"})  # a loss module moved (`adversarial_loss.cuda()`): still the same object
 UNWRAP, THROUGH_SIGMOID = "unwrap", "sigmoid"   # the two node edits: a sigmoid taken off, a read put through one
 
 
@@ -81,15 +83,8 @@ class LogitsEdit:
         out = [f"D's sigmoid and its BCE losses change together, and the doctor cannot make all of it ({self.why_not})"
                ": change these lines by hand"]
         for file, line, what in sorted(set(self.sites)):
-            out.append(f"  {shown(file)}:{line}: {_line(file, line)}    # {what}")
+            out.append(f"  {shown(file)}:{line}: {linecache.getline(file, line).strip()}    # {what}")
         return "\n".join(out)
-
-
-def _line(file: str, line: int) -> str:
-    try:
-        return Path(file).read_text(encoding="utf-8").splitlines()[line - 1].strip()
-    except (OSError, UnicodeDecodeError, IndexError):
-        return ""
 
 
 def _atomic(node) -> bool:
@@ -210,8 +205,8 @@ class _Finder:
         through the one name (or attribute) it is assigned to, called and never passed on (moved to a device, as
         `adversarial_loss.cuda()` or `criterion = criterion.to(device)`, it is the same module)."""
         node = src.parent[built] if isinstance(src.parent[built], cst.IfExp) else built  # `... if logits else ...`
-        while _move_of(src, node) is not None:  # `nn.BCELoss().to(device)`
-            node = _move_of(src, node)
+        while move_of(src, node) is not None:  # `nn.BCELoss().to(device)`
+            node = move_of(src, node)
         parent = src.parent[node]
         if isinstance(parent, cst.Call) and parent.func is node:
             return {parent: src}
@@ -221,13 +216,13 @@ class _Finder:
             self._problem(src, built, "the BCELoss built there is not assigned to a name the doctor can follow")
             return {}
         name = code(target)
-        calls, handed = {}, []
+        calls, passed_on = {}, []
         for other in self.sources.values():
             calls.update((c, other) for c in other.calls if callee(c) == name)
-            handed += [(other, x) for x in other.loads if code(x) == name and _handed(other, x, name)]
-        for other, x in handed:
+            passed_on += [(other, x) for x in other.loads if code(x) == name and handed(other, x, name)]
+        for other, x in passed_on:
             self._problem(other, x, f"`{name}` (a BCELoss) is passed on, and the doctor cannot follow its calls")
-        if not calls and not handed:
+        if not calls and not passed_on:
             self._problem(src, built, f"no call of `{name}` found in your files")
         for call, other in calls.items():
             self._site(other, call, "a BCE loss: its input must be D's output, logits once D's sigmoid is gone")
@@ -269,20 +264,19 @@ class _Finder:
         return None
 
     def _head_taken(self, src: Source, made, where) -> bool:
-        """A loss's input taken from D as its sigmoid makes it: its whole output, or for a two-headed D (one that
-        returns a tuple), the value its nn.Sigmoid makes, unpacked (`validity, label = discriminator(x)`). All of a
-        two-headed D's losses take the same place; where the run saw no nn.Sigmoid make it (`torch.sigmoid` in
-        forward), that place is the one the losses take."""
+        """A loss's input taken from D as its sigmoid makes it: D's output, or of a two-headed D (one that returns a
+        tuple), the value its nn.Sigmoid makes, unpacked (`validity, label = D(x)`); every loss from that one place
+        (where the run saw no nn.Sigmoid make it, `torch.sigmoid` in forward, the place the losses take)."""
         index = made.index if isinstance(made, Part) else None
-        if index is None and not self.head:
+        if index is None and not (self.head and isinstance(made, cst.Call)):
             return True
         if index is not None and self.index in (None, index):
             self.index = index
             return True
-        name = callee(made.call if isinstance(made, Part) else made) if isinstance(made, (Part, cst.Call)) else "D"
         self._problem(src, where, f"the loss takes {'a value' if index is None else f'value {index}'} of "
-                      f"{name}(...), and D's sigmoid makes its output {self.index}: the doctor follows a D that "
-                      "returns several values only unpacked (`validity, label = D(x)`), each loss from one place")
+                      f"{callee(made.call if index is not None else made)}(...), and D's sigmoid makes its output "
+                      f"{self.index}: the doctor follows a D that returns several values only unpacked (`validity, "
+                      "label = D(x)`), each loss from one place")
         return False
 
     def _origins(self, src: Source, value, where, depth=0) -> list:
@@ -369,7 +363,7 @@ class _Finder:
             MetadataWrapper(src.module, unsafe_skip_copy=True).visit(last)
             return last.node
         return next((c for c in src.calls if is_sigmoid_module(c) and src.line(c) in src.lines(owner)
-                     and _built_path(src, c) == self.ctx.d_sigmoid), None)
+                     and built_path(src, c) == self.ctx.d_sigmoid), None)
 
     def _attribute(self, src: Source, owner, node) -> str | None:
         """`self.out`, where D keeps its nn.Sigmoid as an attribute and calls it in forward; else None (a problem)."""
@@ -421,7 +415,7 @@ class _Finder:
         """One use of D's output (a call of D, or a load of a variable holding it), put through a sigmoid unless it
         is kept as it is; a two-headed D's call must be unpacked (its values are then followed one by one)."""
         if self.index is not None and isinstance(root, cst.Call) and callee(root) in self.d_names:
-            if not _unpacked(src, root):
+            if not unpacked(src, root):
                 self._problem(src, root, "D returns several values, used here other than unpacked (`validity, "
                               "label = D(x)`): the doctor cannot tell which it reads")
             return
@@ -456,59 +450,6 @@ class _Finder:
         return made in self.d_params or isinstance(made, cst.Call) and callee(made) in self.d_names
 
 
-def _unpacked(src: Source, call) -> bool:
-    """`a, b = call`: each value it returns bound to a name of its own."""
-    holder = src.parent.get(call)
-    targets = holder.targets if isinstance(holder, cst.Assign) and holder.value is call else ()
-    return len(targets) == 1 and isinstance(targets[0].target, (cst.Tuple, cst.List)) and all(
-        isinstance(e, cst.Element) and not isinstance(e, cst.StarredElement)
-        and isinstance(e.value, (cst.Name, cst.Attribute)) for e in targets[0].target.elements)
-
-
-def _built_path(src: Source, sigmoid) -> str | None:
-    """The dotted path of the module an nn.Sigmoid() call builds, where its class assigns it: `a.N` for
-    `self.a = nn.Sequential(..., nn.Sigmoid())` (its N-th argument), `a` for `self.a = nn.Sigmoid()`."""
-    node, index = sigmoid, None
-    parent = src.parent[sigmoid]
-    if isinstance(parent, cst.Arg):
-        container = src.parent[parent]
-        if (parent.keyword is not None or callee(container).split(".")[-1] != "Sequential"
-                or any(a.star for a in container.args)):
-            return None
-        node, index = container, [a is parent for a in container.args].index(True)
-    holder = src.parent.get(node)
-    if not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and holder.value is node):
-        return None
-    target = holder.targets[0].target
-    if not (isinstance(target, cst.Attribute) and code(target.value) == "self"):
-        return None
-    return target.attr.value if index is None else f"{target.attr.value}.{index}"
-
-
-def _move_of(src: Source, node):
-    """The call that moves `node` to a device (`node.cuda()`, `node.to(device)`), if one does: a module moved is the
-    same object, returned."""
-    attribute = src.parent.get(node)
-    if isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value in MOVES:
-        call = src.parent.get(attribute)
-        if isinstance(call, cst.Call) and call.func is attribute:
-            return call
-    return None
-
-
-def _handed(src: Source, x, name: str) -> bool:
-    """A load of the loss's `name` other than a call of it, or a move of it kept as it is (a statement of its own,
-    `adversarial_loss.cuda()`, or assigned back to the same name)."""
-    parent = src.parent[x]
-    if isinstance(parent, cst.Call) and parent.func is x:
-        return False
-    moved = _move_of(src, x)
-    holder = src.parent.get(moved) if moved is not None else None
-    if isinstance(holder, cst.Expr):
-        return False
-    return not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and code(holder.targets[0].target) == name)
-
-
 def _input(call: cst.Call):
     """A loss call's input: its first positional argument, or `input=`."""
     for arg in call.args:
@@ -541,6 +482,7 @@ def plan(name: str, plans: dict, report, ctx, by_hand: list) -> None:
         p = plans[file]
         p.rename = p.rename or change.rename
         p.sigmoid_class = change.sigmoid_class or p.sigmoid_class
+        p.sigmoid_at = change.sigmoid_at or p.sigmoid_at
         p.nodes.update(change.nodes)
 
 

@@ -12,6 +12,7 @@ import libcst as cst
 from libcst.metadata import (ExpressionContext, ExpressionContextProvider, MetadataWrapper, ParentNodeProvider,
                              PositionProvider)
 
+MOVES = frozenset({"cuda", "to", "cpu"})  # a module moved (`adversarial_loss.cuda()`): still the same object
 SHAPE_OPS = frozenset({"view", "view_as", "reshape", "reshape_as", "squeeze", "unsqueeze", "flatten", "float",
                        "double", "contiguous", "to", "type_as", "detach", "clone", "cpu", "cuda"})
 
@@ -205,6 +206,59 @@ class Source(cst.CSTVisitor):
                 node = parent
                 continue
             return node
+
+
+def move_of(src: Source, node):
+    """The call that moves `node` to a device (`node.cuda()`, `node.to(device)`), if one does: a module moved is the
+    same object, returned."""
+    attribute = src.parent.get(node)
+    if isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value in MOVES:
+        call = src.parent.get(attribute)
+        if isinstance(call, cst.Call) and call.func is attribute:
+            return call
+    return None
+
+
+def handed(src: Source, x, name: str) -> bool:
+    """A load `x` of the module `name` that hands it on: other than a call of it, or a move of it kept as it is (a
+    statement of its own, `adversarial_loss.cuda()`, or assigned back to the same name)."""
+    parent = src.parent[x]
+    if isinstance(parent, cst.Call) and parent.func is x:
+        return False
+    moved = move_of(src, x)
+    holder = src.parent.get(moved) if moved is not None else None
+    if isinstance(holder, cst.Expr):
+        return False
+    return not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and code(holder.targets[0].target) == name)
+
+
+def unpacked(src: Source, call) -> bool:
+    """`a, b = call`: each value it returns bound to a name of its own."""
+    holder = src.parent.get(call)
+    targets = holder.targets if isinstance(holder, cst.Assign) and holder.value is call else ()
+    return len(targets) == 1 and isinstance(targets[0].target, (cst.Tuple, cst.List)) and all(
+        isinstance(e, cst.Element) and not isinstance(e, cst.StarredElement)
+        and isinstance(e.value, (cst.Name, cst.Attribute)) for e in targets[0].target.elements)
+
+
+def built_path(src: Source, built) -> str | None:
+    """The dotted path of the module a call builds (`nn.Sigmoid()`), where its class assigns it: `a.N` for
+    `self.a = nn.Sequential(..., nn.Sigmoid())` (its N-th argument), `a` for `self.a = nn.Sigmoid()`."""
+    node, index = built, None
+    parent = src.parent[built]
+    if isinstance(parent, cst.Arg):
+        container = src.parent[parent]
+        if (parent.keyword is not None or callee(container).split(".")[-1] != "Sequential"
+                or any(a.star for a in container.args)):
+            return None
+        node, index = container, [a is parent for a in container.args].index(True)
+    holder = src.parent.get(node)
+    if not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and holder.value is node):
+        return None
+    target = holder.targets[0].target
+    if not (isinstance(target, cst.Attribute) and code(target.value) == "self"):
+        return None
+    return target.attr.value if index is None else f"{target.attr.value}.{index}"
 
 
 def code(node) -> str:

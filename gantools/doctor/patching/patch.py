@@ -52,6 +52,7 @@ class _Plan:
     freeze: dict = field(default_factory=dict)        # line -> D's name, frozen around that statement
     keywords: dict = field(default_factory=dict)      # line -> (callee suffix, {keyword: value source})
     sigmoid_class: str | None = None                  # the class whose final nn.Sigmoid goes
+    sigmoid_at: tuple | None = None                   # (line, column) of that nn.Sigmoid(), where `logits` placed it
     rename: bool = False                              # BCELoss -> BCEWithLogitsLoss
     nodes: dict = field(default_factory=dict)         # `logits.node_key` -> its logits edit (`logits.rewrite`)
     after_assign: dict = field(default_factory=dict)  # module-level name -> statements after its last assignment
@@ -154,10 +155,11 @@ class _Edits(cst.CSTTransformer):
 
     # -- D's final Sigmoid and the BCE loss -----------------------------------------------------------------------
     def visit_Module(self, node):
-        """D's final nn.Sigmoid is taken to be the last one its class builds, in source order (an earlier one is a
-        gate inside the network, as in squeeze-and-excitation): only that one is removed, as at run time."""
-        self.final_sigmoid = None
-        if self.plan.sigmoid_class:
+        """D's nn.Sigmoid to remove: where `logits` placed it (a two-headed D's, by its path), else the last one its
+        class builds, in source order (an earlier one is a gate inside the network, as in squeeze-and-excitation):
+        only that one is removed, as at run time."""
+        self.final_sigmoid = self.plan.sigmoid_at
+        if self.plan.sigmoid_class and self.final_sigmoid is None:
             last = LastSigmoid(self.plan.sigmoid_class)
             MetadataWrapper(node, unsafe_skip_copy=True).visit(last)
             self.final_sigmoid = last.position
