@@ -236,7 +236,7 @@ def sigmoid_bce(r: DoctorReport, facts: MachineFacts) -> Finding | None:
              if path and head is not None else f"; {d} ends in nn.Sigmoid ({d}.{path}{defined})" if path else "")
     change = (f"remove the nn.Sigmoid() of the head that makes its output {head} ({d}.{path}); that output is "
               "logits now" if path and head is not None else
-              f"remove the final nn.Sigmoid() ({d}.{path}); it returns logits now" if path else
+              "remove the final nn.Sigmoid(); it returns logits now" if path else
               "take off the sigmoid it applies to what it returns; it returns logits now")
     return Finding(
         "sigmoid-bce", "D's probabilities go into BCELoss",
