@@ -371,8 +371,8 @@ class _Finder:
         attribute = (code(held.targets[0].target) if isinstance(held, cst.Assign) and len(held.targets) == 1
                      else None)
         if attribute != f"self.{self.ctx.d_sigmoid}":
-            self._problem(src, node or owner, "D builds the nn.Sigmoid it returns the output of in a way the doctor "
-                          "cannot edit")
+            self._problem(src, node or owner, "D builds the nn.Sigmoid whose output it returns "
+                          f"(D.{self.ctx.d_sigmoid}) in a way the doctor cannot edit")
             return None
         self._site(src, node, "D's nn.Sigmoid, called in forward (the call is taken off)")
         return attribute
