@@ -368,10 +368,8 @@ def patch_line(path: str, patch, kept) -> str:
     """Where `--patch` wrote the kept fixes and how to apply them; or, for an empty patch, which kept fixes it could not
     write (each listed above it with its lines, "apply by hand"): "no fix was kept" only where --try kept none."""
     if not patch:
-        if kept:
-            return (f"patch: {path} is empty: --try kept {', '.join(kept)}, which the doctor could not write as an "
-                    "edit of your files: apply by hand (the lines above)")
-        return f"patch: {path} is empty: no fix was kept"
+        return (f"patch: {path} is empty: --try kept {', '.join(kept)}, which the doctor could not write as an edit of "
+                "your files: apply by hand (the lines above)" if kept else f"patch: {path} is empty: no fix was kept")
     p, where = path, ""
     if patch.root != str(Path.cwd().resolve()):  # the script is not below here: apply it from its folder
         p, where = os.path.abspath(p), f"cd {shlex.quote(patch.root)} && "

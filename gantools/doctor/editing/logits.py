@@ -329,8 +329,8 @@ class _Finder:
             (s for s in owner.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
         attribute, made = None, "its output" if self.index is None else f"its output {self.index}"
         if kind == "class" and self.ctx.d_sigmoid:
-            node = self._module(src, owner)
-            if node is not None and self._removable(src, node):
+            node = _sigmoid_module(src, owner, self.ctx.d_sigmoid if self.head else None)
+            if node is not None and _removable(src, node):
                 self._site(src, node, f"D's nn.Sigmoid() that makes {made}: remove it ({made} is then logits)")
                 container = f"self.{self.ctx.d_sigmoid.split('.')[0]}"
                 if returned(src, function, lambda call: callee(call) == container, self.index) is None:
@@ -354,17 +354,6 @@ class _Finder:
         self._file(src).nodes[src.key(applied)] = (UNWRAP, parens)
         self._site(src, applied, f"D's sigmoid on {made}: take it off ({made} is then logits)")
 
-    def _module(self, src: Source, owner):
-        """The nn.Sigmoid() call that builds the module the run saw make D's output: the last one D's class builds,
-        in source order (an earlier one is a gate inside the network); for a two-headed D, the one its head is built
-        with, by its dotted path (`self.adv_layer = nn.Sequential(nn.Linear(...), nn.Sigmoid())`: adv_layer.1)."""
-        if not self.head:
-            last = LastSigmoid(owner.name.value)
-            MetadataWrapper(src.module, unsafe_skip_copy=True).visit(last)
-            return last.node
-        return next((c for c in src.calls if is_sigmoid_module(c) and src.line(c) in src.lines(owner)
-                     and built_path(src, c) == self.ctx.d_sigmoid), None)
-
     def _attribute(self, src: Source, owner, node) -> str | None:
         """`self.out`, where D keeps its nn.Sigmoid as an attribute and calls it in forward; else None (a problem)."""
         held = src.parent.get(node) if node is not None else None
@@ -376,19 +365,6 @@ class _Finder:
             return None
         self._site(src, node, "D's nn.Sigmoid, called in forward (the call is taken off)")
         return attribute
-
-    def _removable(self, src: Source, sigmoid) -> bool:
-        """An nn.Sigmoid() that `patching` removes: an nn.Sequential's (or nn.ModuleList's) argument, a list's or
-        tuple's element, or appended as a statement of its own."""
-        parent = src.parent[sigmoid]
-        if isinstance(parent, cst.Element):
-            return True
-        if not isinstance(parent, cst.Arg) or parent.keyword is not None:
-            return False
-        call = src.parent[parent]
-        if callee(call).endswith(".append"):
-            return isinstance(src.parent[call], cst.Expr)
-        return callee(call).split(".")[-1] in ("Sequential", "ModuleList")
 
     # -- what your code reads from D ---------------------------------------------------------------------------
     def _reads(self, src: Source):
@@ -448,6 +424,32 @@ class _Finder:
         if isinstance(made, Part):
             return made.index == self.index and callee(made.call) in self.d_names
         return made in self.d_params or isinstance(made, cst.Call) and callee(made) in self.d_names
+
+
+def _removable(src: Source, sigmoid) -> bool:
+    """An nn.Sigmoid() that `patching` removes: an nn.Sequential's (or nn.ModuleList's) argument, a list's or
+    tuple's element, or appended as a statement of its own."""
+    parent = src.parent[sigmoid]
+    if isinstance(parent, cst.Element):
+        return True
+    if not isinstance(parent, cst.Arg) or parent.keyword is not None:
+        return False
+    call = src.parent[parent]
+    if callee(call).endswith(".append"):
+        return isinstance(src.parent[call], cst.Expr)
+    return callee(call).split(".")[-1] in ("Sequential", "ModuleList")
+
+
+def _sigmoid_module(src: Source, owner, path: str | None):
+    """The nn.Sigmoid() call that builds the module the run saw make D's output: the last one D's class builds,
+    in source order (an earlier one is a gate inside the network); with `path` (a two-headed D's head), the one its
+    class builds at that dotted path (`self.adv_layer = nn.Sequential(nn.Linear(...), nn.Sigmoid())`: adv_layer.1)."""
+    if path is None:
+        last = LastSigmoid(owner.name.value)
+        MetadataWrapper(src.module, unsafe_skip_copy=True).visit(last)
+        return last.node
+    return next((c for c in src.calls if is_sigmoid_module(c) and src.line(c) in src.lines(owner)
+                 and built_path(src, c) == path), None)
 
 
 def _input(call: cst.Call):

@@ -53,7 +53,7 @@ class Hooks:
         self.feeds = Feeds()                         # what made each batch a model is fed, this iteration
         self.functions = FunctionWatch(self)         # networks written as plain functions (no nn.Module)
         self._last_leaf_name = None  # the last leaf module run inside the current top-level call
-        self._sigmoids: list = []  # (nn.Sigmoid, its output) run inside the current top-level call
+        self._sigmoids: list = []  # (nn.Sigmoid, its output) run inside the last top-level call
         self._handles, self._grad_handles, self._patches, self._light_handles = [], [], [], []
         self.trainers = TrainerWatch(obs)  # Lightning's Trainer, when it runs the loop
         self.uncounted = contextlib.nullcontext  # a batch's loading, left out of the host budget's count (`Schedule`)
@@ -168,6 +168,7 @@ class Hooks:
         self.depth += 1
         if self.depth > 1:
             return
+        self._sigmoids = []
         frame = sys._getframe(1)
         self.functions.outside(frame)
         m = self._model(module, frame)
@@ -212,10 +213,7 @@ class Hooks:
             leaf = self.leaf[key] = is_leaf(module)
         if leaf and self.depth > 0:
             self._leaf_seen(module, args, output)
-        if self.depth:
-            return
-        sigmoids, self._sigmoids = self._sigmoids, []
-        if self.top is None:
+        if self.depth or self.top is None:
             return
         call, rf, x = self.top
         self.top = None
@@ -223,7 +221,7 @@ class Hooks:
         call.model.last_module = self._last_leaf_name
         self._last_leaf_name = None
         if isinstance(output, (tuple, list)):
-            call.model.outputs_seen(output, sigmoids)
+            call.model.outputs_seen(output, self._sigmoids)
 
     def _leaf_seen(self, module, args, output):
         self._last_leaf_name = type(module).__name__
