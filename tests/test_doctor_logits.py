@@ -358,3 +358,19 @@ def test_a_kept_fix_the_patch_cannot_write_is_named_never_no_fix_kept():
     line = cli.patch_line("fix.diff", empty, (fixes.LOGITS, fixes.AUTOCAST))
     assert "no fix was kept" not in line and "autocast" in line and "logits" in line and "by hand" in line
     assert "no fix was kept" in cli.patch_line("fix.diff", patching.Patch(), ())
+
+
+def test_torch_sigmoid_on_one_head_of_a_two_headed_d_comes_off_that_head(tmp_path):
+    """No nn.Sigmoid module made D's output (the run names none): the head is the value the losses unpack, and the
+    `torch.sigmoid` forward puts on it comes off; a loss built and moved in one line (`nn.BCELoss().to(...)`) is
+    followed."""
+    source = TWO_HEADS.replace("nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())", "nn.Linear(4, 1)").replace(
+        "validity = self.adv(x)", "validity = torch.sigmoid(self.adv(x))").replace(
+        "criterion = nn.BCELoss()", "criterion = nn.BCELoss().to('cpu')")
+    script, report = two_heads(tmp_path, UNPACKED)
+    script.write_text(source + UNPACKED)
+    report.settings.update(d_final_sigmoid=None, d_sigmoid_output=None)
+    patch = patching.make_patch((fixes.LOGITS,), report, fixes.context(report, CPU), root=tmp_path)
+    assert not patch.by_hand, patch.by_hand
+    assert "-        validity = torch.sigmoid(self.adv(x))\n+        validity = self.adv(x)\n" in patch.diff
+    assert "+criterion = nn.BCEWithLogitsLoss().to('cpu')" in patch.diff and "-        self.aux" not in patch.diff
