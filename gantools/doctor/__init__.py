@@ -33,10 +33,12 @@ How it sees a loop it did not write (every hook and patch is removed, and sys.ar
   profiling, also every other sync your code makes (`.to("cpu")`, boolean masks, GradScaler's reads,
   `torch.cuda.synchronize()`), placed on your line through PyTorch's sync debug mode (`syncs`); the profiler's
   `cuda*Synchronize` calls, gantools' own left out, show whether any was not placed.
-- **Settings.** Conv/Linear output dtypes and autocast, conv input memory format, loss ops, D's last module,
-  DataLoader knobs and per-image transforms, optimizer implementations, whether D's parameters receive gradients in
-  G's step (post-accumulate-grad hooks), a gradient penalty (`torch.autograd.grad` with create_graph on a tensor
-  D was fed, patched: `penalties`), compiled modules, cudnn.benchmark, TF32, peak memory.
+- **Settings.** Conv/Linear output dtypes and autocast, conv input memory format, loss ops, D's last module and the
+  nn.Sigmoid whose output D returns (of a two-headed D, `validity, label = D(x)`, the one that made one of its
+  outputs, seen by the storage they share: `observations`), DataLoader knobs and per-image transforms, optimizer
+  implementations, whether D's parameters receive gradients in G's step (post-accumulate-grad hooks), a gradient
+  penalty (`torch.autograd.grad` with create_graph on a tensor D was fed, patched: `penalties`), compiled modules,
+  cudnn.benchmark, TF32, peak memory.
 
 Measurement (`gantools.measuring.protocol`'s protocol, `schedule`): `warmup` iterations are skipped; then one profiler
 warm-up iteration and `steps` iterations under torch.profiler; then two iterations whose every op is counted (the
