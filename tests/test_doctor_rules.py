@@ -200,36 +200,72 @@ def test_fp16_advice_names_fused_optimizers_whose_gradscaler_step_needs_no_host_
 
 
 # -- one object per fix, and the verdict's type ------------------------------------------------------------------------
-def test_a_fix_is_one_object_that_applied_and_make_patch_both_go_through(tmp_path, monkeypatch):
-    """A fix added to `FIXES` alone is answered, installed for a run and undone, and planned as a source edit:
-    `Applied`, `candidates` and `make_patch` loop over the fix objects, with no branch of their own per fix."""
+def test_a_fix_is_one_class_that_candidates_applied_make_patch_and_lightning_all_go_through(tmp_path, monkeypatch):
+    """A fix added to `FIXES` as one class, with its own run-time change, forward wrapper and source edit (an
+    `editing.Edit` of its own, made in the patch's one pass), is answered, installed for a run and undone, written
+    into the patch, and mapped to a Trainer argument where Lightning runs the loop: `candidates`, `Applied`,
+    `make_patch` and the Lightning mapping loop over the fix objects, with no branch of their own per fix."""
+    from dataclasses import dataclass, field
+
+    import libcst as cst
+    import torch
+
+    from gantools.doctor.editing.edit import Edit
     from gantools.doctor.fixes import catalogue as fixes
-    from gantools.doctor.patching import patch as patching
     from gantools.doctor.fixes.fix import Fix
+    from gantools.doctor.patching import patch as patching
+    from gantools.doctor.watching.lightning import trainer_arguments
 
     class Target:
         value = "as written"
+
+    @dataclass
+    class MarkEdit(Edit):
+        at: set = field(default_factory=set)
+        name = "marker"
+
+        def statement(self, original, group):
+            if set(self.lines(original)) & self.at and len(group) == 1:
+                self.done.add(self.name)
+                return [*group, cst.parse_statement("marked = True  # the marker's edit\n")]
+            return group
 
     class Marker(Fix):
         def install(self, applied):
             applied.patch(Target, "value", "fixed")
 
+        def wrap(self, applied, module, role, forward):
+            return (lambda *args, **kwargs: forward(*args, **kwargs) * 0) if role == "G" else None
+
+        def trainer_keywords(self, bf16):
+            return {"marker": "True"}
+
         def plan(self, plans, report, ctx, by_hand):
-            plans[report.source].after_imports.append("MARKED = True")
+            plans[report.source].of(MarkEdit).at.add(2)
+
+        def missed(self, plan, shown):
+            return [] if "marker" in plan.done or not plan.of(MarkEdit) else [("marker", f"{shown}: nothing marked")]
 
     marker = Marker(name="marker", title="a marker", answers=("host-sync",))
     monkeypatch.setattr(fixes, "FIXES", (*fixes.FIXES, marker))
-    monkeypatch.setattr(patching, "FIXES", fixes.FIXES)
     script = tmp_path / "train.py"
-    script.write_text("import torch\nx = 1\n")
+    script.write_text("import torch\nx = 1\ny = 2\n")
     r = report(source=str(script), models={}, findings=findings(*FIRES["host-sync"]))
-    ctx = fixes.context(r, CPU)
     assert marker in fixes.candidates(r, CPU)[0]
+    g = torch.nn.Linear(2, 2)
+    ctx = dataclasses.replace(fixes.context(r, CPU), g=("Linear", 6))
     with fixes.Applied(("marker",), ctx):
         assert Target.value == "fixed"
-    assert Target.value == "as written"  # undone on exit
+        g(torch.ones(1, 2))  # first sight: found as G, its forward wrapped from the next call on
+        assert not g(torch.ones(1, 2)).any()
+    assert Target.value == "as written" and g(torch.ones(1, 2)).any()  # undone on exit
+    assert "forward" not in g.__dict__
     patch = patching.make_patch(("marker",), r, ctx, root=tmp_path)
-    assert "+MARKED = True" in patch.diff and patch.files == ["train.py"]
+    assert "+marked = True  # the marker's edit" in patch.diff and patch.files == ["train.py"], patch
+    assert patch.diff.index("x = 1") < patch.diff.index("+marked") < patch.diff.index("y = 2")
+    assert not patch.by_hand
+    r.settings["lightning"] = {"built_at": None}
+    assert trainer_arguments(marker, r, True) == {"marker": "True"}
 
 
 def test_the_verdict_is_typed_and_its_json_keeps_its_two_fields():

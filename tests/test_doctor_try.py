@@ -23,6 +23,8 @@ from gantools.doctor.fixes import catalogue as fixes
 from gantools.doctor.patching import patch as patching
 from gantools.doctor.trying import try_fixes as trying
 from gantools.doctor.diagnosis.analysis import machine_facts
+from gantools.doctor.editing.logits_file import FileEdit
+from gantools.doctor.fixes.freeze import FreezeEdit
 from gantools.doctor.fixes.lazy_penalty import LAZY
 from gantools.doctor.trying.trial import Trial
 
@@ -541,7 +543,8 @@ SHAPES_OF_D = {  # D's class, and the source line its final Sigmoid is on
 @pytest.mark.parametrize("cls", sorted(SHAPES_OF_D))
 def test_d_loses_only_its_final_sigmoid_and_stays_valid_python(cls):
     source = "import torch.nn as nn\n\n\n" + SHAPES_OF_D[cls] + "\n\nclass G(nn.Module):\n    out = nn.Sigmoid()\n"
-    plan = patching._Plan(sigmoid_class=cls, autocast="x")
+    plan = patching._Plan()
+    plan.of(FileEdit).sigmoid_class = cls
     edited = patching.edit_source(source, plan)
     compile(edited, "edited.py", "exec")
     assert edited.count("nn.Sigmoid()") == source.count("nn.Sigmoid()") - 1  # one, D's last
@@ -559,9 +562,9 @@ def test_keyword_edits_follow_what_runs():
               "loader = torch.utils.data.DataLoader(\n    data,\n    batch_size=8,\n)\n"
               "old = torch.utils.data.DataLoader(data, 8, True, None, None, 0)\n"
               "loss = binary_cross_entropy(out, y)\n")
-    plan = patching._Plan(rename=True, autocast="x", keywords={4: ("Adam", {"fused": "True"}),
-                                                               5: ("DataLoader", {"num_workers": "2"}),
-                                                               9: ("DataLoader", {"num_workers": "2"})})
+    plan = patching._Plan(keywords={4: ("Adam", {"fused": "True"}), 5: ("DataLoader", {"num_workers": "2"}),
+                                    9: ("DataLoader", {"num_workers": "2"})})
+    plan.of(FileEdit).rename = True
     edited = patching.edit_source(source, plan)
     compile(edited, "edited.py", "exec")
     assert "Adam([], lr=1e-3, fused=True)" in edited  # fused and foreach cannot both be True
@@ -585,7 +588,8 @@ def test_files_the_doctor_must_not_or_cannot_edit_are_listed_by_hand(tmp_path):
 
 def test_freezing_around_a_return_is_left_to_do_by_hand():
     source = "def g_loss(fake):\n    return criterion(netD(fake), ones)\n"
-    plan = patching._Plan(freeze={2: "netD"}, autocast="x")
+    plan = patching._Plan()
+    plan.of(FreezeEdit).sites[2] = "netD"
     assert patching.edit_source(source, plan) == source and "freeze:2" not in plan.done
 
 
@@ -692,7 +696,8 @@ def test_tf32_and_cudnn_fixes_work_whichever_tf32_api_the_process_used():
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_only_a_loss_of_the_wrapped_outputs_joins_the_autocast_block(line, joins):
     import libcst as cst
-    assert patching._loss_of(cst.parse_statement(line + "\n"), {"output", "validity"}) is joins
+    from gantools.doctor.fixes.autocast import _loss_of
+    assert _loss_of(cst.parse_statement(line + "\n"), {"output", "validity"}) is joins
 
 
 def test_a_pair_alternates_stops_at_a_broken_candidate_and_raises_for_a_broken_start():

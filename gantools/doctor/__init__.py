@@ -70,9 +70,11 @@ The stages, each a subpackage, bottom first (a stage imports only itself and tho
   (the DataLoader's per-image work) and `schedule` (which iteration is watched how).
 - `findings`: what is drawn from it: `report` (`DoctorReport`, `Finding`) and the rules (`rules`, with `compile`,
   `memory`, `penalties` and `ddp`).
-- `editing`: your source read and edited whole (`sources`, `scopes`, `logits`).
-- `fixes`: one `Fix` object per change (`fix`), listed in `catalogue` with `Applied`, which installs and undoes them;
-  `lazy_penalty` and `trainer` hold the fixes with run-time machinery of their own.
+- `editing`: your source read and edited whole (`sources`, `scopes`, `logits` with `logits_file`), and `edit`
+  (`Edit`: one fix's edit of one file, made in the patch's single pass).
+- `fixes`: one `Fix` class per change, holding all of it (`fix`), listed in `catalogue` with `Applied`, which
+  installs and undoes them; `autocast`, `freeze`, `lazy_penalty` and `trainer` hold the fixes with machinery of their
+  own (a forward wrapper, a source edit).
 - `patching`: the kept fixes as one diff of your files (`patch`).
 - `diagnosis`: a run turned into a report: `analysis`, `watch` (the front object, `Watch`), `script` and `ranks`.
 - `trying`: `--try`: `trial` (one run of your script with fixes applied) and `try_fixes` (each fix against the best).

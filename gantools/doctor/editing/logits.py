@@ -24,50 +24,13 @@ import os
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
 from ..watching.frames import cell_label, shown, yours
+from .logits_file import LOGITS, RENAMES, THROUGH_SIGMOID, UNWRAP, FileEdit, LastSigmoid, atomic, is_sigmoid_module
 from .sources import SHAPE_OPS, Part, Source, built_path, callee, code, handed, move_of, passed, returned, unpacked
 
-RENAMES = {"BCELoss": "BCEWithLogitsLoss", "binary_cross_entropy": "binary_cross_entropy_with_logits"}
 SIGMOIDS = frozenset({"sigmoid", "expit"})
-UNWRAP, THROUGH_SIGMOID = "unwrap", "sigmoid"   # the two node edits: a sigmoid taken off, a read put through one
-
-
-def is_sigmoid_module(node) -> bool:
-    return isinstance(node, cst.Call) and callee(node).split(".")[-1] == "Sigmoid"
-
-
-class LastSigmoid(cst.CSTVisitor):
-    """The last nn.Sigmoid() call inside a class, in source order (an earlier one is a gate inside the network, as in
-    squeeze-and-excitation): its position, and the node."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, cls: str):
-        super().__init__()
-        self.cls, self.classes, self.position, self.node = cls, [], None, None
-
-    def visit_ClassDef(self, node):
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, node):
-        self.classes.pop()
-
-    def visit_Call(self, node):
-        if self.classes and self.classes[-1] == self.cls and is_sigmoid_module(node):
-            pos = self.get_metadata(PositionProvider, node).start
-            self.position, self.node = (pos.line, pos.column), node
-
-
-@dataclass
-class FileEdit:
-    """The logits edit of one file, as `patching._Plan` takes it."""
-
-    rename: bool = False
-    sigmoid_class: str | None = None
-    sigmoid_at: tuple | None = None   # (line, column) of the nn.Sigmoid() to remove from it
-    nodes: dict = field(default_factory=dict)   # node_key -> (UNWRAP, parenthesize) or (THROUGH_SIGMOID,)
 
 
 @dataclass
@@ -85,23 +48,6 @@ class LogitsEdit:
         for file, line, what in sorted(set(self.sites)):
             out.append(f"  {shown(file)}:{line}: {linecache.getline(file, line).strip()}    # {what}")
         return "\n".join(out)
-
-
-def _atomic(node) -> bool:
-    return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or bool(getattr(node, "lpar", ()))
-
-
-def _parenthesized(node):
-    return node if _atomic(node) else node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
-def rewrite(action: tuple, node):
-    """A node's logits edit (`FileEdit.nodes`): a sigmoid call replaced by what it was applied to, or a value read
-    from D put through `.sigmoid()`."""
-    if action[0] == UNWRAP:
-        inner = node.args[0].value if node.args else node.func.value
-        return _parenthesized(inner) if action[1] else inner
-    return cst.Call(func=cst.Attribute(value=_parenthesized(node), attr=cst.Name("sigmoid")))
 
 
 # -- finding the whole edit ------------------------------------------------------------------------------------------
@@ -350,7 +296,7 @@ class _Finder:
             return
         parent = src.parent[applied]
         inner = applied.args[0].value if applied.args else applied.func.value
-        parens = not _atomic(inner) and not isinstance(parent, (cst.Assign, cst.AnnAssign, cst.Return, cst.Arg))
+        parens = not atomic(inner) and not isinstance(parent, (cst.Assign, cst.AnnAssign, cst.Return, cst.Arg))
         self._file(src).nodes[src.key(applied)] = (UNWRAP, parens)
         self._site(src, applied, f"D's sigmoid on {made}: take it off ({made} is then logits)")
 
@@ -481,7 +427,7 @@ def plan(name: str, plans: dict, report, ctx, by_hand: list) -> None:
         by_hand.append((name, edit.by_hand()))
         return
     for file, change in edit.files.items():
-        p = plans[file]
+        p = plans[file].of(FileEdit)
         p.rename = p.rename or change.rename
         p.sigmoid_class = change.sigmoid_class or p.sigmoid_class
         p.sigmoid_at = change.sigmoid_at or p.sigmoid_at
@@ -490,9 +436,10 @@ def plan(name: str, plans: dict, report, ctx, by_hand: list) -> None:
 
 def missed(name: str, plan, shown_as: str) -> list:
     """The parts of a planned logits edit that found nothing to edit (`patching.make_patch` then leaves it all out)."""
-    undone = (["a BCE loss's name"] if plan.rename and f"{name}:loss" not in plan.done else []) + (
-        [f"class {plan.sigmoid_class}'s final nn.Sigmoid"] if plan.sigmoid_class and f"{name}:sigmoid" not in
-        plan.done else []) + [f"line {k[1]}" for k in plan.nodes if f"{name}:{k}" not in plan.done]
+    edit, done = plan.of(FileEdit), plan.done
+    undone = (["a BCE loss's name"] if edit.rename and f"{LOGITS}:loss" not in done else []) + (
+        [f"class {edit.sigmoid_class}'s final nn.Sigmoid"] if edit.sigmoid_class and f"{LOGITS}:sigmoid" not in
+        done else []) + [f"line {k[1]}" for k in edit.nodes if f"{LOGITS}:{k}" not in done]
     if not undone:
         return []
     return [(name, f"{shown_as}: the doctor could not edit {', '.join(undone)}: remove D's sigmoid and switch its BCE "

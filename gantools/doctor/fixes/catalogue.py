@@ -5,24 +5,21 @@ it after) and its edit of your source (`patching.make_patch`).
 How a fix reaches code it did not write (all of it global, so one run at a time, and all of it undone on exit):
 
 - **G and D** are recognised on their first call by their class and parameter count (as the diagnosis named them);
-  their instance `forward` is then wrapped (that first call has already looked its forward up, so it runs as
-  written: a warm-up iteration's): under `torch.autocast` (bf16 where the device runs it fast, else fp16
-  with a GradScaler: `fixing`), and for D, with its parameters frozen in the calls that the diagnosis saw followed by
-  G's optimizer step (those call sites, FILE:LINE, and only those: a call whose input merely carries gradients can
-  be D's own step, as in WGAN-GP scripts that do not detach). Freezing for the forward alone is enough: autograd
-  records at each op whether a parameter requires grad, so the backward computes no weight gradients for D there.
-  A final `nn.Sigmoid` in D is replaced by `nn.Identity`, and `BCELoss` / `F.binary_cross_entropy` compute
-  `binary_cross_entropy_with_logits`: the same loss from logits (BCELoss is refused under autocast on CUDA).
-- **fp16 without bf16**, **optimizers** and **DataLoaders** (keywords at construction): `fixing`.
+  each fix then changes the module in place (`Fix.on_model`) and wraps its instance `forward` (`Fix.wrap`, each
+  fix's wrapper around the forward the fixes before it left; that first call has already looked its forward up, so
+  it runs as written: a warm-up iteration's): under `torch.autocast` (`autocast`), and for D, with its parameters
+  frozen in the calls that the diagnosis saw followed by G's optimizer step (`freeze`). A final `nn.Sigmoid` in D
+  is replaced by `nn.Identity`, and `BCELoss` / `F.binary_cross_entropy` compute `binary_cross_entropy_with_logits`:
+  the same loss from logits (BCELoss is refused under autocast on CUDA).
+- **fp16 without bf16**, **optimizers** and **DataLoaders** (keywords at construction): `fix`.
 - **Backend flags**: cudnn.benchmark and TF32 through `core.process.backend_flags`, the trainer's switch, which works
   whichever TF32 API (legacy or per-backend) the script itself used, and restores both exactly.
 - **A gradient penalty taken lazily**: `torch.autograd.grad` at the penalty's lines, as the diagnosis placed them
-  (`lazy`: it changes the losses by design, `Fix.changes_losses`).
+  (`lazy_penalty`: it changes the losses by design, `Fix.changes_losses`).
 - **torch.compile**: `module.compile()` on first sight (in place; the first call runs eagerly), CUDA only: on a CPU
   compiling costs minutes per trial and rarely pays for models this small."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -34,14 +31,16 @@ from ...core.process import backend_flags
 from .fix import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs, keywords_missed, watch_backward,
                      with_kwargs)
 from ..editing import logits
-from ..watching.frames import location
+from ..editing.logits_file import LOGITS
+from .autocast import AUTOCAST, Autocast, no_final_sigmoid, no_models
+from .freeze import FREEZE_D, FreezeD
 from .lazy_penalty import LAZY_PENALTY, penalty_sites
 from ..findings.report import DoctorReport
 from ..findings.rules import MachineFacts, faster_impl
 from .trainer import PRECISION, TrainerPrecision
 
-AUTOCAST, LOGITS, FREEZE_D, FUSED, WORKERS, PIN, CHANNELS_LAST, CUDNN, TF32, COMPILE = (
-    "autocast", "logits", "freeze-d", "fused-optimizers", "loader-workers", "pin-memory", "channels-last",
+FUSED, WORKERS, PIN, CHANNELS_LAST, CUDNN, TF32, COMPILE = (
+    "fused-optimizers", "loader-workers", "pin-memory", "channels-last",
     "cudnn-benchmark", "tf32", "compile")
 
 
@@ -94,49 +93,14 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
 
 
 # -- one object per fix ----------------------------------------------------------------------------------------------
-def _no_models(ctx: Context) -> str | None:
-    return None if ctx.g or ctx.d else "the doctor did not tell G and D apart in this loop"
-
-
-def _no_final_sigmoid(ctx: Context) -> str | None:
-    if ctx.bce and not ctx.d_sigmoid:
-        return ("D's sigmoid is not a final nn.Sigmoid module, the one form --try swaps at run time: make the "
-                "sigmoid-bce finding's change (its edit, or by hand), then try again")
-    return None
-
-
-class Autocast(Fix):
-    """G's and D's forward under torch.autocast; fp16 (no bf16) adds the GradScaler (`fixing.watch_backward`)."""
-
-    def not_applicable(self, ctx):
-        return _no_models(ctx) or _no_final_sigmoid(ctx)
-
-    def install(self, applied):
-        applied.scaled = not applied.ctx.bf16
-
-    def on_model(self, applied, module, role):
-        return True
-
-    def plan(self, plans, report, ctx, by_hand):
-        if not ctx.bf16:
-            by_hand.append((AUTOCAST, "fp16 needs a GradScaler per network around each backward and step: "
-                                      "see notebook 02; --try measured it at run time"))
-            return
-        for role in ("G", "D"):
-            for file, line in report.models.get(role, {}).get("call_sites", []):
-                plans[file].wrap.add(line)
-
-    def missed(self, plan, shown):
-        if plan.wrap and AUTOCAST not in plan.done:
-            return [(AUTOCAST, f"{shown}: no plain statement at lines {sorted(plan.wrap)} to wrap in torch.autocast")]
-        return []
-
-
 class Logits(Fix):
-    """D's final nn.Sigmoid replaced by nn.Identity, BCELoss and F.binary_cross_entropy computed from logits."""
+    """D's final nn.Sigmoid replaced by nn.Identity, BCELoss and F.binary_cross_entropy computed from logits; its
+    edit is made whole or not at all (half of it would train on another loss)."""
+
+    whole = True
 
     def not_applicable(self, ctx):
-        return _no_final_sigmoid(ctx)
+        return no_final_sigmoid(ctx)
 
     def install(self, applied):
         applied.patch(nn.BCELoss, "forward", _bce_from_logits)
@@ -150,38 +114,12 @@ class Logits(Fix):
             if not isinstance(getattr(owner, leaf, None), nn.Sigmoid):  # BCE on logits alone would be wrong
                 raise RuntimeError(f"gantools' logits fix found no nn.Sigmoid at D.{path} in this run")
             setattr(owner, leaf, nn.Identity())
-        return False
 
     def plan(self, plans, report, ctx, by_hand):
         logits.plan(self.name, plans, report, ctx, by_hand)
 
     def missed(self, plan, shown):
         return logits.missed(self.name, plan, shown)
-
-
-class FreezeD(Fix):
-    """D's parameters frozen in the calls G's step makes (those call sites only), so its backward stores no weight
-    gradients there."""
-
-    def not_applicable(self, ctx):
-        if not ctx.g_step_sites:
-            return "D is called from the same lines in its own step and in G's: freeze it by hand around G's step"
-        return None
-
-    def on_model(self, applied, module, role):
-        return role == "D"
-
-    def plan(self, plans, report, ctx, by_hand):
-        for file, line in ctx.g_step_sites:
-            plans[file].freeze[line] = report.models.get("D", {}).get("name", "")
-
-    def missed(self, plan, shown):
-        missing = sorted(x for x in plan.freeze if f"freeze:{x}" not in plan.done)
-        if not missing:
-            return []
-        return [(FREEZE_D, f"{shown}: D's call in G's step at line(s) {missing} could not be bracketed (a return "
-                           "statement, or D called by another name): call D.requires_grad_(False) before G's step "
-                           "and D.requires_grad_(True) after it")]
 
 
 class Fused(Fix):
@@ -238,11 +176,10 @@ class ChannelsLast(ModelStatement):
     statement = "{m} = {m}.to(memory_format=torch.channels_last)"
 
     def not_applicable(self, ctx):
-        return _no_models(ctx)
+        return no_models(ctx)
 
     def on_model(self, applied, module, role):
         module.to(memory_format=torch.channels_last)
-        return False
 
 
 class Compile(ModelStatement):
@@ -258,15 +195,20 @@ class Compile(ModelStatement):
             return None, "your models are compiled already"
         return (len(order), None) if ctx.g and ctx.d else (None, None)
 
+    def install(self, applied):
+        applied.compiles = True
+
     def on_model(self, applied, module, role):
         module.compile()
-        return False
 
 
 class Cudnn(BackendFlag):
     """cudnn.benchmark: with fixed shapes, the fastest convolution algorithms timed once and kept."""
 
     flag, statements = "cudnn_benchmark", ("torch.backends.cudnn.benchmark = True",)
+
+    def trainer_keywords(self, bf16):
+        return {"benchmark": "True"}
 
 
 class Tf32(BackendFlag):
@@ -310,7 +252,7 @@ def parts_for(kind: str, ctx: Context) -> tuple:
     if kind in BY_HAND:
         return ()
     parts = tuple(p for fix in FIXES if kind in fix.answers for p in fix.parts)
-    return ((LOGITS,) if ctx.bce and AUTOCAST in parts else ()) + parts
+    return tuple(dict.fromkeys(n for fix in by_name(parts) for n in fix.needs(ctx))) + parts
 
 
 def candidates(report: DoctorReport, facts: MachineFacts) -> tuple[list, list]:
@@ -368,10 +310,11 @@ class Applied:
     seen: dict = field(default_factory=dict)   # id(module) -> "G" / "D" / None for every module with parameters
     models: dict = field(default_factory=dict)  # "G" / "D" -> the module, once called
     g_inputs: list = field(default_factory=list)  # shapes of the tensors G's first call took (noise, labels, ...)
-    frozen_calls: int = 0
+    frozen_calls: int = 0    # D's calls frozen (the freeze-d fix's)
     loader_kwargs: dict = field(default_factory=dict)  # set on every DataLoader built (the loader fixes')
     flags: dict = field(default_factory=dict)          # `backend_flags` keywords (the backend fixes')
     scaled: bool = False     # fp16: each loss through one GradScaler (the autocast fix, without fast bf16)
+    compiles: bool = False   # G and D compiled (the compile fix's): wrappers keep frame inspection out of the graph
     _undo: list = field(default_factory=list)
     _finder: object = None
 
@@ -429,9 +372,12 @@ class Applied:
         if role == "G" and not self.g_inputs:
             self.g_inputs = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
         forward = module.forward
-        wrap = {fix.name for fix in by_name(self.parts) if fix.on_model(self, module, role)}
-        if wrap:
-            module.forward = self._wrapped(module, forward, AUTOCAST in wrap, FREEZE_D in wrap)
+        wrapped = forward
+        for fix in by_name(self.parts):  # in `FIXES`' order, each wrapping the forward as the ones before left it
+            fix.on_model(self, module, role)
+            wrapped = fix.wrap(self, module, role, wrapped) or wrapped
+        if wrapped is not forward:
+            module.forward = wrapped
             self._undo.append(lambda: module.__dict__.pop("forward", None))
         return None
 
@@ -441,36 +387,6 @@ class Applied:
         me = (type(getattr(module, "_orig_mod", module)).__name__, sum(p.numel() for p in module.parameters()))
         return "G" if me == self.ctx.g else "D" if me == self.ctx.d else None
 
-    def _wrapped(self, module, forward, autocast: bool, freeze: bool):
-        dtype = torch.bfloat16 if self.ctx.bf16 else torch.float16
-        device_type, sites, applied = self.ctx.device_type, self.ctx.g_step_sites, self
-        # under torch.compile the site lookup stays out of the graph (dynamo cannot trace frame inspection); made
-        # here, not at import, since importing dynamo changes process-wide settings
-        called_from = torch.compiler.disable(_called_from) if COMPILE in self.parts else _called_from
-
-        def run(*args, **kwargs):
-            params = []
-            if freeze and called_from(sites):
-                params = [p for p in module.parameters() if p.requires_grad]
-                applied.frozen_calls += 1
-            for p in params:
-                p.requires_grad_(False)
-            try:
-                if autocast:
-                    with torch.autocast(device_type, dtype=dtype):
-                        out = forward(*args, **kwargs)
-                    return _float32(out, dtype)
-                return forward(*args, **kwargs)
-            finally:
-                for p in params:  # the graph is recorded: D's weights got no gradient edges in this call
-                    p.requires_grad_(True)
-        return run
-
-
-def _called_from(sites) -> bool:
-    """Whether the model was called from one of `sites` (FILE, LINE) of your code."""
-    return location(sys._getframe(2)) in sites
-
 
 def _bce_from_logits(self, input, target):
     return F.binary_cross_entropy_with_logits(input, target, weight=self.weight, reduction=self.reduction)
@@ -479,15 +395,3 @@ def _bce_from_logits(self, input, target):
 def _functional_bce_from_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     return F.binary_cross_entropy_with_logits(input, target, weight=weight, size_average=size_average,
                                               reduce=reduce, reduction=reduction)
-
-
-def _float32(out, dtype):
-    """The outputs of G's or D's forward under autocast, back in float32 where autocast made them 16-bit, as
-    torch.autocast's documentation advises for tensors used outside the autocast region: your loss then sees one
-    dtype (MSELoss's backward refuses a bf16 input beside a float32 target before torch 2.14, pytorch/pytorch#36553;
-    the patch puts the loss inside the block instead, where autocast runs losses in float32 anyway)."""
-    if isinstance(out, torch.Tensor):
-        return out.float() if out.dtype == dtype else out
-    if isinstance(out, (tuple, list)) and not hasattr(out, "_fields"):
-        return type(out)(_float32(x, dtype) for x in out)
-    return out

@@ -27,11 +27,14 @@ from ..findings.report import DoctorReport
 
 @dataclass(frozen=True, kw_only=True)
 class Fix:
-    """One change `--try` can make, whole: the findings it answers (it is tried when one of them was found), whether
-    it applies to this loop, how it is installed for one run (`fixes.Applied`) and its edit of your source
-    (`patching.make_patch`). `parts`: the fixes it applies, by name (autocast on a BCE loop brings the logits loss);
-    its own name if not given. A subclass overrides what its fix does; the base does nothing. `ctx` below is the
-    diagnosed run's `fixes.Context`, `applied` the run's `fixes.Applied`."""
+    """One change `--try` can make, whole, in one class: the findings it answers (it is tried when one of them was
+    found), whether it applies to this loop, how it is installed for one run and undone (`install`, `on_model`,
+    `wrap`, each change made through `fixes.Applied`), its edit of your source (`plan`, into its own `editing.Edit`
+    that the patch's one pass makes: `patching.make_patch`) and, in a loop Lightning's Trainer runs, the Trainer's
+    arguments that make it (`trainer_keywords`). `Applied`, `make_patch` and `candidates` only loop over the fixes.
+    `parts`: the fixes it applies, by name (autocast on a BCE loop brings the logits loss); its own name if not
+    given. A subclass overrides what its fix does; the base does nothing. `ctx` below is the diagnosed run's
+    `fixes.Context`, `applied` the run's `fixes.Applied`."""
 
     name: str
     title: str
@@ -39,6 +42,8 @@ class Fix:
     parts: tuple = ()
     changes_losses = ""  # not a field: why a fix changes your losses by design (the guard then asks only that they
     #                      stay finite); empty for a fix that keeps what your code computes
+    whole = False        # its edit is made whole or not at all: one part missed, `make_patch` leaves it all out
+    needs_why = ""       # why it is not made without the fixes `needs` names, when one of those is left by hand
 
     def __post_init__(self):
         if not self.parts:
@@ -66,16 +71,34 @@ class Fix:
         """Why this loop cannot take the fix at run time; None when it can."""
         return None
 
+    def needs(self, ctx) -> tuple:
+        """The fixes, by name, it is applied and written with in this loop (autocast with the logits loss on BCE)."""
+        return ()
+
+    def trainer_keywords(self, bf16: bool) -> dict:
+        """The Lightning Trainer's arguments that make it (keyword -> source), where the Trainer owns the change."""
+        return {}
+
+    def workers(self, ctx) -> int:
+        """The DataLoader workers a run with it has (`try_fixes` warms up past what they prepare ahead)."""
+        return 0
+
     def install(self, applied) -> None:
         """Its process-wide changes, each made through `applied` so that it is undone on exit."""
 
-    def on_model(self, applied, module: torch.nn.Module, role: str) -> bool:
-        """Its change to G or D (`role`) on first sight. Returns whether their forward is to be wrapped."""
-        return False
+    def on_model(self, applied, module: torch.nn.Module, role: str) -> None:
+        """Its change, in place, to G or D (`role`) on first sight."""
+
+    def wrap(self, applied, module: torch.nn.Module, role: str, forward):
+        """Its change to G's or D's forward (`role`), on first sight: a function that runs `forward` (the forward as
+        the fixes before it left it) its way, or None to leave it as it is. `Applied` sets the result as the
+        module's forward until exit."""
+        return None
 
     def plan(self, plans: dict, report: DoctorReport, ctx, by_hand: list) -> None:
-        """Its source edits, planned in `plans` (file -> `patching._Plan`); (name, why) into `by_hand` for what
-        cannot be an edit."""
+        """Its source edits, planned in `plans` (file -> `patching._Plan`: its own `editing.Edit` is `.of(ItsEdit)`,
+        the templates several fixes share are its fields); (name, why) into `by_hand` for what cannot be an
+        edit."""
 
     def edits(self, plans: dict, report: DoctorReport, ctx, by_hand: list) -> None:
         """Its source edits (what `patching.make_patch` calls): one of the Trainer's arguments where Lightning's
@@ -111,6 +134,9 @@ class LoaderSetting(Fix):
 
     def keywords(self, ctx) -> dict:
         return {}
+
+    def workers(self, ctx):
+        return self.keywords(ctx).get("num_workers", 0)
 
     def install(self, applied):
         applied.loader_kwargs.update(self.keywords(applied.ctx))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from .fix import Fix, with_kwargs
-from ..watching.lightning import TRAINER_MODULES, precision
+from ..watching.lightning import TRAINER_MODULES, precision, precision_keywords
 
 PRECISION = "trainer-precision"
 
@@ -24,6 +24,9 @@ class TrainerPrecision(Fix):
             return None, None
         why = self.not_applicable(ctx)
         return (None, why) if why else (min(found), None)
+
+    def trainer_keywords(self, bf16):
+        return precision_keywords(bf16)
 
     def not_applicable(self, ctx):
         if not ctx.bf16:

@@ -26,12 +26,10 @@ from ...errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
 from ...measuring.protocol import IterationClock
 from ...core.process import ProcessSnapshot, on_interrupt
 from ..fixes import fix as fixing
-from ..fixes import lazy_penalty as lazy
-from ..fixes import trainer as trainer_fixes
-from ..fixes.catalogue import Applied, Context
+from ..fixes.catalogue import FIXES, Applied, Context
 
 _FIXES_FILES = {os.path.realpath(inspect.getsourcefile(m))  # the fixes and their mechanisms
-                for m in (Applied, fixing, lazy, trainer_fixes)}
+                for m in (Applied, fixing, *{type(f) for f in FIXES})}
 
 
 @dataclass
@@ -164,8 +162,8 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
 
 
 def _raised_in_fixes(error: BaseException) -> bool:
-    """Whether the error comes from gantools' own fix code (a frame in fixes.py, fixing.py or trainer_fixes.py), not
-    from the script."""
+    """Whether the error comes from gantools' own fix code (a frame in a fix's module or its mechanisms'),
+    not from the script."""
     tb = error.__traceback__
     while tb is not None:
         if os.path.realpath(tb.tb_frame.f_code.co_filename) in _FIXES_FILES:

@@ -26,7 +26,7 @@ from ...measuring import hardware
 from ...measuring.turns import ALTERNATE, Contender, Spread, take_turns
 from ...speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
 from ...errors import DoctorError
-from ..fixes.catalogue import WORKERS, Context, candidates, context
+from ..fixes.catalogue import Context, by_name, candidates, context
 from ..fixes.fix import Fix
 from ..findings.report import DoctorReport
 from ..findings.rules import MachineFacts, not_judged
@@ -202,7 +202,7 @@ def _on_functions(fixes: list, skipped: list, report: DoctorReport) -> tuple[lis
     plain = [role for role in ("G", "D") if report.models.get(role, {}).get("class") == "function"]
     if not plain:
         return fixes, skipped
-    on_modules = [f for f in fixes if type(f).on_model is not Fix.on_model]
+    on_modules = [f for f in fixes if type(f).on_model is not Fix.on_model or type(f).wrap is not Fix.wrap]
     why = (f"{' and '.join(plain)} {'are plain functions' if len(plain) > 1 else 'is a plain function'}, not "
            "nn.Modules: --try makes this change to a module's forward at run time")
     return [f for f in fixes if f not in on_modules], skipped + [(f.name, why) for f in on_modules]
@@ -294,7 +294,8 @@ class _Runner:
         """Warm-up long enough that DataLoader workers are past the batches they prepare ahead (num_workers x
         prefetch_factor, 2 by default): timed sooner, a run with workers is served from that buffer while one
         without pays for every batch (the reason `bench.prefetched` exists for tune)."""
-        workers = max([w for w, _, _ in self.ctx.loaders] + [self.ctx.workers for r in runs if WORKERS in r] + [0])
+        workers = max([w for w, _, _ in self.ctx.loaders] + [f.workers(self.ctx) for r in runs for f in by_name(r)]
+                      + [0])
         return max(self.warmup, 2 * workers + 1) if workers else self.warmup
 
     def pair(self, a: tuple, b: tuple, repeats: int) -> tuple[list, list]:

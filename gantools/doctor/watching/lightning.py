@@ -148,14 +148,16 @@ def settings(obs) -> dict | None:
 
 # -- fixes that are the Trainer's arguments ---------------------------------------------------------------------------
 def trainer_arguments(fix, report, bf16: bool) -> dict | None:
-    """The Trainer's arguments that make `fix` (a `fixing.Fix`, known by the findings it answers) in a loop
-    Lightning's Trainer runs; None when no Trainer runs it, or when the fix is not one of its arguments: 16-bit is
-    its precision plugin's, cudnn.benchmark its flag."""
+    """The Trainer's arguments that make `fix` (a `fixes.Fix`: its `trainer_keywords`) in a loop Lightning's Trainer
+    runs; None when no Trainer runs it, or when the fix is not one of its arguments."""
     if not report.settings.get("lightning"):
         return None
-    if "fp32-convolutions" in fix.answers:
-        return {"precision": _precision(bf16)}
-    return {"benchmark": "True"} if "cudnn-benchmark" in fix.answers else None
+    return fix.trainer_keywords(bf16) or None
+
+
+def precision_keywords(bf16: bool) -> dict:
+    """16-bit as the Trainer's argument: its precision plugin runs training_step under autocast."""
+    return {"precision": _precision(bf16)}
 
 
 def trainer_owned(fix, report, bf16: bool) -> str | None:
