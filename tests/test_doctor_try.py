@@ -189,7 +189,8 @@ def test_autocast_hands_float32_outputs_to_a_loss_outside_it():
         out = d(fake)
         nn.MSELoss()(out, target).backward()
     assert fake.dtype == out.dtype == torch.float32 and all(p.grad is not None for p in g.parameters())
-    assert fixes._float32((torch.ones(1, dtype=torch.bfloat16), 3), torch.bfloat16)[0].dtype == torch.float32
+    from gantools.doctor.fixes.autocast import _float32
+    assert _float32((torch.ones(1, dtype=torch.bfloat16), 3), torch.bfloat16)[0].dtype == torch.float32
 
 
 def test_fp16_scales_each_loss_and_steps_through_one_scaler():
