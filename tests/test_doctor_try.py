@@ -61,7 +61,7 @@ def test_findings_show_the_change_as_an_edit_of_your_own_lines(pngs, tmp_path, p
     amp = by_kind["fp32-convolutions"].patch
     assert "-        output = netD(real_cpu).view(-1)" in amp  # their line, their names, removed ...
     assert "+        with torch.autocast(device.type, dtype=torch.bfloat16):" in amp
-    assert "+            output = netD(real_cpu).view(-1)" in amp  # ... and the same line under autocast
+    assert "+            output = netD(real_cpu).float().view(-1)" in amp  # ... under autocast, D's output in fp32
     assert "-            nn.Sigmoid()" in amp and "+criterion = nn.BCEWithLogitsLoss()" in amp  # BCE needs logits
     assert "+        D_x = output.sigmoid().mean().item()" in by_kind["sigmoid-bce"].patch  # D(x) as it was logged
     freeze = by_kind["d-grads-in-g-step"].patch

@@ -12,7 +12,7 @@ import torch
 
 from ..editing.edit import Edit
 from ..editing.logits_file import LOGITS
-from ..editing.scopes import autocast_item
+from ..editing.scopes import autocast_items
 from ..editing.sources import callee
 from ..watching.lightning import precision_keywords
 from .fix import Fix
@@ -51,7 +51,8 @@ class Autocast(Fix):
 
     def wrap(self, applied, module, role, forward):
         dtype = torch.bfloat16 if applied.ctx.bf16 else torch.float16
-        device_type = applied.ctx.device_type
+        # the type of the device your script put the model on (autocast on another type leaves its ops alone)
+        device_type = next(module.parameters()).device.type
 
         def run(*args, **kwargs):
             with torch.autocast(device_type, dtype=dtype):
@@ -65,16 +66,20 @@ class Autocast(Fix):
                                       "see notebook 02; --try measured it at run time"))
             return
         for role in ("G", "D"):
-            for file, line in report.models.get(role, {}).get("call_sites", []):
+            model = report.models.get(role, {})
+            for file, line in model.get("call_sites", []):
                 edit = plans[file].of(AutocastEdit)
-                edit.device_type = ctx.device_type
                 edit.wrap.add(line)
+                edit.models.add(model.get("name"))
 
     def missed(self, plan, shown):
-        wrap = plan.of(AutocastEdit).wrap
-        if wrap and AUTOCAST not in plan.done:
-            return [(AUTOCAST, f"{shown}: no plain statement at lines {sorted(wrap)} to wrap in torch.autocast")]
-        return []
+        edit = plan.of(AutocastEdit)
+        left = sorted(line for line in edit.wrap if f"{AUTOCAST}:{line}" not in plan.done)
+        nameless = [line for line in left if not edit.items.get(line)]
+        if nameless:  # never the device the doctor ran on: the patch runs where the script chooses
+            return [(AUTOCAST, f"{shown}: lines {nameless}: no device named in your code (`scopes`): wrap them in "
+                               "`with torch.autocast(<your device>.type, dtype=torch.bfloat16):`, outputs `.float()`")]
+        return [(AUTOCAST, f"{shown}: no plain statement at lines {left} to wrap in torch.autocast")] if left else []
 
 
 def _float32(out, dtype):
@@ -92,26 +97,60 @@ def _float32(out, dtype):
 # -- the source edit -------------------------------------------------------------------------------------------------
 @dataclass
 class AutocastEdit(Edit):
-    """The statements at `wrap`'s lines, each run of them in one `with torch.autocast(...)` block."""
+    """The statements at `wrap`'s lines, each run of them in one `with torch.autocast(...)` block for the device your
+    script picks (`scopes.autocast_items`), G's and D's outputs there back in float32 (`leave_Call`)."""
 
-    wrap: set = field(default_factory=set)   # lines of statements to run under autocast
-    device_type: str = "cpu"                 # the device the diagnosis ran on (`scopes.autocast_item`)
-    item: str = ""                           # the `with` item's source
+    wrap: set = field(default_factory=set)     # lines of statements to run under autocast
+    models: set = field(default_factory=set)   # the names your code calls G and D by
+    items: dict = field(default_factory=dict)  # line -> the `with` item's source; None: no device named there
+    whole: set = field(default_factory=set)    # ids of calls whose output is unpacked or indexed
+    wrapping: bool = False                     # in a simple statement autocast wraps
     name = AUTOCAST
 
     def __bool__(self):
         return bool(self.wrap)
 
     def prepare(self, source):
-        self.item = autocast_item(source, self.device_type, self.wrap) if self.wrap else ""
+        self.items = autocast_items(source, self.wrap, self.models) if self.wrap else {}
+
+    def visit_SimpleStatementLine(self, node):
+        self.wrapping = any(self.items.get(line) for line in self.wrap & set(self.lines(node)))
+
+    def leave_SimpleStatementLine(self, original, updated):
+        self.wrapping = False
+        return updated
+
+    def visit_Assign(self, node):
+        self.whole.update(id(node.value) for t in node.targets if isinstance(t.target, (cst.Tuple, cst.List)))
+
+    def visit_Subscript(self, node):
+        self.whole.add(id(node.value))
+
+    def leave_Call(self, original, updated):
+        """`D(x)` as `D(x).float()` on a wrapped line, so its losses run in float32 whatever their ops (BEGAN's
+        `torch.mean(torch.abs(D(x) - x))` is on no autocast list and would run in bf16), as the finding's template
+        (`criterion(output.float(), label)`) and `--try` (`_float32`) have it; torch.autocast's documentation advises
+        the cast for tensors used outside the region, and a float32 tensor's `.float()` is itself. An output
+        unpacked or indexed (a tuple of heads, perhaps) is left as it is."""
+        if not self.wrapping or id(original) in self.whole or callee(original) not in self.models:
+            return updated
+        return cst.Call(func=cst.Attribute(value=updated, attr=cst.Name("float")))
+
+    def _joins(self, lines, open_item: str) -> str:
+        """The `with` item of the block a statement at `lines` joins (the open block's, else its first line's own); ""
+        for no G or D call, or no device named in your code (`scopes.autocast_items`: then by hand)."""
+        wrapped = sorted(self.wrap & set(lines))
+        item = (open_item or self.items.get(wrapped[0]) or "") if wrapped else ""
+        self.done.update(f"{AUTOCAST}:{line}" for line in (wrapped if item else ()))
+        return item
 
     def block(self, groups):
-        out, run, made = [], [], set()  # made: the names the autocast run assigns
+        out, run, made, item = [], [], set(), [""]  # made: the names the autocast run assigns; item: its `with` item
 
         def flush():
             made.clear()
             if run:
-                out.append((None, [cst.With(items=[cst.WithItem(cst.parse_expression(self.item))],
+                out.append((None, [cst.With(items=[cst.WithItem(cst.parse_expression(item[0]))],
                                             body=cst.IndentedBlock(body=[s.with_changes(leading_lines=[]) if i == 0
                                                                          else s for i, s in enumerate(run)]),
                                             leading_lines=run[0].leading_lines
@@ -125,11 +164,11 @@ class AutocastEdit(Edit):
             if not group:  # removed by another fix's edit
                 continue
             bracketed = len(group) > 1  # another fix's statements around it (D frozen in G's step)
-            if self.wrap & set(self.lines(orig)) or (run and not bracketed and _loss_of(orig, made)):
+            joins = self._joins(self.lines(orig), item[0] if run else "")
+            if joins or (run and not bracketed and _loss_of(orig, made)):
                 # a statement right after the wrapped forward that computes from its outputs (the loss) joins the
-                # block, as in PyTorch's AMP recipe: losses in autocast's float32 list see one dtype (MSELoss's
-                # backward refuses a bf16 input beside a float32 target before torch 2.14: pytorch/pytorch#36553)
-                self.done.add(AUTOCAST)
+                # block, as in PyTorch's AMP recipe, computing in float32 from G's and D's outputs (`leave_Call`)
+                item[0] = joins or item[0]
                 made.update(_assigned_names(orig))
                 run.extend(group)
             else:
