@@ -182,7 +182,9 @@ def steady_doctor():
     a DataLoader's epoch start and the copies to the device; the device is taken to be busy whenever the loop is not
     waiting for data, and convolutions and matmuls 40% of that. What the doctor saw (the phases, the settings, the
     sites) stays as it ran; so a finding appears because its evidence was observed, and its gate is tested on its
-    own in test_doctor_rules.py. The verdict is the doctor's own (`analysis._verdict`) on these numbers. The fixture
+    own in test_doctor_rules.py. The machine is taken to be quiet (`analysis.timing_doubts` finds nothing: the
+    steady times above are not the profiler's), so the report reads as on one; test_doctor_load.py tests the doubts.
+    The verdict is the doctor's own (`analysis._verdict`) on these numbers. The fixture
     keeps what was measured: `measured[id(report)]` is (its phases, its step time), for what a test asks of the
     measuring itself."""
     from gantools.doctor.diagnosis import analysis
@@ -205,6 +207,7 @@ def steady_doctor():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(analysis, "_profile_into", steady)
+        patch.setattr(analysis, "timing_doubts", lambda report: [])
         yield measured
 
 

@@ -480,7 +480,7 @@ def test_try_measures_each_fix_and_the_patch_holds_what_was_kept(pngs, tmp_path,
     answers = {f.name: f.answers for f in fixes.FIXES}
     rank = [min(kinds.index(k) for k in answers[n] if k in kinds) for n in names]
     assert rank == sorted(rank), (names, kinds)  # tried in the order of the findings
-    assert all(t["outcome"] in ("kept", "not faster") for t in tried["tried"]), printed
+    assert all(t["outcome"] in ("kept", "not faster", "too noisy") for t in tried["tried"]), printed
     assert all(t["speedup"] > 0 and len(t["spread"]) == 2 for t in tried["tried"])
     assert "not judged on this device (cpu): pinned memory" in printed
     patch = (tmp_path / "fix.patch").read_text()

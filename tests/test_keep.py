@@ -2,7 +2,8 @@
 against a second seed's spread, that seed trained only when the decision needs it)."""
 import pytest
 
-from gantools.speed.keep import QUALITY_TARGET, decide, decide_in_two, judge_fid
+from gantools.speed.keep import QUALITY_TARGET, decide, decide_in_two, judge_fid, too_noisy
+from gantools.measuring.turns import Spread
 
 INC = [100, 90, 110, 100, 100]
 
@@ -50,6 +51,23 @@ def test_a_close_call_without_time_to_measure_it_again_is_not_kept():
     kept, ratio, _, why = decide_in_two(INC, [130, 85, 140, 110, 99], lambda why: None)
     assert kept is False and ratio > 1
     assert why.startswith("not kept: ") and "undecided" not in why and why.endswith("no time left to measure it again")
+
+
+WILD = [6, 143, 754, 125, 91]  # over INC: 0.06x to 7.54x, the ratios a loaded machine gave
+
+
+def test_a_range_wider_than_the_effect_is_measured_again_and_then_neither_kept_nor_dropped():
+    asked = []
+    kept, ratio, spread, why = decide(INC, WILD, final=False)
+    assert kept is None and why.startswith("undecided: ") and "measure again on a quiet machine" in why
+    kept, ratio, spread, why = decide_in_two(INC, WILD, lambda why: asked.append(why) or (INC, WILD))
+    assert asked and kept is None and why.startswith("too noisy: ") and why.endswith("on a quiet machine")
+    kept, _, _, why = decide_in_two(INC, WILD, lambda why: None)  # no time to measure it again: still not a drop
+    assert kept is None and why.startswith("too noisy: ")
+    # a won range is kept however wide; a change that does nothing on a quiet machine has a range wider than its
+    # effect but narrow, and is decided as before
+    assert not too_noisy(1.2, Spread(1.05, 1.9)) and not too_noisy(1.0, Spread(0.97, 1.04))
+    assert decide(INC, [103, 89, 108, 98, 99])[0] is False
 
 
 def test_the_second_seed_is_trained_only_when_fid_rose_past_the_target():

@@ -1,7 +1,9 @@
 """Keep a change or drop it: the one rule `tune` and `doctor --try` share, and the notebooks' conclusions too.
 
 Speed (`decide`, `decide_in_two`): a sequential sign test on paired ratios. The candidate is measured against the
-incumbent in paired repeats; a close call is measured again, as many repeats more, and decided once more.
+incumbent in paired repeats; a close call is measured again, as many repeats more, and decided once more. A range
+of paired ratios wider than the effect it would decide on (`too_noisy`) decides nothing: the machine's load did not
+cancel in the pairs, so it is measured again, and said to be too noisy if it still is.
 
 Quality (`judge_fid`): FID of the changed run against the start's at an equal number of training images. A short
 GAN run's FID moves by chance from seed to seed, so a change counts as hurting (or helping) quality only beyond the
@@ -17,6 +19,21 @@ from typing import Callable
 from ..measuring.turns import Spread
 
 QUALITY_TARGET = 1.1  # a FID within this factor of the start's reads as quality kept (evidence: docs/tune.md)
+# Half a paired range past this share of its median (`Spread.share_of`, the noise in a figure) is more noise than
+# pairing leaves on a machine doing nothing else (the ranges docs/doctor.md shows); one under another job's load
+# spans several times the ratio
+NOISE_LIMIT = 0.25
+TOO_NOISY = "too noisy"
+QUIET = "measure again on a quiet machine"
+
+
+def too_noisy(ratio: float, spread: Spread) -> bool:
+    """Whether paired ratios with median `ratio` and range `spread` are too noisy to keep or drop on: the range holds
+    1 (neither every repeat won nor every one lost), its half is past `NOISE_LIMIT` of the median, and past the
+    effect itself (the median's distance from 1). A change that does nothing on a quiet machine has a range wider
+    than its effect but narrow; a real gain measured under load a range several times itself."""
+    half = (spread.high - spread.low) / 2
+    return spread.low <= 1 <= spread.high and spread.share_of(ratio) > NOISE_LIMIT and half > abs(ratio - 1)
 
 
 def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, Spread, str]:
@@ -34,19 +51,26 @@ def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tu
     highest fifth lies above 1. How often each stage keeps a change that does nothing, and one slightly faster:
     docs/tune.md.
 
+    A range too noisy to decide on (`too_noisy`) is undecided at the first look and, at the last, neither kept nor
+    dropped (None, "too noisy: ..."): the caller says to measure again on a quiet machine.
+
     Args:
         incumbent_runs: the incumbent's images/s per repeat, in repeat order.
         candidate_runs: the candidate's, paired with them repeat by repeat.
-        final: whether this is the last look (no undecided answer).
+        final: whether this is the last look (undecided only when too noisy).
 
     Returns:
-        (kept, or None when undecided; speed-up; spread; why, starting "kept: ", "not kept: " or "undecided: ")."""
+        (kept, or None when undecided or too noisy; speed-up; spread; why, starting "kept: ", "not kept: ",
+        "undecided: " or "too noisy: ")."""
     ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs, strict=True)]
     ratio, spread = statistics.median(ratios), Spread.of(ratios)
     shown = f"{ratio:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
     wins, n = sum(r > 1 for r in ratios), len(ratios)
     if spread[0] > 1:
         return True, ratio, spread, f"kept: {shown}, faster in all {n} repeats"
+    if too_noisy(ratio, spread):
+        head = f"{TOO_NOISY}: " if final else "undecided: "
+        return None, ratio, spread, f"{head}{shown}, a paired range wider than the effect: {QUIET}"
     if ratio <= 1:
         return False, ratio, spread, f"not kept: {shown}, not faster"
     if not final:
@@ -69,13 +93,15 @@ def decide_in_two(incumbent_runs: list, candidate_runs: list, again: Callable[[s
             comparison its own way (a run that broke, say).
 
     Returns:
-        (kept, speed-up, spread, why) as `decide` gives them, never undecided."""
+        (kept, speed-up, spread, why) as `decide` gives them, never undecided; kept is None only when too noisy."""
     first = list(incumbent_runs), list(candidate_runs)  # as measured: `again` may extend the caller's lists
     kept, ratio, spread, why = decide(*first, final=False)
     if kept is not None:
         return kept, ratio, spread, why
     more = again(why)
     if more is None:
+        if too_noisy(ratio, spread):
+            return None, ratio, spread, f"{TOO_NOISY}: {why.removeprefix('undecided: ')}"
         why = why.removeprefix("undecided: ")
         return False, ratio, spread, f"not kept: {why}, and no time left to measure it again"
     return decide([*first[0], *more[0]], [*first[1], *more[1]])

@@ -17,6 +17,7 @@ import torch
 from ...core.checkpoint import atomic_write
 from ...measuring import hardware
 from ...measuring.compile_counts import first_lines
+from ...measuring.load import doubts
 from ...measuring.protocol import OWN_SYNC, code_syncs, spans
 from ...measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
 from ...speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
@@ -106,12 +107,21 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
         report.note = report.note or _incomplete_note(sched)
         return report
     _profile_into(report, obs, sched, run)
+    report.timings_doubted = timing_doubts(report)
     report.complete = True
     report.settings["data_site"] = obs.data_site
     report.findings = in_trainer_terms(findings(report, facts), report, facts.bf16)
     report.not_judged = not_judged(facts)
     _in_your_code(report, facts)
     return report
+
+
+def timing_doubts(report: DoctorReport) -> list:
+    """Why this run's timings are not the loop's own (`measuring.load.doubts`: other processes' CPU time while it was
+    measured, a profiler overhead no quiet machine gives), or none."""
+    timed = report.unprofiled_step_time_ms
+    overhead = report.step_time_ms / timed if timed and timed == timed else None
+    return doubts(report.settings.get("machine_load"), overhead)
 
 
 def _in_your_code(report: DoctorReport, facts: MachineFacts) -> None:
@@ -327,6 +337,7 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
     g_opt = obs.optimizer_of("G")
     s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / n) if g_opt and d else 0
     s["gradient_penalty"] = described(obs, sched.profiled)
+    s["machine_load"] = sched.load.describe() if sched.load else None
     if facts.cuda:
         s["cudnn_benchmark"], s["tf32"], s["gpu"] = facts.cudnn_benchmark, facts.tf32, facts.gpu
     return s

@@ -34,7 +34,14 @@ class Finding:
     by_hand: str = ""         # what of it the doctor cannot make as an edit: why, and the lines to change
 
     def __str__(self):
-        gain = f"estimated gain up to {self.estimated_speedup:.2f}x" if self.estimated_speedup else "measure it"
+        return self.text()
+
+    def text(self, estimated: bool = True) -> str:
+        """The finding as the report prints it; `estimated=False` where the run's timings are in doubt
+        (`DoctorReport.timings_doubted`): its gain is then not shown. A gain is an estimate from one profile, which
+        the measured change may beat or miss, never a bound."""
+        gain = ("gain not estimated: the timings are unreliable" if not estimated and self.estimated_speedup else
+                f"estimated gain {self.estimated_speedup:.2f}x" if self.estimated_speedup else "measure it")
         shown = self.patch or self.change
         change = "\n".join("      " + line for line in shown.splitlines())
         label = "your lines, before (-) and after (+)" if self.patch else "in your code"
@@ -86,6 +93,7 @@ class DoctorReport(PhaseTable):
     trace_path: str | None = None
     missing: list = field(default_factory=list)     # the parts of your loop the doctor could not find, in words
     host_budget: dict | None = None  # launches, syncs, host reads per iteration, counted (`host_count`), or why not
+    timings_doubted: list = field(default_factory=list)  # why this run's timings are not the loop's own (`load`)
 
     def kinds(self) -> list:
         return [f.kind for f in self.findings]
@@ -109,6 +117,7 @@ class DoctorReport(PhaseTable):
         lines += ["  " + line for line in _describe_loop(self)]
         if not self.complete:
             lines.append(f"  incomplete: {self.note}")
+        lines += _doubt_lines(self.timings_doubted)
         timed = self.settings.get("timed_iterations_ms") or []
         if self.unprofiled_step_time_ms == self.unprofiled_step_time_ms:  # not NaN: the timed window finished
             lines.append(f"  {self.unprofiled_step_time_ms:.1f} ms per iteration (median of {len(timed)} timed "
@@ -137,15 +146,31 @@ class DoctorReport(PhaseTable):
                      f"{100 * self.compute_share:.0f}% of it; {memory} {self.peak_mem_mb:.0f} MB")
         if self.settings.get("memory"):
             lines.append("  " + memory_line(self.settings["memory"]))
-        lines += ["", "findings, ranked by estimated gain:" if self.findings else
-                  "findings: none. Nothing in this run is worth changing by the doctor's rules."]
+        lines += ["", _findings_head(self)]
         for i, f in enumerate(self.findings, 1):
-            lines.append(f"{i}. {f}")
+            lines.append(f"{i}. {f.text(estimated=not self.timings_doubted)}")
         if self.not_judged:
             lines += ["", f"not judged on this device ({self.device}): " + "; ".join(self.not_judged)]
         if self.trace_path:
             lines += ["", f"trace (open in https://ui.perfetto.dev): {self.trace_path}"]
         return "\n".join(lines)
+
+
+def _doubt_lines(doubts: list) -> list:
+    """The warning a report whose timings are in doubt starts with: why, and what to do."""
+    if not doubts:
+        return []
+    return [f"  timings unreliable: {'; '.join(doubts)}.",
+            "  The times, shares and verdict below are this run's, not your loop's alone, and no gain is estimated "
+            "from them: run the doctor again on a quiet machine."]
+
+
+def _findings_head(r: DoctorReport) -> str:
+    if not r.findings:
+        return "findings: none. Nothing in this run is worth changing by the doctor's rules."
+    if r.timings_doubted:
+        return "findings (what your loop does; their gains not estimated: the timings are unreliable, above):"
+    return "findings, ranked by estimated gain:"
 
 
 def memory_line(m: dict) -> str:

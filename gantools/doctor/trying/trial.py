@@ -2,7 +2,8 @@
 iterations left out, then `steps` iterations timed with the device synchronised at each one's end, and every scalar
 you call `backward()` on kept on the device (read once, after the run) for the quality guard. Nothing else is
 hooked but what finds G and D (removed once both are found) and a thin wrapper on `backward()`, so the times are
-your loop's own. The script's output is kept, not printed."""
+your loop's own; the CPU time other processes took while they were timed is read too (`measuring.load`). The
+script's output is kept, not printed."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +24,7 @@ from torch.optim import optimizer as _optim
 from torch.utils.data import dataloader as _dataloader
 
 from ...errors import ScriptInterrupted, ScriptMeasured, ScriptTimeout
+from ...measuring.load import LoadWindow
 from ...measuring.protocol import IterationClock
 from ...core.process import ProcessSnapshot, on_interrupt
 from ..fixes import fix as fixing
@@ -46,6 +48,7 @@ class Trial:
     output: str = ""
     ours: bool = False                    # it raised inside gantools' own fix code, not in the script
     samples: torch.Tensor | None = None   # images from G after the run, when asked for (`samples=`)
+    load: dict | None = None              # other processes' CPU time over the timed iterations (`Load.describe`)
 
     @property
     def measured(self) -> bool:
@@ -80,6 +83,8 @@ class _Pace:
         self.built: list = []
         self.marks = 0
         self.clock = IterationClock(device)
+        self.load_window = LoadWindow()
+        self.load = None
         self.current: list = []
         self.losses: list = []
         self.interrupted = False
@@ -95,12 +100,14 @@ class _Pace:
         self.marks += 1
         self.on_mark()
         if self.marks == self.warmup + 1:
+            self.load_window.start()
             self.clock.start()
         elif self.marks > self.warmup + 1:
             self.clock.lap()
             self.losses.append(self.current)
         self.current = []
         if len(self.clock.times_ms) >= self.steps:
+            self.load = self.load_window.stop()
             raise ScriptMeasured()
 
     def loss_seen(self, tensor) -> None:
@@ -158,6 +165,7 @@ def run_trial(path: Path, args, parts: tuple, ctx: Context, pacer: int, images_p
         trial.traceback = ("".join(traceback.format_exception(error)) if trial.ours
                            else _user_traceback(error, path))
     trial.samples = drawn
+    trial.load = pace.load.describe() if pace.load else None
     return trial
 
 

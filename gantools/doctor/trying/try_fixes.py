@@ -4,8 +4,11 @@
 The protocol is tune's (`keep.decide_in_two`): each repeat runs the current best and the candidate back to back, in
 alternating order, each as a fresh run of your script (`trial`: its warm-up iterations left out, the device
 synchronised); repeat r gives one paired ratio of images/s. Five repeats first; kept if the candidate won them all,
-dropped if it is not faster on the median, else five more and kept if it won 8 of 10. Fixes are tried in the order
-of the findings (ranked by estimated gain), each on top of those kept before it.
+dropped if it is not faster on the median, else five more and kept if it won 8 of 10; a range wider than the
+effect, which another job's load makes, is measured again and, still that wide, neither kept nor dropped but "too
+noisy": measure again on a quiet machine (`keep.too_noisy`; the CPU time other processes took while the runs were
+timed says why, `measuring.load`). Fixes are tried in the order of the findings (ranked by estimated gain), each on
+top of those kept before it.
 
 The quality guard, per candidate, against the runs of the current best in the same comparison: a candidate whose
 losses go non-finite is rejected, as is one whose mean of any loss (the scalars your code calls backward() on, in
@@ -23,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...measuring import hardware
+from ...measuring.load import doubts
 from ...measuring.turns import ALTERNATE, Contender, Spread, take_turns
-from ...speed.keep import QUALITY_TARGET, FidJudgement, decide_in_two, judge_fid
+from ...speed.keep import QUALITY_TARGET, QUIET, TOO_NOISY, FidJudgement, decide_in_two, judge_fid, too_noisy
 from ...errors import DoctorError
 from ..fixes.catalogue import Context, by_name, candidates, context
 from ..fixes.fix import Fix
@@ -43,11 +47,12 @@ class Tried:
     name: str
     title: str
     parts: tuple
-    outcome: str           # kept, not faster, broke the script, failed the guard
+    outcome: str           # kept, not faster, too noisy, broke the script, failed the guard
     why: str
     speedup: float | None = None
     spread: tuple | None = None
     traceback: str = ""
+    load: dict | None = None  # the busiest of its runs: other processes' CPU time while it was timed
 
 
 @dataclass
@@ -98,16 +103,35 @@ class TryReport:
         lines += self._fix_lines()
         if self.together:
             t = self.together
+            noisy = too_noisy(t["speedup"], Spread(*t["spread"]))
             lines.append(f"  all kept fixes together ({', '.join(self.kept)}) against the start: {t['speedup']:.2f}x "
                          f"({t['spread'][0]:.2f}-{t['spread'][1]:.2f}, paired), {self.start_images_per_sec:.0f} -> "
-                         f"{t['images_per_sec']:.0f} {self.unit} (medians)")
+                         f"{t['images_per_sec']:.0f} {self.unit} (medians)"
+                         + (f"; {TOO_NOISY} to quote: {QUIET}" if noisy else ""))
         elif not self.interrupted:
-            lines.append("  nothing kept: no fix made this loop faster here")
+            lines.append(f"  nothing kept: {self._none_kept()}")
         if self.quality:
             lines.append("  quality: " + self.quality["summary"])
         if self.not_judged:
             lines.append(f"  not judged on this device ({self.device}): " + "; ".join(self.not_judged))
         return "\n".join(lines)
+
+    def _none_kept(self) -> str:
+        """Why no fix was kept, from what was tried: nothing (every candidate not tried, or measuring stopped before
+        one was decided), every fix too noisy to decide, or fixes measured and none faster."""
+        if not self.tried:
+            if self.error:
+                return "measuring stopped before any fix was decided"
+            return ("nothing was tried: " + ("no fix the findings call for can be applied at run time here (each is "
+                                             "listed as not tried, with why)" if self.skipped else
+                                             "no finding calls for a fix --try can apply"))
+        names = [t.name for t in self.tried]
+        noisy = [t.name for t in self.tried if t.outcome == TOO_NOISY]
+        if len(noisy) == len(names):
+            return f"{', '.join(noisy)} measured {TOO_NOISY} to decide: {QUIET}"
+        said = f"of the {len(names)} fix{'es' if len(names) > 1 else ''} tried ({', '.join(names)}), none made this " \
+            "loop faster here"
+        return said + (f"; {', '.join(noisy)} {TOO_NOISY} to decide: {QUIET}" if noisy else "")
 
     def _fix_lines(self) -> list:
         """`__str__`'s line per fix, tried (with the traceback of a run it broke) or not tried and why: the body
@@ -353,10 +377,20 @@ def _compare(runner: _Runner, best: tuple, candidate: tuple, fix, repeats: int) 
         kept, ratio, spread, why = decide_in_two([t.rate for t in a], [t.rate for t in b], again)
     except _Ended as e:
         return e.tried, a
-    why = why.split(": ", 1)[1]  # decide's "kept: " / "not kept: " is the outcome, said once
+    why = why.split(": ", 1)[1]  # decide's "kept: " / "not kept: " / "too noisy: " is the outcome, said once
+    load = busiest(a + b)
+    if kept is None:  # too noisy to decide: why, where the machine's load says it
+        why += "".join(f"; {reason}" for reason in doubts(load, None))
     if fix.changes_losses:
         why += f"; losses held to be finite only ({fix.changes_losses})"
-    return Tried(fix.name, fix.title, fix.parts, "kept" if kept else "not faster", why, ratio, spread), a
+    outcome = "kept" if kept else TOO_NOISY if kept is None else "not faster"
+    return Tried(fix.name, fix.title, fix.parts, outcome, why, ratio, spread, load=load), a
+
+
+def busiest(trials: list) -> dict | None:
+    """The load (`Trial.load`) of the run other processes took most CPU time from, or None where none was read."""
+    loads = [t.load for t in trials if t.load]
+    return max(loads, key=lambda load: load["others_share"]) if loads else None
 
 
 DOUBLE_BACKWARD = "does not currently support double backward"  # aot_autograd's refusal (torch/_functorch)

@@ -2,7 +2,8 @@
 iterations with every hook on, one profiler warm-up iteration and `steps` profiled, then `host_count.COUNTED` whose
 ops are counted (the host budget; none where torch.compile has compiled code) and `steps` timed, both with nothing
 installed but the iteration marks. In a script the iterations are paced by an optimizer's steps, once the loop's
-rhythm is known."""
+rhythm is known. From the profiler's warm-up iteration to the last timed one, the CPU time other processes take is
+read (`measuring.load`): the report says when it was too much to read the timings as the loop's own."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,7 @@ from collections import Counter
 from ...measuring import hardware
 from ...errors import ScriptMeasured
 from ...measuring.compile_counts import compiled_code_cached, since, snapshot
+from ...measuring.load import Load, LoadWindow
 from ...measuring.protocol import IterationClock, ProfilerSession
 from .hooks import Hooks
 from .host_count import COUNTED, HostCount
@@ -49,6 +51,8 @@ class Schedule:
         self.count = HostCount(obs)
         self.counted = COUNTED  # 0 where the loop's ops cannot be counted (`HostCount.why_not`)
         self.host_budget: dict | None = None  # the report's, once counted (or why not)
+        self.load_window = LoadWindow()
+        self.load: Load | None = None  # other processes' CPU time over the measured iterations, once they are over
 
     @property
     def done(self) -> bool:
@@ -134,6 +138,7 @@ class Schedule:
         self.stage = "profiling"
         self.compiler["warm"] = snapshot()
         self.session = ProfilerSession(device, self.steps)
+        self.load_window.start()
         self.session.start()
         self.hooks.profiling = True
         if SyncWatch.wanted(device):
@@ -148,6 +153,7 @@ class Schedule:
             self.compiler["timed"] = snapshot()
         if b == w + 1 + n + t:
             self.stage = "done"
+            self.load = self.load_window.stop()
             self.obs.compiler = {"whole run": since(self.compiler["start"]), "iterations after warm-up": n + t,
                                  "after warm-up": self.compiler["profiled"] + since(self.compiler["timed"])}
 
