@@ -40,6 +40,31 @@ def test_the_window_counts_other_processes_cpu_time_not_this_process_or_its_chil
     assert LoadWindow().stop() is None  # never started
 
 
+def fake_proc(root, cores: dict, processes: dict):
+    """A /proc of `cores` (core -> busy ticks) and `processes` (pid -> (parent, CPU ticks)), as the kernel writes it."""
+    lines = [f"cpu{c} {busy} 0 0 500 7 0 0 0 0 0" for c, busy in cores.items()]  # user .. steal, idle and iowait
+    (root / "stat").write_text("cpu  0 0 0 0 0 0 0 0 0 0\n" + "\n".join(lines) + "\n")
+    for pid, (parent, ticks) in processes.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        fields = ["S", str(parent)] + ["0"] * 9 + [str(ticks), "0", "0", "0"] + ["0"] * 10
+        (root / str(pid) / "stat").write_text(f"{pid} (python (a worker)) " + " ".join(fields))
+    return str(root)
+
+
+def test_the_reading_counts_this_process_and_its_children_and_a_job_s_sibling_ranks_as_its_own(tmp_path,
+                                                                                               monkeypatch):
+    me, parent = os.getpid(), os.getppid()
+    cores = {c: 1000 for c in os.sched_getaffinity(0)}
+    proc = fake_proc(tmp_path, {**cores, 999: 5000}, {  # a core this process may not run on is left out
+        me: (parent, 300), 10**7 + 1: (me, 40), parent: (1, 2), 10**7 + 2: (parent, 50), 10**7 + 3: (1, 700)})
+    reading = machine.read_cpu_times(proc)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert reading.cores == len(cores) and reading.busy_s == pytest.approx(1000 * len(cores) * tick)
+    assert reading.own_s == pytest.approx(340 * tick)  # itself and its worker; not a sibling, not a stranger
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one of two ranks: the other is the same job's
+    assert machine.read_cpu_times(proc).own_s == pytest.approx((340 + 2 + 50) * tick)
+
+
 def test_a_reading_of_this_machine_has_its_cores_and_this_process_s_time():
     first = machine.read_cpu_times()
     if first is None:

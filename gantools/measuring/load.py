@@ -9,8 +9,10 @@ and unprofiled windows stop being comparable. What can be read is how much of th
 while it measured: on Linux, each core's busy time in /proc/stat (user, nice, system, irq, softirq and steal: a
 hypervisor's other guests count too) over the cores of this process's affinity, less the CPU time of this process and
 of every live child of it (DataLoader workers run on the same cores) from /proc/PID/stat, with the children already
-reaped counted in the parent's own. Where /proc is not there (macOS, Windows) nothing is read and only the
-profiler's overhead is judged. A GPU another process shares is not seen here.
+reaped counted in the parent's own. One of several processes of a job on this machine (torchrun, `doctor --nproc`:
+LOCAL_WORLD_SIZE above 1) counts its siblings, the ranks its parent started, as its own. Where /proc is not there
+(macOS, Windows) nothing is read and only the profiler's overhead is judged. A GPU another process shares is not
+seen here.
 """
 from __future__ import annotations
 
@@ -93,7 +95,8 @@ def read_cpu_times(proc: str = PROC) -> CpuTimes | None:
 
 
 def _own_ticks(proc: str) -> int:
-    """Clock ticks of CPU time of this process (its reaped children in it) and of each live descendant."""
+    """Clock ticks of CPU time of this process (its reaped children in it) and of each live descendant; of one of
+    several local ranks, of its parent's whole tree."""
     stats, children = {}, {}
     for entry in os.listdir(proc):
         if entry.isdigit():
@@ -106,7 +109,8 @@ def _own_ticks(proc: str) -> int:
             # fields[1] is the parent (stat's 4th); [11:15] utime stime cutime cstime (its 14th to 17th)
             stats[pid] = sum(int(v) for v in fields[11:15])
             children.setdefault(int(fields[1]), []).append(pid)
-    total, todo = 0, [os.getpid()]
+    several = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) > 1  # the other ranks are the same job's
+    total, todo = 0, [os.getppid() if several else os.getpid()]
     while todo:
         pid = todo.pop()
         total += stats.get(pid, 0)
