@@ -90,6 +90,7 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
                                      "d_final_sigmoid": "main.12"}), CPU),
     "fp32-convolutions": (report(settings={"conv_linear_outputs": {"float32": 10.0}, "autocast": False}), CPU),
     "d-grads-in-g-step": (report(phases={"D backward (G step)": 20.0}, settings={"d_grads_in_g_step": 10.0}), CPU),
+    "g-grads-in-d-step": (report(phases={"G backward (D step)": 20.0}, settings={"g_grads_in_d_step": 80.0}), CPU),
     "optimizer-for-loop": (report(phases={"G optimizer step": 4.0, "D optimizer step": 4.0},
                                   optimizers={"G": {"name": "optimizerG", "role": "G", "class": "Adam",
                                                     "implementation": "for-loop (default here)"}}), CPU),
@@ -119,6 +120,7 @@ NOT_FIRING = {
     "fp32-convolutions": (report(device_busy_ms=1.0, settings={"conv_linear_outputs": {"float32": 10.0},
                                                                "autocast": False}), CPU),  # too small to gain 2%
     "d-grads-in-g-step": (report(phases={"D backward (G step)": 20.0}, settings={"d_grads_in_g_step": 0}), CPU),
+    "g-grads-in-d-step": (report(phases={"G backward (D step)": 20.0}, settings={"g_grads_in_d_step": 0}), CPU),
     "optimizer-for-loop": (report(phases={"G optimizer step": 1.0},  # optimizer steps under 5% of the step
                                   optimizers={"G": {"name": "optimizerG", "role": "G", "class": "Adam",
                                                     "implementation": "for-loop"}}), CPU),

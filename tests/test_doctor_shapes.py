@@ -20,7 +20,7 @@ from torch.optim import optimizer as torch_optimizer
 from gantools import doctor
 from gantools.doctor.trying import trial
 from gantools.doctor.diagnosis.analysis import machine_facts
-from gantools.doctor.fixes.catalogue import AUTOCAST, FREEZE_D, LOGITS, Applied, candidates, context
+from gantools.doctor.fixes.catalogue import AUTOCAST, DETACH, FREEZE_D, LOGITS, Applied, candidates, context
 from gantools.doctor.fixes.lazy_penalty import LAZY
 from gantools.doctor.patching.patch import make_patch
 from gantools.doctor.findings.penalties import lazy_adam
@@ -301,17 +301,17 @@ def run_copy(script: Path, folder: Path, pngs: Path) -> list:
     return run_copies({script.name: (script, folder)}, pngs)[script.name]
 
 
-def run_copies(copies: dict, pngs: Path) -> dict:
-    """name -> (script, folder): each copy run as `run_copy` does, on one thread, as many at a time as there are
-    cores; name -> its losses."""
+def run_copies(copies: dict, pngs: Path, extra: tuple = ()) -> dict:
+    """name -> (script, folder): each copy run as `run_copy` does (with the flags `extra` added), on one thread, as
+    many at a time as there are cores; name -> its losses."""
     losses, waiting, running = {}, list(copies.items()), {}
     while waiting or running:
         while waiting and len(running) < (os.cpu_count() or 1):
             name, (script, folder) = waiting.pop(0)
             out = open(folder / f"{script.stem}.out", "w+")
             running[name] = out, subprocess.Popen(
-                [sys.executable, str(folder / script.name), *flags(script, pngs, epochs=1)], cwd=folder, stdout=out,
-                stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                [sys.executable, str(folder / script.name), *flags(script, pngs, epochs=1), *extra], cwd=folder,
+                stdout=out, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         name = next(iter(running))
         out, run = running.pop(name)
         try:
@@ -363,6 +363,37 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
         copies[name] = script, folder
     for name, losses in run_copies(copies, small_pngs).items():
         assert all(math.isfinite(v) for v in losses), (name, losses)
+
+
+@pytest.mark.slow
+def test_wgan_gp_fakes_not_detached_in_ds_step_are_found_and_detached_by_a_patch_that_trains_the_same(
+        diagnose, small_pngs, tmp_path):
+    """The critic step feeds `generator(z)` to D without `.detach()`: G's weight gradients are computed at each of
+    the five critic steps and thrown away. The finding says so with its time, D's step line alone is the place to
+    detach (the same text in G's step keeps its graph), and the patched script, seeded, prints the same losses."""
+    report = diagnose(WGAN_GP)
+    (found,) = [f for f in report.findings if f.kind == "g-grads-in-d-step"]
+    assert report.settings["g_grads_in_d_step"] > 0 and report.phases_ms["G backward (D step)"] > 0
+    assert "generator" in found.title and "optimizer_D" in found.seen and found.estimated_speedup > 1
+    d_step, g_step = lines_of(WGAN_GP, "fake_validity = discriminator(fake_imgs)")
+    ctx = context(report, facts())
+    assert (str(WGAN_GP.resolve()), d_step) in ctx.d_step_sites and (str(WGAN_GP.resolve()), g_step) not in \
+        ctx.d_step_sites
+    assert found.patch and DETACH in {f.name for f in candidates(report, facts())[0]}
+    patch = make_patch((DETACH,), report, ctx, root=SCRIPTS)
+    added = [line[1:] for line in patch.diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == [" " * 8 + "fake_validity = discriminator(fake_imgs.detach())"] and not patch.by_hand, patch
+    copies = {}
+    for name, diff in (("as-written", ""), ("detached", patch.diff)):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(WGAN_GP, folder)
+        if diff:
+            applied = subprocess.run(["patch", "-p1"], input=diff, cwd=folder, capture_output=True, text=True)
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+        copies[name] = WGAN_GP, folder
+    losses = run_copies(copies, small_pngs, extra=("--seed", "0"))
+    assert losses["detached"] == pytest.approx(losses["as-written"], rel=1e-5), losses
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """`gantools doctor --try` and `--patch` on scripts written the way people write them: the fixes applied at run time
 do what they say, the patch is an edit of the user's own lines that applies and runs, and bad input (a fix that breaks
 the script, a construct that cannot be edited, Ctrl-C, an unwritable path) gets one clear answer."""
+import dataclasses
 import json
 import os
 import select
@@ -138,6 +139,48 @@ class D(nn.Module):
 def _ctx(g, d, sites=frozenset(), bf16=True):
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     return fixes.Context("cpu", bf16, 0, ("G", count(g)), ("D", count(d)), "net.3", sites, ("Adam",), True)
+
+
+def test_fakes_are_detached_at_run_time_in_ds_step_lines_only():
+    """G's images enter D's step with their graph back to G (not detached): at the D-step line the diagnosis saw,
+    D gets them detached, so D's loss trains D as before and no gradient reaches G; the same call in G's step, and
+    D's calls on anything but G's output, keep their graph."""
+    torch.manual_seed(0)
+    g, d = G(), D()
+    z, real = torch.randn(5, 8), torch.randn(5, 4, requires_grad=True)
+    d_step_line = sys._getframe().f_lineno + 5
+    ctx = dataclasses.replace(_ctx(g, d), d_step_sites=frozenset({(os.path.abspath(__file__), d_step_line)}))
+    with fixes.Applied((fixes.DETACH,), ctx) as applied:
+        d(g(z))  # first calls run as written (the fixes take hold from the second)
+        fake = g(z)
+        d_loss, on_real = d(fake).mean(), d(real).mean()  # D's step: the fakes, and an input of its own
+        d_loss.backward()
+        assert all(p.grad is None for p in g.parameters()) and all(p.grad is not None for p in d.parameters())
+        on_real.backward()
+        assert real.grad is not None  # not G's output: kept as it was
+        d(fake).mean().backward()  # G's step, at another line: through D to G
+    assert applied.state[fixes.DETACH + ":calls"] == 1
+    assert all(p.grad is not None for p in g.parameters())
+    assert "forward" not in d.__dict__ and "forward" not in g.__dict__
+
+
+def test_the_detach_edit_goes_where_gs_images_enter_ds_step(tmp_path):
+    """The source edit: `.detach()` on the argument of D's D-step call that holds G's output (bound by `fake =
+    G(z)` or G's call itself), at the D-step lines only; D's call on real images and G's step are left as written."""
+    script = tmp_path / "train.py"
+    script.write_text("fake = generator(z)\nreal_out = netD(real)\nfake_out = netD(fake)\nboth = netD(generator(z))\n"
+                      "loss = -netD(fake).mean()\n")
+    r = doctor.DoctorReport(str(script), "cpu", complete=True)
+    r.models = {"G": {"name": "generator"}, "D": {"name": "netD"}}
+    ctx = dataclasses.replace(fixes.Context("cpu", True, 0, None, None, None),
+                              d_step_sites=frozenset({(str(script), 2), (str(script), 3), (str(script), 4)}))
+    patch = patching.make_patch((fixes.DETACH,), r, ctx, root=tmp_path)
+    assert not patch.by_hand, patch.by_hand
+    added = [line[1:] for line in patch.diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == ["fake_out = netD(fake.detach())", "both = netD(generator(z).detach())"], patch.diff
+    ctx = dataclasses.replace(ctx, d_step_sites=frozenset({(str(script), 2)}))  # D's step on real images alone
+    patch = patching.make_patch((fixes.DETACH,), r, ctx, root=tmp_path)
+    assert not patch.diff and [name for name, _ in patch.by_hand] == [fixes.DETACH]
 
 
 def test_freezing_d_applies_to_the_g_step_lines_only():

@@ -2,7 +2,7 @@
 critic ending in Linear, Adam(betas=(0.5, 0.999)), a gradient penalty through autograd.grad(create_graph=True), the
 fake images not detached in D's step, G trained every n_critic batches. Plain PyTorch, no gantools.
 
-    python wgan_gp_mlp.py --dataroot DIR [--n_epochs 200] [--batch_size 64] [--n_critic 5] [--hidden 128]
+    python wgan_gp_mlp.py --dataroot DIR [--n_epochs 200] [--batch_size 64] [--n_critic 5] [--hidden 128] [--seed 0]
 """
 import argparse
 import os
@@ -30,8 +30,12 @@ parser.add_argument("--channels", type=int, default=1, help="number of image cha
 parser.add_argument("--hidden", type=int, default=128, help="width of the first hidden layer")
 parser.add_argument("--n_critic", type=int, default=5, help="number of training steps for discriminator per iter")
 parser.add_argument("--sample_interval", type=int, default=400, help="interval betwen image samples (0: none)")
+parser.add_argument("--seed", type=int, default=None, help="seed torch and numpy (none: unseeded, as PyTorch-GAN)")
 opt = parser.parse_args()
 print(opt)
+if opt.seed is not None:
+    torch.manual_seed(opt.seed)
+    np.random.seed(opt.seed)
 
 img_shape = (opt.channels, opt.img_size, opt.img_size)
 

@@ -28,7 +28,7 @@ from ..watching.observations import DATA, Call, Observations, Optimizer
 from ..watching.penalties import PENALTY, described, penalty_spans, within
 from ..watching.pipeline import describe_loader
 from ..findings.report import DoctorReport, Verdict
-from ..findings.rules import MachineFacts, findings, not_judged
+from ..findings.rules import G_BACKWARD_IN_D_STEP, MachineFacts, findings, not_judged
 from ..watching.schedule import Schedule
 from ..watching.syncs import NOT_LOCATED
 
@@ -164,7 +164,7 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
     r.step_time_ms = session.step_ms()
     phases = _phases(events, obs)
     per_step = {k: v / n for k, v in phases.items()}
-    ordered = {k: per_step[k] for k in ORDER if k in per_step}
+    ordered = {k: per_step[k] for k in (*ORDER[:5], G_BACKWARD_IN_D_STEP, *ORDER[5:]) if k in per_step}
     ordered.update({k: v for k, v in per_step.items() if k not in ordered})
     ordered[OTHER] = max(r.step_time_ms - sum(ordered.values()), 0.0)
     r.phases_ms = ordered
@@ -200,10 +200,13 @@ def _phases(events: list, obs: Observations) -> dict:
     phases: dict = defaultdict(float)
     spans, made = penalty_spans(events)
     seq: dict = dict.fromkeys(made, PENALTY)
+    steps = []  # (start, label) of each optimizer step
     for e in events:
         if e.name.startswith(RANGE):
             label = _label(obs.ranges.get(int(e.name[len(RANGE):])))
             phases[label] += e.cpu_time_total / 1e3
+            if label.endswith("optimizer step"):
+                steps.append((e.time_range.start, label))
             if "forward" in label:
                 stack = list(e.cpu_children)
                 while stack:
@@ -219,14 +222,28 @@ def _phases(events: list, obs: Observations) -> dict:
     # (ATen's record_function.h: forwardThreadId "used alongside with sequence number to correlate backward
     # functions with the forward ones"; FunctionEvent.fwd_thread, .sequence_nr). On CUDA the backward runs on
     # the autograd engine's device thread, so the match is on (fwd_thread, sequence_nr), not on the thread.
+    _charge_backward(backward, seq, steps, phases)
+    return phases
+
+
+def _charge_backward(backward: list, seq: dict, steps: list, phases: dict) -> None:
+    """Each backward node's time into the phase of the forward op that made it (`seq`); G's backward run before
+    D's optimizer stepped (the next step in `steps`, (start, label)) is D's loss backpropagated into G."""
     last = {}
     for e in backward:  # AccumulateGrad has no sequence number: it belongs to the node run just before it
         label = seq.get((e.fwd_thread, e.sequence_nr)) if e.sequence_nr >= 0 else None
         label = label or (last.get(e.thread) if "AccumulateGrad" in e.name else None)
+        if label == "G backward" and _next_step(steps, e.time_range.start) == "D optimizer step":
+            label = G_BACKWARD_IN_D_STEP
         if label:
             phases[label] += e.cpu_time_total / 1e3
             last[e.thread] = label
-    return phases
+
+
+def _next_step(steps: list, at: float) -> str | None:
+    """The label of the first optimizer step that starts after `at` (`steps`: (start, label), in any order)."""
+    after = [(start, label) for start, label in steps if start > at]
+    return min(after)[1] if after else None
 
 
 def _verdict(r: DoctorReport, wait: float, busy: float, ops: list, cuda: bool) -> Verdict:
@@ -336,6 +353,8 @@ def _settings(obs: Observations, sched: Schedule, device: torch.device, facts: M
                         for loader in obs.loaders]
     g_opt = obs.optimizer_of("G")
     s["d_grads_in_g_step"] = (g_opt.grads_from.get(d, 0) / n) if g_opt and d else 0
+    d_opt, g = obs.optimizer_of("D"), obs.role("G")
+    s["g_grads_in_d_step"] = (d_opt.grads_from.get(g, 0) / n) if d_opt and g else 0
     s["gradient_penalty"] = described(obs, sched.profiled)
     s["machine_load"] = sched.load.describe() if sched.load else None
     if facts.cuda:

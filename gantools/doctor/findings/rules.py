@@ -21,6 +21,7 @@ from .penalties import RULES as PENALTY_RULES
 from .report import MIN_GAIN, MIN_SHARE, READ_METHODS, DoctorReport, Finding, describe_site
 from ..watching.syncs import NOT_LOCATED, SYNC_OP
 
+G_BACKWARD_IN_D_STEP = "G backward (D step)"  # the phase: D's loss backpropagated into G before D's optimizer stepped
 SYNCS_PER_STEP = 1.0    # reading values at least once per iteration, on average, is a per-step sync
 
 
@@ -306,6 +307,28 @@ def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         YOUR_LOOP, amdahl(step, d_bwd / 2))
 
 
+def g_grads_in_d_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    """G's weight gradients computed in D's step (`d_grads_in_g_step`'s mirror): fakes that reach D's loss with their
+    graph back to G."""
+    step = r.step_time_ms
+    grads = r.settings.get("g_grads_in_d_step", 0)
+    g_bwd = r.phases_ms.get(G_BACKWARD_IN_D_STEP, 0.0)
+    if not (grads and g_bwd > 0 and amdahl(step, g_bwd) >= MIN_GAIN):
+        return None
+    g, d, opt_g, opt_d = _names(r)
+    return Finding(
+        "g-grads-in-d-step", f"{d}'s step backpropagates into {g}",
+        f"{grads:g} of {g}'s parameter gradients accumulated per iteration before {opt_d} stepped; "
+        f"{G_BACKWARD_IN_D_STEP} takes {g_bwd:.1f} ms ({100 * g_bwd / step:.0f}%)",
+        f"the fakes reach {d}'s loss with their graph back to {g} (not detached, not made under torch.no_grad()), "
+        f"so {d}'s backward runs on through {g}; {opt_d} steps {d} alone, and {g}'s gradients are thrown away when "
+        f"{opt_g}.zero_grad() runs before {g}'s step. Detached where they enter {d}'s step, the fakes have the same "
+        f"values: {d}'s gradients and losses stay as they are. The estimate assumes all of {G_BACKWARD_IN_D_STEP} "
+        "goes",
+        f"{d}(fake.detach())  # {d}'s step: the fakes {g} made, without their graph back to {g}",
+        YOUR_LOOP, amdahl(step, g_bwd))
+
+
 def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     step = r.step_time_ms
     opt_ms = sum(ms for k, ms in r.phases_ms.items() if k.endswith("optimizer step"))
@@ -376,7 +399,8 @@ def not_judged(facts: MachineFacts) -> list:
 
 
 RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync, sigmoid_bce,
-         fp32_convolutions, d_grads_in_g_step, optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES,
+         fp32_convolutions, d_grads_in_g_step, g_grads_in_d_step,
+         optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES,
          *MEMORY_RULES, *PENALTY_RULES)
 
 

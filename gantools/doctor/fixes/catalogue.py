@@ -33,6 +33,7 @@ from .fix import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs
 from ..editing import logits
 from ..editing.logits_file import LOGITS
 from .autocast import AUTOCAST, Autocast, no_final_sigmoid, no_models
+from .detach import DETACH, DetachFakes
 from .freeze import FREEZE_D, FreezeD
 from .lazy_penalty import LAZY_PENALTY, penalty_sites
 from ..findings.report import DoctorReport
@@ -59,6 +60,7 @@ class Context:
     bce: bool = False               # the loop calls binary_cross_entropy
     loaders: tuple = ()             # (num_workers, persistent_workers, pin_memory) of each DataLoader
     penalty_sites: frozenset = frozenset()  # (file, line) of D's gradient penalty calls (autograd.grad)
+    d_step_sites: frozenset = frozenset()   # (file, line) of D's calls in its own step
 
     def to_dict(self) -> dict:
         return {k: (sorted(map(list, v)) if isinstance(v, frozenset) else v) for k, v in self.__dict__.items()}
@@ -82,14 +84,17 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
     by_site: dict = {}
     for file, line, opt, _n in d.get("steps_after_call", []):
         by_site.setdefault((file, line), set()).add(opt)
+    d_opt = report.optimizers.get("D", {}).get("name")
     g_sites = frozenset(at for at, opts in by_site.items() if opts == {"G"} or (g_opt and opts == {g_opt}))
+    d_sites = frozenset(at for at, opts in by_site.items() if opts == {"D"} or (d_opt and opts == {d_opt}))
     loops = tuple(sorted({o["class"] for o in report.optimizers.values()
                           if o["implementation"].startswith("for-loop")}))
     bce = any(k == "aten::binary_cross_entropy" for k in report.settings.get("loss_ops_per_iteration", {}))
     loaders = tuple((x["num_workers"], x["persistent_workers"], x["pin_memory"])
                     for x in report.settings.get("dataloaders", []))
     return Context(report.device.split(":")[0], facts.bf16, facts.workers, model("G"), model("D"),
-                   report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders, penalty_sites(report))
+                   report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders, penalty_sites(report),
+                   d_sites)
 
 
 # -- one object per fix ----------------------------------------------------------------------------------------------
@@ -222,6 +227,7 @@ FIXES = (
     TrainerPrecision(name=PRECISION, title='Trainer(..., precision="bf16-mixed")', answers=("fp32-convolutions",)),
     Logits(name=LOGITS, title="logits out of D, BCEWithLogitsLoss", answers=("sigmoid-bce",)),
     FreezeD(name=FREEZE_D, title="D frozen in G's step", answers=("d-grads-in-g-step",)),
+    DetachFakes(name=DETACH, title="G's images detached in D's step", answers=("g-grads-in-d-step",)),
     Fused(name=FUSED, title="fused (or foreach) optimizers", answers=("optimizer-for-loop",)),
     Workers(name=WORKERS, title="DataLoader workers",
             answers=("no-workers", "per-sample-transforms", "too-many-workers", "workers-restart")),
@@ -314,6 +320,7 @@ class Applied:
     loader_kwargs: dict = field(default_factory=dict)  # set on every DataLoader built (the loader fixes')
     flags: dict = field(default_factory=dict)          # `backend_flags` keywords (the backend fixes')
     scaled: bool = False     # fp16: each loss through one GradScaler (the autocast fix, without fast bf16)
+    state: dict = field(default_factory=dict)  # each fix's own state for this run, under its name
     compiles: bool = False   # G and D compiled (the compile fix's): wrappers keep frame inspection out of the graph
     _undo: list = field(default_factory=list)
     _finder: object = None

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import types
 from dataclasses import dataclass
 
 import torch
 
+from ..watching.frames import location
 from ..watching.lightning import TRAINER, trainer_edit, trainer_owned
 from ..findings.report import DoctorReport
 
@@ -109,6 +111,17 @@ class Fix:
     def missed(self, plan, shown: str) -> list:
         """(name, why) for each edit of its plan, in the file `shown`, that found nothing to edit."""
         return []
+
+
+def called_from(sites) -> bool:
+    """Whether G or D, whose forward a fix wrapped, was called from one of `sites` (FILE, LINE) of your code."""
+    return location(sys._getframe(1)) in sites
+
+
+def site_lookup(applied):
+    """`called_from`, kept out of the graph where the models are compiled (dynamo cannot trace frame inspection);
+    made per run, not at import, since importing dynamo changes process-wide settings."""
+    return torch.compiler.disable(called_from) if applied.compiles else called_from
 
 
 def keywords_missed(name: str, plan, shown: str, loaders: bool) -> list:

@@ -6,16 +6,13 @@ forward alone is enough: autograd records at each op whether a parameter require
 weight gradients for D there."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import libcst as cst
-import torch
 
 from ..editing.edit import Edit
 from ..editing.sources import callee
-from ..watching.frames import location
-from .fix import Fix
+from .fix import Fix, site_lookup
 
 FREEZE_D = "freeze-d"
 
@@ -32,10 +29,7 @@ class FreezeD(Fix):
     def wrap(self, applied, module, role, forward):
         if role != "D":
             return None
-        sites = applied.ctx.g_step_sites
-        # under torch.compile the site lookup stays out of the graph (dynamo cannot trace frame inspection); made
-        # here, not at import, since importing dynamo changes process-wide settings
-        called_from = torch.compiler.disable(_called_from) if applied.compiles else _called_from
+        sites, called_from = applied.ctx.g_step_sites, site_lookup(applied)
 
         def run(*args, **kwargs):
             params = []
@@ -62,11 +56,6 @@ class FreezeD(Fix):
         return [(FREEZE_D, f"{shown}: D's call in G's step at line(s) {missing} could not be bracketed (a return "
                            "statement, or D called by another name): call D.requires_grad_(False) before G's step "
                            "and D.requires_grad_(True) after it")]
-
-
-def _called_from(sites) -> bool:
-    """Whether the model was called from one of `sites` (FILE, LINE) of your code."""
-    return location(sys._getframe(2)) in sites
 
 
 @dataclass
