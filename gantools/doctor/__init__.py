@@ -73,8 +73,8 @@ The stages, each a subpackage, bottom first (a stage imports only itself and tho
 - `editing`: your source read and edited whole (`sources`, `scopes`, `logits` with `logits_file`), and `edit`
   (`Edit`: one fix's edit of one file, made in the patch's single pass).
 - `fixes`: one `Fix` class per change, holding all of it (`fix`), listed in `catalogue` with `Applied`, which
-  installs and undoes them; `autocast`, `freeze`, `lazy_penalty` and `trainer` hold the fixes with machinery of their
-  own (a forward wrapper, a source edit).
+  installs and undoes them; `autocast`, `freeze`, `detach`, `lazy_penalty` and `trainer` hold the fixes with
+  machinery of their own (a forward wrapper, a source edit).
 - `patching`: the kept fixes as one diff of your files (`patch`).
 - `diagnosis`: a run turned into a report: `analysis`, `watch` (the front object, `Watch`), `script` and `ranks`.
 - `trying`: `--try`: `trial` (one run of your script with fixes applied) and `try_fixes` (each fix against the best).
