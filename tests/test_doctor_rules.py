@@ -72,6 +72,9 @@ def penalty(calls=1.0, d_steps=1.0, ms=20.0, **phases) -> DoctorReport:
                                     "settings": {"lr": 0.002, "betas": (0.0, 0.99)}}})
 
 
+FEEDS = {"where": "train.py:70", "code": "k = k + lambda_k * diff.item()", "method": "item", "per_step": 1.0,
+         "reads": [], "feeds": {"how": "reaches `d_loss.backward()` at line 60 (through `k`, `d_loss`)",
+                                "rewrite": "k = k + lambda_k * diff.detach()", "lines": [70]}}  # `editing.reads`
 ROOMY = memory(1000.0, 80000.0, activations=600.0)   # batch 64 at 1 GB of an 80 GB GPU
 FULL = memory(70000.0, 80000.0, activations=60000.0)  # activations fill a GPU near its limit
 FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case where it must not
@@ -86,6 +89,7 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
     "host-sync": (report(host_syncs_per_step=3.0, device_busy_ms=50.0,
                          sync_sites=[{"where": "train.py:60", "code": "loss.item()", "method": "item",
                                       "per_step": 3.0}]), dataclasses.replace(A100, cudnn_benchmark=True)),
+    "read-feeds-training": (report(host_syncs_per_step=1.0, sync_sites=[FEEDS]), CPU),
     "sigmoid-bce": (report(settings={"loss_ops_per_iteration": {"aten::binary_cross_entropy": 3.0},
                                      "d_final_sigmoid": "main.12"}), CPU),
     "fp32-convolutions": (report(settings={"conv_linear_outputs": {"float32": 10.0}, "autocast": False}), CPU),
@@ -115,6 +119,7 @@ NOT_FIRING = {
         {**loader(num_workers=2), "epoch_start_ms": 50.0, "batches_per_epoch": 1000}]}), CPU),
     "pin-memory": (FIRES["pin-memory"][0], CPU),  # no GPU: nothing to pin for
     "host-sync": (report(host_syncs_per_step=0.5), A100),  # one read every other iteration
+    "read-feeds-training": (report(host_syncs_per_step=1.0, sync_sites=[{**FEEDS, "feeds": None}]), CPU),  # shown
     "sigmoid-bce": (report(settings={"loss_ops_per_iteration": {"aten::binary_cross_entropy_with_logits": 3.0}}),
                     CPU),
     "fp32-convolutions": (report(device_busy_ms=1.0, settings={"conv_linear_outputs": {"float32": 10.0},

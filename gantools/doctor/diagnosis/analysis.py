@@ -21,6 +21,7 @@ from ...measuring.load import doubts
 from ...measuring.protocol import OWN_SYNC, code_syncs, spans
 from ...measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
 from ...speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
+from ..editing.reads import follow_sites
 from ..watching.hooks import COUNTED_READ, RANGE
 from ..watching.lightning import in_trainer_terms
 from ..watching.lightning import settings as lightning_settings
@@ -182,6 +183,7 @@ def _profile_into(r: DoctorReport, obs: Observations, sched: Schedule, run: Run)
     w = obs.window
     r.sync_sites = [{"where": where, "code": w.sites[where][0], "method": w.sites[where][1],
                      "per_step": round(count / n, 2)} for where, count in w.syncs.most_common()]
+    follow_sites(r.sync_sites)  # which reads feed training, which are only shown
     unplaced = _unplaced_syncs(r, spans(events), w.located, n) if cuda else 0.0
     r.host_syncs_per_step = sum(w.syncs.values()) / n + unplaced
     if not r.images_per_step:

@@ -159,23 +159,29 @@ def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         notebook("pin_memory"), None)
 
 
+def _sync_cost(r: DoctorReport, facts: MachineFacts) -> tuple:
+    """(estimated gain or None, what the reads cost, in words): on a GPU, the idle share the reads leave."""
+    step, sync_ms = r.step_time_ms, r.phases_ms.get("host sync", 0.0)
+    if not facts.cuda:
+        return None, (f"on this CPU they cost {sync_ms:.2f} ms (no device to wait for); on a GPU each one waits for "
+                      "all queued work")
+    idle = 1 - r.device_busy_ms / step
+    gain = amdahl(step, step - r.device_busy_ms) if idle > 0.1 else amdahl(step, sync_ms)
+    return (gain if gain >= MIN_GAIN else None), f"the GPU sits idle {100 * idle:.0f}% of the iteration"
+
+
 def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
-    if r.host_syncs_per_step < SYNCS_PER_STEP:
+    """The reads only shown (printed, logged) and the other waits: to batch. A read whose value feeds training is
+    `read_feeds_training`'s, never batched."""
+    shown_sites = [x for x in r.sync_sites if not x.get("feeds")]
+    count = r.host_syncs_per_step - sum(x["per_step"] for x in r.sync_sites if x.get("feeds"))
+    if count < SYNCS_PER_STEP:
         return None
-    step = r.step_time_ms
-    sites = "; ".join(describe_site(x) for x in r.sync_sites[:5])
-    sync_ms = r.phases_ms.get("host sync", 0.0)
-    if facts.cuda:
-        idle = 1 - r.device_busy_ms / step
-        gain = amdahl(step, step - r.device_busy_ms) if idle > 0.1 else amdahl(step, sync_ms)
-        cost = f"the GPU sits idle {100 * idle:.0f}% of the iteration"
-    else:
-        gain = None
-        cost = (f"on this CPU they cost {sync_ms:.2f} ms (no device to wait for); on a GPU each one waits for "
-                "all queued work")
-    reads_only = all(x["method"] in READ_METHODS for x in r.sync_sites)
-    title = (f"your code reads values from the device {r.host_syncs_per_step:g} times per iteration" if reads_only
-             else f"your code waits for the device {r.host_syncs_per_step:g} times per iteration")
+    sites = "; ".join(describe_site(x) for x in shown_sites[:5])
+    gain, cost = _sync_cost(r, facts)
+    reads_only = all(x["method"] in READ_METHODS for x in shown_sites)
+    title = (f"your code reads values from the device {count:g} times per iteration" if reads_only
+             else f"your code waits for the device {count:g} times per iteration")
     return Finding(
         "host-sync", title, f"{sites}; {cost}",
         ("every read (.item(), .tolist(), printing or comparing a tensor)" if reads_only else
@@ -183,28 +189,61 @@ def host_sync(r: DoctorReport, facts: MachineFacts) -> Finding | None:
          "every explicit synchronize")
         + " makes the host wait until the device has finished all queued work; meanwhile no new kernels are "
         "queued, so the GPU idles between steps",
-        _keep_on_device(r.sync_sites)
-        + "".join(f"\n{_WAITS[m]}" for m in dict.fromkeys(x["method"] for x in r.sync_sites) if m in _WAITS),
-        YOUR_LOOP, gain if gain is None or gain >= MIN_GAIN else None)
+        _keep_on_device(shown_sites)
+        + "".join(f"\n{_WAITS[m]}" for m in dict.fromkeys(x["method"] for x in shown_sites) if m in _WAITS),
+        YOUR_LOOP, gain)
 
 
-_READ = re.compile(r"([A-Za-z_]\w*(?:\[[^\]]*\])?(?:\.[A-Za-z_]\w*(?:\(\))?)*)\.item\(\)")
+def read_feeds_training(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    """Reads whose value the loop computes with (`editing.reads` followed each in your source): batching them would
+    change the training, so the change keeps each value on the device instead."""
+    feeding = [x for x in r.sync_sites if x.get("feeds")]
+    count = sum(x["per_step"] for x in feeding)
+    if count < SYNCS_PER_STEP:
+        return None
+    gain, cost = _sync_cost(r, facts)
+    seen = "; ".join(f"{describe_site(x)}: its value {x['feeds']['how']}" for x in feeding[:5])
+    return Finding(
+        "read-feeds-training", f"your code reads {count:g} values per iteration that feed its training",
+        f"{seen}; {cost}",
+        "each read waits for the device, as a printed value's does, but this value is used by what the loop computes "
+        "next (a loss, an optimizer, a branch): read less often, as logged values can be, it would change the "
+        "training. Kept on the device as a tensor, the computation is the same and nothing waits for it",
+        "\n".join(_on_device(x) for x in feeding[:5]), YOUR_LOOP, gain)
+
+
+def _on_device(site: dict) -> str:
+    """One feeding read's change: its statement rewritten to keep the value a tensor, or why it stays a read."""
+    lines = site["feeds"].get("lines") or [int(site["where"].rsplit(":", 1)[-1])]
+    where = f"your line{'s' if len(lines) > 1 else ''} {'-'.join(str(n) for n in lines)}"
+    if site["feeds"].get("rewrite"):
+        return (f"# {where}: the value stays a tensor on the device (.detach(): no gradient through it)\n"
+                f"{site['feeds']['rewrite']}")
+    return (f"# {where} (`{site['code']}`): its value {site['feeds']['how']}, on the host: the read stays, or the "
+            "choice becomes a tensor op (torch.where) computed on the device")
+
+
+_CHAIN = re.compile(r"[A-Za-z_][\w.]*(?:\(\))?")
 
 
 def _keep_on_device(sites: list) -> str:
     """The snippet in your names: the values your lines read with .item(), stacked on the device and read every N
     iterations."""
-    values = list(dict.fromkeys(m for x in sites if x["method"] == "item" for m in _READ.findall(x["code"] or "")))
+    values = list(dict.fromkeys(v for x in sites if x["method"] == "item"
+                                for v in (x.get("reads") or _READ.findall(x["code"] or ""))))
     lines = sorted({x["where"].rsplit(":", 1)[-1] for x in sites if x["method"] == "item"}, key=int)
     if not values:
         values = ["errD", "errG"]
-    stacked = ", ".join(f"{v}.detach()" for v in values[:6])
+    stacked = ", ".join(f"{v if _CHAIN.fullmatch(v) else f'({v})'}.detach()" for v in values[:6])
     where = f" (your lines {', '.join(lines[:6])})" if lines else ""
     return ("# keep the numbers on the device, read them once every N iterations\n"
             "stats = []  # before the loop\n"
             f"stats.append(torch.stack([{stacked}]))  # instead of .item(){where}\n"
-            "if i % 50 == 0:\n"
+            "if len(stats) == 50:\n"
             "    print(torch.stack(stats).mean(0).tolist()); stats.clear()  # one sync per 50 iterations")
+
+
+_READ = re.compile(r"([A-Za-z_]\w*(?:\[[^\]]*\])?(?:\.[A-Za-z_]\w*(?:\(\))?)*)\.item\(\)")
 
 
 # What removes each kind of wait the sync watch and the profiler find beside value reads (`syncs`)
@@ -398,8 +437,8 @@ def not_judged(facts: MachineFacts) -> list:
             "fp16 with a GradScaler, cudnn.benchmark, TF32 and torch.compile (CUDA settings)"]
 
 
-RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync, sigmoid_bce,
-         fp32_convolutions, d_grads_in_g_step, g_grads_in_d_step,
+RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync,
+         read_feeds_training, sigmoid_bce, fp32_convolutions, d_grads_in_g_step, g_grads_in_d_step,
          optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES,
          *MEMORY_RULES, *PENALTY_RULES)
 
