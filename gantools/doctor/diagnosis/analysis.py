@@ -21,6 +21,7 @@ from ...measuring.load import doubts
 from ...measuring.protocol import OWN_SYNC, code_syncs, spans
 from ...measuring.protocol import PHASES as ORDER  # the trainer's phase names, in the same order
 from ...speed.profiling import bottleneck, compute_ms, device_time, suggested_workers
+from ..editing.names import your_names
 from ..editing.reads import follow_sites
 from ..watching.hooks import COUNTED_READ, RANGE
 from ..watching.lightning import in_trainer_terms
@@ -111,6 +112,7 @@ def analyse(obs: Observations, sched: Schedule, run: Run) -> DoctorReport:
     report.timings_doubted = timing_doubts(report)
     report.complete = True
     report.settings["data_site"] = obs.data_site
+    report.settings["names"] = your_names(report)  # the snippets' words for your script's things
     report.findings = in_trainer_terms(findings(report, facts), report, facts.bf16)
     report.not_judged = not_judged(facts)
     _in_your_code(report, facts)

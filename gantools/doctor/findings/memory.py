@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from ...core.techniques import MEMORY
+from . import names
 from .report import DoctorReport, Finding
 
 FAR = 4        # a batch at least this many times smaller than what fits is far below it
@@ -52,10 +53,21 @@ def batch_below_memory(r: DoctorReport, facts) -> Finding | None:
         "rather than by computing, and a larger batch trains more images per launch (the verdict above says which "
         "bounds this loop). It also means fewer optimizer steps per image, so it changes what is learned: scale "
         "the learning rates and check quality at equal images",
-        f"DataLoader(dataset, batch_size={k * r.batch_size}, ...)  # {k}x: about {fits} fit\n"
-        f"lr = lr * {math.sqrt(k):.3g}  # sqrt({k}): a larger batch's usual correction; then compare samples and FID\n"
+        f"{names.loader_call(r, f'batch_size={k * r.batch_size}')}  # {k}x: about {fits} fit\n"
+        + "".join(f"for group in {o['name']}.param_groups:  # sqrt({k}): a larger batch's usual correction\n"
+                  f"    group['lr'] *= {math.sqrt(k):.3g}\n" for o in r.optimizers.values() if o.get("role"))
+        + "# then compare samples and FID at equal images\n"
         "# the largest batch that fits, tried for real: gantools.speed.batch_fit.largest_batch (gantools' trainer)",
         LEARN, None)
+
+
+def _forward(r: DoctorReport) -> str:
+    """G's forward under the `with`: your line that calls it, where the doctor read it."""
+    lines = names.call_lines(r, "G")
+    if not lines:
+        return f"    fake = {names.model(r, 'G')}(noise)  # each forward and its loss; backward and steps outside\n"
+    return (f"    {lines[0][1]}  # your line {lines[0][0]}; each forward and its loss "
+            f"(lines {names.line_numbers(names.call_lines(r, 'G', 'D'))}); backward and steps outside\n")
 
 
 def activation_memory(r: DoctorReport, facts) -> Finding | None:
@@ -66,11 +78,11 @@ def activation_memory(r: DoctorReport, facts) -> Finding | None:
         return None
     by = ", ".join(f"{name} {mb:.0f} MB" for name, mb in m["activations_by_network_mb"].items())
     wide = m["activations_32bit_share"] or 0.0
-    scaler = "" if facts.bf16 else ("scaler.scale(loss).backward()  # fp16: a torch.amp.GradScaler('cuda') per "
-                                    "network, scaler.step(opt); scaler.update()\n")
+    scaler = "" if facts.bf16 else ("# fp16: a torch.amp.GradScaler('cuda') per network: "
+                                    "scaler.scale(loss).backward(), scaler.step(opt); scaler.update()\n")
     half = ("# 16-bit autocast stores the activations of convolutions and matmuls at half the bytes:\n"
             f"with torch.autocast('cuda', dtype=torch.{'bfloat16' if facts.bf16 else 'float16'}):\n"
-            "    fake = netG(noise)  # each forward and its loss; backward and steps outside\n" + scaler
+            + _forward(r) + scaler
             if wide >= 0.5 and not r.settings.get("autocast") else "")
     return Finding(
         "activation-memory", "activations saved for backward fill most of the GPU's memory",
@@ -84,7 +96,7 @@ def activation_memory(r: DoctorReport, facts) -> Finding | None:
         f"{half}from torch.utils.checkpoint import checkpoint\n"
         "# in a network's forward, per block; the recomputation updates BatchNorm's running statistics a second\n"
         "# time (pytorch/pytorch#96136): gantools.core.activation_checkpointing keeps them exact\n"
-        "x = checkpoint(block, x, use_reentrant=False)",
+        "# x = checkpoint(block, x, use_reentrant=False)  # block: a part of your network, x: its input",
         LEARN, None)
 
 

@@ -80,10 +80,12 @@ def _change(r: DoctorReport, gp: dict, d: str, k: int) -> str:
     built = o.get("built_at")
     where = f"  # at {shown(built[0])}:{built[1]}: lr * c, betas ** c" if built else "  # lr * c, betas ** c"
     return (f"# every D step: D's loss without the penalty; every {k}th D step, the penalty in a step of its own:\n"
-            f"if d_steps % {k} == 0:  # d_steps: your count of D steps\n"
+            "d_steps = 0  # before the loop; d_steps += 1 at each D step (or your own count of D steps)\n"
+            f"if d_steps % {k} == 0:\n"
             f"    {name}.zero_grad()\n"
             f"    # your penalty's lines, on a {d} call of their own: {at}\n"
             f"    #   {site['code']}\n"
+            "    penalty = ...  # the value those lines compute\n"
             f"    ({k} * penalty).backward()  # weighted by {k}: as strong on average\n"
             f"    {name}.step()\n"
             f"# {d}'s optimizer, for the {k + 1} steps it now takes every {k} D steps (c = {k}/{k + 1}):\n"

@@ -13,6 +13,7 @@ import torch
 
 from ...measuring.protocol import amdahl
 from ...core.techniques import YOUR_OWN_GAN, notebook
+from . import names
 from .compile import RULES as COMPILE_RULES
 from .memory import RULES as MEMORY_RULES
 from ..watching.frames import shown
@@ -83,17 +84,33 @@ def per_sample_transforms(r: DoctorReport, facts: MachineFacts) -> Finding | Non
         "each image goes through PIL and torchvision transforms in Python on every epoch, "
         + ("in the training process itself (num_workers=0), so the model waits for it"
            if loader["num_workers"] == 0 else "and the workers do not keep up with the step"),
-        ("# once, before training: the images decoded a single time, kept as uint8 on the device\n"
-         "images = torch.stack([(x * 127.5 + 127.5).round().to(torch.uint8) for x, _ in dataset]).to(device)\n"
-         "# each step: a batch by indexing, normalised on the device (no PIL, no workers)\n"
-         "idx = torch.randint(len(images), (batch_size,), device=device)\n"
-         "real = images[idx].float().div_(127.5).sub_(1)\n"
-         "# too big for the device? keep the DataLoader but decode in workers:\n"
-         f"# DataLoader(dataset, ..., num_workers={workers}, persistent_workers=True, pin_memory=True)")
-        if not loader["not_decodable_once"] else
+        _decoded_once(r, workers) if not loader["not_decodable_once"] else
         (f"# decoding once would change your data ({loader['not_decodable_once']}): decode in workers\n"
-         f"DataLoader(dataset, ..., num_workers={workers}, persistent_workers=True, pin_memory=True)"),
+         + names.loader_call(r, f"num_workers={workers}, persistent_workers=True, pin_memory=True")),
         notebook("transform"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
+
+
+def _decoded_once(r: DoctorReport, workers: int) -> str:
+    """The images decoded once and indexed on the device, in your names (your DataLoader's dataset and batch size,
+    your batch's name, your device)."""
+    real, where = names.images(r)
+    device = names.device(r)
+    dataset, batch_size, bound = names.loader_parts(r)
+    return ("# once, before training: the images decoded a single time, kept as uint8 on the device\n"
+            f"{bound}images = torch.stack([(x * 127.5 + 127.5).round().to(torch.uint8) for x, _ in "
+            f"{dataset}]).to({device})\n"
+            "# each step, instead of the DataLoader's batch: a batch by indexing, normalised on the device\n"
+            f"idx = torch.randint(len(images), ({batch_size},), device={device})\n"
+            f"{real} = images[idx].float().div_(127.5).sub_(1){where}\n"
+            "# too big for the device? keep the DataLoader but decode in workers:\n"
+            f"# {names.loader_call(r, f'num_workers={workers}, persistent_workers=True, pin_memory=True')}")
+
+
+def _pinned(r: DoctorReport) -> str:
+    real, where = names.images(r)
+    source = real if real != "real" else f"{names.yours(r).get('batch', 'data')}[0]"
+    return (f"{names.loader_call(r, 'pin_memory=True')}\n"
+            f"{real} = {source}.to({names.device(r)}, non_blocking=True){where}")
 
 
 def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -104,7 +121,7 @@ def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "no-workers", "the DataLoader loads batches in the training process", _data_seen(r, loader),
         "with num_workers=0 every batch is assembled while the model waits; worker processes prepare "
         "the next batches in parallel with the step",
-        f"DataLoader(dataset, ..., num_workers={facts.workers}, persistent_workers=True)",
+        names.loader_call(r, f"num_workers={facts.workers}, persistent_workers=True"),
         notebook("num_workers"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
 
 
@@ -118,7 +135,7 @@ def too_many_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"DataLoader(num_workers={x['num_workers']}){_built(x)} on {facts.cpus} CPU cores",
         "each worker is a process competing with the training process (and with each other) for the same cores; "
         "past one per core they add start-up time and memory, not batches",
-        f"DataLoader(dataset, ..., num_workers={facts.workers}, persistent_workers=True)",
+        names.loader_call(r, f"num_workers={facts.workers}, persistent_workers=True"),
         notebook("num_workers"), None)
 
 
@@ -141,7 +158,7 @@ def workers_restart(r: DoctorReport, facts: MachineFacts) -> Finding | None:
             "without persistent workers every epoch's iterator starts new worker processes, which (with spawn, the "
             "default on macOS and Windows) import torch and your script again, and the loop waits for their first "
             "batches; persistent workers start once",
-            f"DataLoader(dataset, ..., num_workers={x['num_workers']}, persistent_workers=True)",
+            names.loader_call(r, f"num_workers={x['num_workers']}, persistent_workers=True"),
             notebook("num_workers"), gain)
     return None
 
@@ -155,7 +172,7 @@ def pin_memory(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "pin-memory", "batches are copied to the GPU from pageable memory",
         f"host-to-device copies {h2d:.1f} ms per iteration ({100 * h2d / step:.0f}%), pin_memory=False",
         "a copy from pageable memory is staged through a pinned buffer and cannot overlap with compute",
-        "DataLoader(dataset, ..., pin_memory=True)\nreal = data[0].to(device, non_blocking=True)",
+        _pinned(r),
         notebook("pin_memory"), None)
 
 
@@ -285,8 +302,9 @@ def sigmoid_bce(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "(BCELoss clamps it to -100: no gradient); BCELoss is refused under autocast on CUDA. "
         "BCEWithLogitsLoss computes the same loss from logits, stably, in one op",
         f"# {d}: {change}\n"
-        "criterion = nn.BCEWithLogitsLoss()\n"
-        "D_x = output.sigmoid().mean()  # where you report D's probabilities",
+        "# your BCE loss on its output: nn.BCELoss() becomes nn.BCEWithLogitsLoss(),\n"
+        "# F.binary_cross_entropy becomes F.binary_cross_entropy_with_logits\n"
+        f"# where you report {d}'s probabilities (D(x), an accuracy): its output read through .sigmoid()",
         notebook("precision"), None)
 
 
@@ -304,6 +322,7 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     _, d, _, opt_d = _names(r)
     first = (f"# first drop {d}'s Sigmoid and use nn.BCEWithLogitsLoss (BCELoss refuses autocast)\n"
              if _bce_ops(r) else "")
+    lines = names.call_lines(r, "G", "D")
     bf16 = facts.bf16  # a GPU before Ampere: fp16, with a GradScaler
     # GradScaler.step reads found_inf back (.item(), a host sync) for every optimizer but a fused one
     # (torch/amp/grad_scaler.py, pytorch/pytorch#80167)
@@ -317,13 +336,30 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"matmuls take {compute:.1f} ms of a {step:.1f} ms iteration ({100 * compute / step:.0f}%)",
         "autocast runs them in 16-bit (half the bytes, and the fast units of recent CPUs and GPUs) while "
         "keeping sensitive ops in fp32; the estimate assumes it halves their time",
-        f"{first}with torch.autocast(device.type, dtype=torch.{'bfloat16' if bf16 else 'float16'}):  "
-        f"# each forward and its loss\n    output = {d}(real).view(-1)\n"
-        "    errD_real = criterion(output.float(), label)\n"
-        + ("errD_real.backward()  # backward and optimizer steps stay outside" if bf16 else
-           "scalerD.scale(errD_real).backward()  # fp16: one torch.amp.GradScaler('cuda') per network\n"
-           f"scalerD.step({opt_d}); scalerD.update(){fused}"),
+        first + (_autocast_yours(r, lines, bf16) if lines else
+                 f"with torch.autocast(device.type, dtype=torch.{'bfloat16' if bf16 else 'float16'}):  "
+                 f"# each forward and its loss\n    output = {d}(real).view(-1)\n"
+                 "    errD_real = criterion(output.float(), label)\n")
+        + ("# backward and optimizer steps stay outside" if bf16 else
+           "# fp16: one torch.amp.GradScaler('cuda') per network, your backward and step through it:\n"
+           "scaler_d = torch.amp.GradScaler('cuda')  # before the loop\n"
+           f"# scaler_d.scale(<{d}'s loss>).backward(); scaler_d.step({opt_d}); scaler_d.update(){fused}"),
         notebook("precision"), gain16)
+
+
+def _autocast_yours(r: DoctorReport, lines: list, bf16: bool) -> str:
+    """Your own lines that call G or D, the first shown under the `with` (each goes under one, with its loss)."""
+    where, code = lines[0]
+    dtype = "bfloat16" if bf16 else "float16"
+    return (f"with torch.autocast({names.device_type(r)}, dtype=torch.{dtype}):  # around each of your lines that "
+            f"call G or D, with its loss: lines {names.line_numbers(lines)}\n    {code}  # your line {where}\n")
+
+
+def _channels_last_batch(r: DoctorReport) -> str:
+    real, where = names.images(r)
+    if real == "real" and names.yours(r).get("batch"):
+        return f"# your batch's images, {names.yours(r)['batch']}[0]: .contiguous(memory_format=torch.channels_last)"
+    return f"{real} = {real}.contiguous(memory_format=torch.channels_last){where}"
 
 
 def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
@@ -333,6 +369,8 @@ def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     if not (grads and d_bwd > 0 and amdahl(step, d_bwd / 2) >= MIN_GAIN):
         return None
     g, d, opt_g, opt_d = _names(r)
+    call = names.yours(r).get("g_step_d_call")
+    where, code = call if call else ("", "")
     return Finding(
         "d-grads-in-g-step", f"{d} computes weight gradients in G's step",
         f"{grads:g} of {d}'s parameter gradients accumulated per iteration before {opt_g} stepped; "
@@ -341,8 +379,10 @@ def d_grads_in_g_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"({opt_d} zeroes them before using them); freezing {d} skips them. The estimate assumes they are half "
         f"of {d}'s backward there",
         f"{d}.requires_grad_(False)  # G's step: gradients flow through {d} to {g}, none stored for {d}\n"
-        f"output = {d}(fake).view(-1)\nerrG = criterion(output, label)\nerrG.backward()\n{opt_g}.step()\n"
-        f"{d}.requires_grad_(True)",
+        + (f"{code}  # your line {where}\n{d}.requires_grad_(True)  # (the graph is recorded: gradients still flow "
+           f"through it to {g})" if call else
+           f"output = {d}(fake).view(-1)\nerrG = criterion(output, label)\nerrG.backward()\n{opt_g}.step()\n"
+           f"{d}.requires_grad_(True)"),
         YOUR_LOOP, amdahl(step, d_bwd / 2))
 
 
@@ -380,8 +420,9 @@ def optimizer_for_loop(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"{opt_ms:.1f} ms ({100 * opt_ms / step:.0f}%)",
         "the for-loop implementation launches several small ops per parameter; fused (or foreach) updates all "
         "parameters in a few kernels",
-        "\n".join(f"# {o['name']}: add {faster_impl(o['class'])} to its constructor, keeping your other "
-                  f"arguments\n{o['name']} = optim.{o['class']}(..., {faster_impl(o['class'])})" for o in loops),
+        "\n".join(f"# {o['name']}: add {faster_impl(o['class'])} to its constructor{_built(o).replace(' built', '')}, "
+                  f"keeping your other arguments\n{o['name']} = torch.optim.{o['class']}(..., "
+                  f"{faster_impl(o['class'])})" for o in loops),
         notebook("optimizer_impl"), None)
 
 
@@ -397,7 +438,7 @@ def channels_last(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "cuDNN's and oneDNN's fastest 16-bit convolution kernels work on channels_last (NHWC), which a convolution "
         "runs in once its weights are (G's and D's), whatever the batch's layout",
         f"{g} = {g}.to(memory_format=torch.channels_last)\n{d} = {d}.to(memory_format=torch.channels_last)\n"
-        "real = real.contiguous(memory_format=torch.channels_last)",
+        + _channels_last_batch(r),
         notebook("channels_last"), None)
 
 

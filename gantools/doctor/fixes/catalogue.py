@@ -240,6 +240,8 @@ FIXES = (
 )
 BY_HAND = {"host-sync": "the values your code reads each step are yours to keep on the device (a source change "
                         "with no run-time equivalent)",
+           "read-feeds-training": "a value your loop computes with is kept on the device by its source rewrite "
+                                  "(shown); read less often, it would change the training",
            "per-sample-transforms": "decoding the images once changes how your data is built: apply by hand "
                                     "(its DataLoader workers are tried)"}
 
