@@ -201,7 +201,7 @@ def test_fp16_advice_names_fused_optimizers_whose_gradscaler_step_needs_no_host_
     foreach = dataclasses.replace(r, optimizers={role: {**o, "implementation": "foreach (default)"}
                                                  for role, o in r.optimizers.items()})
     change = rules.fp32_convolutions(foreach, T4).change
-    assert "optimizerD = optim.Adam(..., fused=True)" in change and "optimizerG" in change
+    assert "optimizerD = torch.optim.Adam(..., fused=True)" in change and "optimizerG" in change
     assert "fused=True" not in rules.fp32_convolutions(r, T4).change  # already fused
     assert "fused=True" not in rules.fp32_convolutions(foreach, A100).change  # bf16: no GradScaler
 

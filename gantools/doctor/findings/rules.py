@@ -329,7 +329,7 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     unfused = [o for o in r.optimizers.values() if o.get("role") and not o["implementation"].startswith("fused")
                and faster_impl(o["class"]) == "fused=True"]
     fused = ("\n# fused optimizers: GradScaler.step then reads nothing back (with any other, a host sync per step)"
-             + "".join(f"\n{o['name']} = optim.{o['class']}(..., fused=True)" for o in unfused)) if unfused else ""
+             + "".join(f"\n{o['name']} = torch.optim.{o['class']}(..., fused=True)" for o in unfused)) if unfused else ""
     return Finding(
         "fp32-convolutions", "convolutions and matmuls run in fp32",
         f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and "
