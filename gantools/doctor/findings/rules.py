@@ -219,9 +219,13 @@ def read_feeds_training(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     if count < SYNCS_PER_STEP:
         return None
     gain, cost = _sync_cost(r, facts)
+    if not facts.cuda:
+        cost = "on this CPU nothing waits for them; on a GPU each one waits for all queued work"
     seen = "; ".join(f"{describe_site(x)}: its value {x['feeds']['how']}" for x in feeding[:5])
+    title = ("a value your code reads from the device feeds its training" if len(feeding) == 1 else
+             f"{len(feeding)} values your code reads from the device feed its training")
     return Finding(
-        "read-feeds-training", f"your code reads {count:g} values per iteration that feed its training",
+        "read-feeds-training", f"{title} (read {'once' if count == 1 else f'{count:g} times'} per iteration)",
         f"{seen}; {cost}",
         "each read waits for the device, as a printed value's does, but this value is used by what the loop computes "
         "next (a loss, an optimizer, a branch): read less often, as logged values can be, it would change the "
@@ -233,9 +237,12 @@ def _on_device(site: dict) -> str:
     """One feeding read's change: its statement rewritten to keep the value a tensor, or why it stays a read."""
     lines = site["feeds"].get("lines") or [int(site["where"].rsplit(":", 1)[-1])]
     where = f"your line{'s' if len(lines) > 1 else ''} {'-'.join(str(n) for n in lines)}"
-    if site["feeds"].get("rewrite"):
+    rewrite = site["feeds"].get("rewrite")
+    if rewrite:
+        target = rewrite.split(" = ", 1)[0]
         return (f"# {where}: the value stays a tensor on the device (.detach(): no gradient through it)\n"
-                f"{site['feeds']['rewrite']}")
+                f"{rewrite}\n# {target} is a tensor from here on: where your code prints it, that read is a "
+                "logged one (host-sync)")
     return (f"# {where} (`{site['code']}`): its value {site['feeds']['how']}, on the host: the read stays, or the "
             "choice becomes a tensor op (torch.where) computed on the device")
 
@@ -329,7 +336,8 @@ def fp32_convolutions(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     unfused = [o for o in r.optimizers.values() if o.get("role") and not o["implementation"].startswith("fused")
                and faster_impl(o["class"]) == "fused=True"]
     fused = ("\n# fused optimizers: GradScaler.step then reads nothing back (with any other, a host sync per step)"
-             + "".join(f"\n{o['name']} = torch.optim.{o['class']}(..., fused=True)" for o in unfused)) if unfused else ""
+             + "".join(f"\n{o['name']} = torch.optim.{o['class']}(..., fused=True)" for o in unfused)
+             ) if unfused else ""
     return Finding(
         "fp32-convolutions", "convolutions and matmuls run in fp32",
         f"{sum(fp32.values()):g} Conv/Linear outputs per iteration in float32, autocast off; convolutions and "
