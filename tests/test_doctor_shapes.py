@@ -26,12 +26,14 @@ from gantools.doctor.patching.patch import make_patch
 from gantools.doctor.findings.penalties import lazy_adam
 from gantools.doctor.fixes.trainer import PRECISION
 from gantools.doctor.trying.try_fixes import pacer_index, try_fixes
+from test_doctor_snippets import foreign, script_names
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CGAN, WGAN_GP, ACCELERATE = SCRIPTS / "cgan_mlp.py", SCRIPTS / "wgan_gp_mlp.py", SCRIPTS / "accelerate_dcgan.py"
 VANILLA, TRAINER_CLASS = SCRIPTS / "vanilla_gan_main.py", SCRIPTS / "trainer_class_dcgan.py"
 LIGHTNING = SCRIPTS / "lightning_gan.py"
 R1 = SCRIPTS / "r1_dcgan.py"
+BEGAN = SCRIPTS / "began.py"
 TEMPLATE_NAMES = ("netD", "netG", "criterion", "optimizerD", "optimizerG")  # the tutorial's, not these scripts'
 PRINTED = "% (epoch, opt.n_epochs, i, len(dataloader), d_loss.item(), g_loss.item())"  # PyTorch-GAN's .item() line
 LOSSES = re.compile(r"\[D loss: (\S+)\] \[G loss: (\S+)\]")
@@ -48,6 +50,9 @@ def flags(script, pngs, epochs=50) -> list:
     if script == LIGHTNING:
         return common + ["--accelerator", "cpu", "--batch_size", "16", "--img_size", "32", "--latent_dim", "16",
                          "--hidden", "256", "--max_epochs", str(epochs)]
+    if script == BEGAN:
+        return common + ["--batch_size", "16", "--latent_dim", "16", "--width", "8", "--sample_interval", "0",
+                         "--n_epochs", str(epochs)]
     if script == R1:
         return common + ["--batch-size", "16", "--nz", "16", "--ngf", "8", "--ndf", "8", "--epochs", str(epochs)]
     if script == VANILLA:
@@ -113,6 +118,27 @@ def test_cgan_g_step_first_is_told_apart_in_its_own_names(diagnose):
     seen = by_kind["optimizer-for-loop"].seen
     assert "optimizer_G built at " in seen and "optimizer_D built at " in seen and "cgan_mlp.py:" in seen
     assert_in_script_terms(report, CGAN)
+
+
+def test_began_control_variable_is_kept_on_the_device_and_never_batched(diagnose):
+    """PyTorch-GAN's BEGAN updates `k` from `diff.item()` every step and weights D's loss with it: that read feeds
+    training (its own finding, the rewrite that keeps `k` a tensor), while `M`'s and the print's reads are batched;
+    every change shown in the script's words speaks only of names the script has (issue 50, items 2 and 6)."""
+    report = diagnose(BEGAN)
+    assert report.complete, report.note
+    by_kind = {f.kind: f for f in report.findings}
+    (update,) = lines_of(BEGAN, "k = k + lambda_k * diff.item()")
+    (m,) = lines_of(BEGAN, "M = (d_loss_real + torch.abs(diff)).item()")
+    fed, batched = by_kind["read-feeds-training"], by_kind["host-sync"]
+    assert f"began.py:{update} `k = k + lambda_k * diff.item()`" in fed.seen and "d_loss.backward()" in fed.seen
+    assert "k = (k + lambda_k * diff.detach()).clamp(0, 1)" in fed.change.splitlines()
+    assert f"began.py:{update}" not in batched.seen and f"began.py:{m}" in batched.seen
+    assert "(d_loss_real + torch.abs(diff)).detach()" in batched.change and "diff.detach()," not in batched.change
+    names = report.settings["names"]
+    assert (names["loader"], names["batch"], names.get("device")) == ("dataloader", "imgs", None)
+    has = script_names(BEGAN.read_text())
+    assert all(not foreign(f.change, has) for f in report.findings if not f.patch), [f.change for f in report.findings]
+    assert_in_script_terms(report, BEGAN)
 
 
 @pytest.mark.slow
