@@ -113,7 +113,7 @@ def test_a_read_that_feeds_training_is_its_own_finding_and_never_offered_for_bat
     assert fed.kind == "read-feeds-training" and fed.estimated_speedup is None
     assert ("began.py:197 `k = k + lambda_k * diff.item()` (item, 1/it): its value reaches `d_loss.backward()`"
             in fed.seen)
-    assert fed.title == "a value your code reads from the device feeds its training (read once per iteration)"
+    assert fed.title == "a value your code reads from the device feeds its training, read once per iteration"
     assert fed.change.splitlines()[:2] == [
         "# your lines 197-198: the value stays a tensor on the device (.detach(): no gradient through it)",
         "k = (k + lambda_k * diff.detach()).clamp(0, 1)"]

@@ -225,7 +225,7 @@ def read_feeds_training(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     title = ("a value your code reads from the device feeds its training" if len(feeding) == 1 else
              f"{len(feeding)} values your code reads from the device feed its training")
     return Finding(
-        "read-feeds-training", f"{title} (read {'once' if count == 1 else f'{count:g} times'} per iteration)",
+        "read-feeds-training", f"{title}, read {'once' if count == 1 else f'{count:g} times'} per iteration",
         f"{seen}; {cost}",
         "each read waits for the device, as a printed value's does, but this value is used by what the loop computes "
         "next (a loss, an optimizer, a branch): read less often, as logged values can be, it would change the "
