@@ -256,9 +256,8 @@ def _keep_on_device(sites: list) -> str:
     values = list(dict.fromkeys(v for x in sites if x["method"] == "item"
                                 for v in (x.get("reads") or _READ.findall(x["code"] or ""))))
     lines = sorted({x["where"].rsplit(":", 1)[-1] for x in sites if x["method"] == "item"}, key=int)
-    if not values:
-        values = ["errD", "errG"]
-    stacked = ", ".join(f"{v if _CHAIN.fullmatch(v) else f'({v})'}.detach()" for v in values[:6])
+    stacked = (", ".join(f"{v if _CHAIN.fullmatch(v) else f'({v})'}.detach()" for v in values[:6]) if values
+               else "...")  # the values those lines read: each one's tensor, .detach()'d
     where = f" (your lines {', '.join(lines[:6])})" if lines else ""
     return ("# keep the numbers on the device, read them once every N iterations\n"
             "stats = []  # before the loop\n"
