@@ -69,9 +69,10 @@ The stages, each a subpackage, bottom first (a stage imports only itself and tho
   device syncs the hooks do not see), `memory`, `host_count` (the ops of a few iterations, counted), `pipeline`
   (the DataLoader's per-image work) and `schedule` (which iteration is watched how).
 - `findings`: what is drawn from it: `report` (`DoctorReport`, `Finding`) and the rules (`rules`, with `compile`,
-  `memory`, `penalties` and `ddp`).
-- `editing`: your source read and edited whole (`sources`, `scopes`, `logits` with `logits_file`), and `edit`
-  (`Edit`: one fix's edit of one file, made in the patch's single pass).
+  `memory`, `penalties` and `ddp`; `names`: the snippets' words for your script's things).
+- `editing`: your source read and edited whole (`sources`, `scopes`, `logits` with `logits_file`), `edit`
+  (`Edit`: one fix's edit of one file, made in the patch's single pass), your reads of device values followed to
+  where they go (`reads`), your script's names for the snippets (`names`).
 - `fixes`: one `Fix` class per change, holding all of it (`fix`), listed in `catalogue` with `Applied`, which
   installs and undoes them; `autocast`, `freeze`, `detach`, `lazy_penalty` and `trainer` hold the fixes with
   machinery of their own (a forward wrapper, a source edit).
