@@ -112,3 +112,22 @@ def test_each_change_shown_names_only_what_the_script_has(script):
         shown += 1
         assert not foreign(finding.change, names), (kind, foreign(finding.change, names), finding.change)
     assert shown >= len(RULES) - 2  # the two read findings fire only where the script reads values so
+
+
+def test_the_data_loading_fix_uses_the_scripts_loader_batch_device_and_its_own_workers_flag():
+    """The issue's case: PyTorch-GAN's script has its own DataLoader line and an `--n_cpu` flag it never passes to it;
+    the snippet said `dataset`, `device`, `batch_size` and `real`, none of which the script has."""
+    reports = {kind: (r, facts) for kind, r, facts in as_seen(SCRIPTS / "began.py")}
+    rules = {rule.__name__.replace("_", "-"): rule for rule in RULES}
+    decoded = rules["per-sample-transforms"](*reports["per-sample-transforms"]).change
+    assert "for x, _ in dataloader.dataset]).to(next(discriminator.parameters()).device)" in decoded
+    assert "idx = torch.randint(len(images), (dataloader.batch_size,), device=next(discriminator" in decoded
+    (loop,) = lines_matching((SCRIPTS / "began.py").read_text(), r"for i, \(imgs, _\) in enumerate\(dataloader\)")
+    assert f"imgs = images[idx].float().div_(127.5).sub_(1)  # your line {SCRIPTS / 'began.py'}:{loop}" in decoded
+    workers = rules["no-workers"](*reports["no-workers"]).change
+    (built,) = lines_matching((SCRIPTS / "began.py").read_text(), r"DataLoader\(")
+    assert workers.startswith("dataloader = torch.utils.data.DataLoader(..., num_workers=opt.n_cpu, "
+                              "persistent_workers=True)  # your line ") and f"began.py:{built}: keep" in workers
+    assert workers.endswith("keep its other arguments; your flag, which the DataLoader never read: run with --n_cpu 2")
+    cgan = {kind: (r, facts) for kind, r, facts in as_seen(SCRIPTS / "cgan_mlp.py")}  # passes num_workers=opt.n_cpu
+    assert rules["no-workers"](*cgan["no-workers"]).change.endswith("; your flag: run with --n_cpu 2")

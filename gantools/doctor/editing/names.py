@@ -13,6 +13,9 @@ from .reads import site_file
 from .scopes import device_type_of
 
 
+WORKER_FLAGS = ("--n_cpu", "--workers", "--num_workers", "--num-workers", "--n_workers", "--n-cpu")
+
+
 def your_names(report) -> dict:
     """What the snippets can call things in this script.
 
@@ -22,8 +25,8 @@ def your_names(report) -> dict:
     Returns:
         {"loader": the DataLoader's variable, "loader_line": FILE:LINE, "batch": the name a batch is bound to,
         "batch_is_tuple": whether the loop unpacks it, "device_type" and "device": your own device choice,
-        "calls": {"G": [[FILE:LINE, code]...], "D": [...]}, "g_step_d_call": [FILE:LINE, code]}, each only where
-        found.
+        "calls": {"G": [[FILE:LINE, code]...], "D": [...]}, "g_step_d_call": [FILE:LINE, code],
+        "workers_flag": your flag for DataLoader workers}, each only where found.
     """
     names, files = {}, _Files()
     loader = next((x for x in report.settings.get("dataloaders", []) if x.get("built_at")), None)
@@ -33,6 +36,10 @@ def your_names(report) -> dict:
         bound = files.bound_at(file, line)
         if bound:
             names["loader"] = bound
+    if loader:
+        flag = files.workers_flag(loader["built_at"][0])
+        if flag:
+            names["workers_flag"] = flag
     at = site_file(report.settings.get("data_site") or "")
     if at:
         names.update(files.batch_at(*at))
@@ -107,6 +114,27 @@ class _Files:
             if isinstance(node, ast.Assign) and node.lineno <= line <= node.end_lineno and len(node.targets) == 1 \
                     and isinstance(node.targets[0], (ast.Name, ast.Attribute)):
                 return ast.unparse(node.targets[0])
+        return None
+
+    def workers_flag(self, file: str) -> dict | None:
+        """Your script's own flag for DataLoader workers (`--n_cpu`, `--workers`, `--num_workers`), as your code
+        reads it (`opt.n_cpu`), and whether anything reads it: {"flag", "read_as", "used"}; None where there is no
+        such flag."""
+        tree = self.tree(file)
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument" and call.args
+                    and isinstance(call.args[0], ast.Constant) and call.args[0].value in WORKER_FLAGS):
+                continue
+            dest = call.args[0].value.lstrip("-").replace("-", "_")
+            parsed = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                      and getattr(n.value.func, "attr", "") == "parse_args" and len(n.targets) == 1
+                      and isinstance(n.targets[0], ast.Name)]
+            if not parsed:
+                return None
+            holder = parsed[0].targets[0].id
+            used = any(isinstance(n, ast.Attribute) and n.attr == dest and isinstance(n.value, ast.Name)
+                       and n.value.id == holder for n in ast.walk(tree))
+            return {"flag": call.args[0].value, "read_as": f"{holder}.{dest}", "used": used}
         return None
 
     def batch_at(self, file: str, line: int) -> dict:

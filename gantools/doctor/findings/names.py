@@ -28,15 +28,31 @@ def device_type(r: DoctorReport) -> str:
     return yours(r).get("device_type") or f"next({model(r, 'D')}.parameters()).device.type"
 
 
-def loader_call(r: DoctorReport, arguments: str) -> str:
+def loader_call(r: DoctorReport, arguments: str, note: str = "") -> str:
     """Your DataLoader's line with `arguments` added: `dataloader = torch.utils.data.DataLoader(..., num_workers=2)
-    # your line train.py:57: keep its other arguments`."""
+    # your line train.py:57: keep its other arguments`, and `note` after it."""
     n = yours(r)
     if "loader_line" not in n:
-        return f"# your DataLoader(..., {arguments})"
+        return f"# your DataLoader(..., {arguments}){note}"
     head = f"{n['loader']} = " if n.get("loader") else ""
     return (f"{head}torch.utils.data.DataLoader(..., {arguments})  # your line {n['loader_line']}: keep its other "
-            "arguments")
+            f"arguments{note}")
+
+
+def with_workers(r: DoctorReport, n: int, rest: str) -> str:
+    """Your DataLoader's line with `n` workers (by your own flag, where you have one) and `rest`."""
+    arguments, note = workers(r, n)
+    return loader_call(r, f"{arguments}, {rest}", note)
+
+
+def workers(r: DoctorReport, n: int) -> tuple:
+    """(`num_workers=...` in your terms, a comment): your own flag for workers where your script has one
+    (`num_workers=opt.n_cpu`, run with `--n_cpu 2`; said when the DataLoader never read it), else the number."""
+    flag = yours(r).get("workers_flag")
+    if not flag:
+        return f"num_workers={n}", ""
+    unread = "your flag, which the DataLoader never read: " if not flag["used"] else "your flag: "
+    return f"num_workers={flag['read_as']}", f"; {unread}run with {flag['flag']} {n}"
 
 
 def loader_parts(r: DoctorReport) -> tuple:

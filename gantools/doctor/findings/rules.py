@@ -86,7 +86,7 @@ def per_sample_transforms(r: DoctorReport, facts: MachineFacts) -> Finding | Non
            if loader["num_workers"] == 0 else "and the workers do not keep up with the step"),
         _decoded_once(r, workers) if not loader["not_decodable_once"] else
         (f"# decoding once would change your data ({loader['not_decodable_once']}): decode in workers\n"
-         + names.loader_call(r, f"num_workers={workers}, persistent_workers=True, pin_memory=True")),
+         + names.with_workers(r, workers, "persistent_workers=True, pin_memory=True")),
         notebook("transform"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
 
 
@@ -103,7 +103,7 @@ def _decoded_once(r: DoctorReport, workers: int) -> str:
             f"idx = torch.randint(len(images), ({batch_size},), device={device})\n"
             f"{real} = images[idx].float().div_(127.5).sub_(1){where}\n"
             "# too big for the device? keep the DataLoader but decode in workers:\n"
-            f"# {names.loader_call(r, f'num_workers={workers}, persistent_workers=True, pin_memory=True')}")
+            f"# {names.with_workers(r, workers, 'persistent_workers=True, pin_memory=True')}")
 
 
 def _pinned(r: DoctorReport) -> str:
@@ -121,7 +121,7 @@ def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         "no-workers", "the DataLoader loads batches in the training process", _data_seen(r, loader),
         "with num_workers=0 every batch is assembled while the model waits; worker processes prepare "
         "the next batches in parallel with the step",
-        names.loader_call(r, f"num_workers={facts.workers}, persistent_workers=True"),
+        names.with_workers(r, facts.workers, "persistent_workers=True"),
         notebook("num_workers"), amdahl(r.step_time_ms, r.phases_ms.get("data wait", 0.0)))
 
 
@@ -135,7 +135,7 @@ def too_many_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"DataLoader(num_workers={x['num_workers']}){_built(x)} on {facts.cpus} CPU cores",
         "each worker is a process competing with the training process (and with each other) for the same cores; "
         "past one per core they add start-up time and memory, not batches",
-        names.loader_call(r, f"num_workers={facts.workers}, persistent_workers=True"),
+        names.with_workers(r, facts.workers, "persistent_workers=True"),
         notebook("num_workers"), None)
 
 
