@@ -46,8 +46,11 @@ def follow_sites(sites: list) -> None:
         if at is None:
             continue
         if at[0] not in sources:
-            with open(at[0], encoding="utf-8") as f:
-                sources[at[0]] = f.read()
+            try:
+                with open(at[0], encoding="utf-8") as f:
+                    sources[at[0]] = f.read()
+            except (OSError, UnicodeDecodeError):  # a file the doctor cannot read: its reads stay as they were seen
+                sources[at[0]] = ""
         found = reads_at(sources[at[0]], at[1], site["method"])
         feeding = [x for x in found if x.feeds]
         site["reads"] = [x.value for x in found if not x.feeds]
