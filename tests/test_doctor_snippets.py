@@ -20,9 +20,11 @@ from test_doctor_rules import FIRES, loader
 SCRIPTS = Path(__file__).parent / "scripts"
 NAMED = {  # script: (G, D, G's optimizer, D's optimizer), as the doctor names them in a run
     "accelerate_dcgan.py": ("netG", "netD", "optimizerG", "optimizerD"),
+    "acgan.py": ("generator", "discriminator", "optimizer_G", "optimizer_D"),
     "bce_helper.py": ("G", "D", "opt_g", "opt_d"),
     "began.py": ("generator", "discriminator", "optimizer_G", "optimizer_D"),
     "cgan_mlp.py": ("generator", "discriminator", "optimizer_G", "optimizer_D"),
+    "dcgan_adv_layer.py": ("generator", "discriminator", "optimizer_G", "optimizer_D"),
     "dcgan_ddp.py": ("netG", "netD", "optimizerG", "optimizerD"),
     "dcgan_plain.py": ("netG", "netD", "optimizerG", "optimizerD"),
     "dcgan_tutorial.py": ("netG", "netD", "optimizerG", "optimizerD"),
