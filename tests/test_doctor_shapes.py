@@ -135,7 +135,7 @@ def test_began_control_variable_is_kept_on_the_device_and_never_batched(diagnose
     assert f"began.py:{update}" not in batched.seen and f"began.py:{m}" in batched.seen
     assert "(d_loss_real + torch.abs(diff)).detach()" in batched.change and "diff.detach()," not in batched.change
     names = report.settings["names"]
-    assert (names["loader"], names["batch"], names.get("device")) == ("dataloader", "imgs", None)
+    assert (names["loader"], names["batch"], names["device"]) == ("dataloader", "imgs", '"cuda" if cuda else "cpu"')
     assert names["workers_flag"] == {"flag": "--n_cpu", "read_as": "opt.n_cpu", "used": False}
     has = script_names(BEGAN.read_text())
     assert all(not foreign(f.change, has) for f in report.findings if not f.patch), [f.change for f in report.findings]

@@ -65,7 +65,7 @@ def _device(report, files, at) -> dict:
     kind = device_type_of(files.tree(where[0]), where[1], models)
     if not kind:
         return {}
-    device = kind.removesuffix(".type") if kind.endswith(".type") else f"({kind})" if " " in kind else kind
+    device = kind.removesuffix(".type") if kind.endswith(".type") else kind  # a type string is a device too
     return {"device_type": kind, "device": device}
 
 

@@ -411,7 +411,7 @@ def g_grads_in_d_step(r: DoctorReport, facts: MachineFacts) -> Finding | None:
         f"{opt_g}.zero_grad() runs before {g}'s step. Detached where they enter {d}'s step, the fakes have the same "
         f"values: {d}'s gradients and losses stay as they are. The estimate assumes all of {G_BACKWARD_IN_D_STEP} "
         "goes",
-        f"{d}(fake.detach())  # {d}'s step: the fakes {g} made, without their graph back to {g}",
+        f"# {d}'s step, where {g}'s fakes enter it: {d}(<the fakes>.detach()), without their graph back to {g}",
         YOUR_LOOP, amdahl(step, g_bwd))
 
 
