@@ -69,7 +69,8 @@ The stages, each a subpackage, bottom first (a stage imports only itself and tho
   device syncs the hooks do not see), `memory`, `host_count` (the ops of a few iterations, counted), `pipeline`
   (the DataLoader's per-image work) and `schedule` (which iteration is watched how).
 - `findings`: what is drawn from it: `report` (`DoctorReport`, `Finding`) and the rules (`rules`, with `compile`,
-  `memory`, `penalties` and `ddp`; `names`: the snippets' words for your script's things).
+  `memory`, `penalties`, `ddp` and `reads`: reads to batch, reads that feed training; `names`: the
+  snippets' words for your script's things).
 - `editing`: your source read and edited whole (`sources`, `scopes`, `logits` with `logits_file`), `edit`
   (`Edit`: one fix's edit of one file, made in the patch's single pass), your reads of device values followed to
   where they go (`reads`), your script's names for the snippets (`names`).
@@ -84,7 +85,8 @@ from ..errors import DoctorError, ScriptError
 from .diagnosis.analysis import OTHER, default_trace
 from .watching.hooks import SYNC_METHODS
 from .findings.report import DoctorReport, Finding
-from .findings.rules import MIN_GAIN, MIN_SHARE, RULES, SYNCS_PER_STEP, MachineFacts, findings
+from .findings.reads import SYNCS_PER_STEP
+from .findings.rules import MIN_GAIN, MIN_SHARE, RULES, MachineFacts, findings
 from .watching.schedule import PACING_LIMIT, STEPS, WARMUP
 from .diagnosis.script import TIMEOUT_S, check_script, run_script
 from .trying.try_fixes import TryReport, try_fixes
