@@ -282,7 +282,7 @@ def test_bench_climb_from_the_cli_writes_both_tables_and_every_rows_host_budget_
     for row in [*saved["rows"], *climbed["rows"]]:
         assert {"host_budget", "host_ms"} <= set(row)
     for row in climbed["rows"]:
-        assert isinstance(row["kept"], bool) and "vs_best" in row
+        assert row["kept"] in (True, False, None) and "vs_best" in row  # None: too noisy to decide (keep.too_noisy)
         if row["skipped"]:
             assert row["host_budget"] is None and row["vs_best"] is None
         else:

@@ -433,7 +433,7 @@ def test_try_runs_every_fix_without_breaking_the_script(diagnose, script, small_
     print(result)
     assert result.tried and not result.interrupted
     assert not [t.name for t in result.tried if t.outcome == "broke the script"], str(result)
-    assert all(t.outcome in ("kept", "not faster", "failed the guard") for t in result.tried)
+    assert all(t.outcome in ("kept", "not faster", "too noisy", "failed the guard") for t in result.tried)
     assert not [t.name for t in result.tried if "non-finite" in t.why], str(result)
 
 

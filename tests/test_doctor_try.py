@@ -565,7 +565,7 @@ def test_a_fix_that_breaks_the_script_is_rejected_with_its_own_traceback_and_the
     assert broke.outcome == "broke the script"
     assert "AssertionError: D must output probabilities" in broke.traceback
     assert "train.py" in broke.traceback and "gantools" not in broke.traceback.replace(str(plain_copy), "")
-    assert by_name[fixes.FREEZE_D].outcome in ("kept", "not faster")  # the loop went on
+    assert by_name[fixes.FREEZE_D].outcome in ("kept", "not faster", "too noisy")  # the loop went on
     assert "your script raised with it" in str(result)
     assert "(2+ paired repeats" in str(result), "the report states the repeats it ran, not the default"
 
