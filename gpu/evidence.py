@@ -484,7 +484,10 @@ def part_notebooks(run: Run, seconds: float) -> Built | str:
                 f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else '?'})")
     notebooks = ["notebooks/00_baseline.ipynb"]  # all of them take minutes even on a GPU; make test runs them all
     env = {**run.env, "GANTOOLS_QUICK": "1"}
-    command = _py(run, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "-o", "addopts=", *notebooks)
+    # the dry run collects its cells only: make test runs that notebook itself, beside this part
+    collect = ["--collect-only"] if run.dry else []
+    command = _py(run, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "-o", "addopts=", *collect,
+                  *notebooks)
     return Built([command], env=env)
 
 

@@ -79,6 +79,8 @@ def test_the_dry_run_passes_every_part_and_leaves_one_folder_the_device_tool_can
     assert graphs["refused"].startswith("invalid TrainConfig: cuda_graphs=True") and graphs["steps"] == 20
     doctors = {p["name"]: p["result"] for p in data["parts"] if p["name"].startswith("doctor")}
     assert "try" in doctors["doctor-dcgan"] and "try" not in doctors["doctor-wgan-gp"]  # dry: one --try, one diagnosis
+    notebooks = next(p for p in data["parts"] if p["name"] == "notebooks")
+    assert re.search(r"\d+ tests? collected", notebooks["output_tail"]), notebooks["output_tail"]  # dry: collected only
     quality = next(p for p in data["parts"] if p["name"] == "quality")["result"]
     assert all("fid" in r for r in quality["rows"])
     report = (folders[0] / "report.md").read_text()
