@@ -5,7 +5,7 @@ environment: the script's `init_process_group()` finds them), each running `gant
 
 In each process the usual single-process diagnosis runs (`script.run_script`), with `ddp.DDPWatch` beside it; each
 writes what it saw to a file in a folder all processes of one launch name alike (their parent's pid and the master
-port), and rank 0 waits for the others' files, adds what only several processes show (`ddp_rules`) to its own report
+port), and rank 0 waits for the others' files, adds what only several processes show (`findings.ddp`) to its own report
 and prints it. A process that fails writes why, so rank 0 says which rank and why in one line; `--nproc` also ends
 the other processes when one fails, since they would wait for it in the next all-reduce."""
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _gather(folder: Path, size: int) -> list:
 
 
 def _merge(own: dict, others: list, size: int):
-    """Rank 0's report with what all processes showed: the `ddp` settings and the findings of `ddp_rules`."""
+    """Rank 0's report with what all processes showed: the `ddp` settings and the findings of `findings.ddp`."""
     from ..findings.ddp import ddp_findings
 
     for rank, result in enumerate(others, 1):

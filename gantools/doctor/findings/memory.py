@@ -1,5 +1,5 @@
 """The doctor's findings about memory, read from `report.settings["memory"]` (one warm-up iteration measured by
-`memory_watch`): a batch far below what the GPU has room for, and activations that dominate a peak near the GPU's
+`watching.memory`): a batch far below what the GPU has room for, and activations that dominate a peak near the GPU's
 limit. Both need a GPU's room to judge: a CPU swaps rather than refuse, so there the report shows the parts and
 judges nothing. Neither finding is a speed-up the doctor can estimate (None: measure it); notebook 08 measures both
 levers on the tutorial's GAN."""

@@ -174,7 +174,7 @@ def _findings_head(r: DoctorReport) -> str:
 
 
 def memory_line(m: dict) -> str:
-    """The last warm-up iteration's memory (`memory_watch`) in one line: its peak and the parts, largest first."""
+    """The last warm-up iteration's memory (`watching.memory`) in one line: its peak and the parts, largest first."""
     parts = sorted(m["parts_mb"].items(), key=lambda kv: -kv[1])
     peak = m["peak_mb"]
     shares = ", ".join(f"{k} {megabytes(v)}" + (f" ({100 * v / peak:.0f}%)" if peak else "") for k, v in parts)

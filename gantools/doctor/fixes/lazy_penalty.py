@@ -1,10 +1,10 @@
-"""`--try`'s lazy gradient penalty (the finding `gradient-penalty-every-step`, `penalty_rules`), applied at run time:
+"""`--try`'s lazy gradient penalty (the finding `gradient-penalty-every-step`, `findings.penalties`), applied at run time:
 `torch.autograd.grad` at your penalty's lines (as the diagnosis placed them) computes the gradient once every
 `LAZY_INTERVAL` calls, and its gradient's backward is weighted by that interval (a hook on the gradient: the penalty,
 whatever your code makes of the gradient, then pulls on D's weights `LAZY_INTERVAL` times as hard, as if written
 `LAZY_INTERVAL * penalty`); the other calls return zeros, which carry no gradient to D, so those steps train on D's
 loss alone. That is the penalty added to D's loss every k-th step, weighted by k: the cost saved is StyleGAN2's (its
-recipe also gives the penalty an optimizer step of its own, corrected by `penalty_rules.lazy_adam`), and it changes
+recipe also gives the penalty an optimizer step of its own, corrected by `findings.penalties.lazy_adam`), and it changes
 what your loop computes, by design: the loss guard then holds it to finite losses only (`changes_losses`).
 
 As a source edit it is left to do by hand (`plan`): how your loop counts D steps and where the penalty joins D's loss

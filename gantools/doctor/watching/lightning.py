@@ -13,7 +13,7 @@ plain loop, and the fixes that are the Trainer's own arguments.
   the GradScaler of fp16), and its Trainer sets cudnn.benchmark: a loop it runs takes those changes as
   `Trainer(precision="bf16-mixed")` and `Trainer(benchmark=True)`, edited into your `Trainer(...)` line
   (`trainer_edit`), never as the doctor's own autocast wrapper, which would fight the plugin's (`trainer_owned`);
-  `--try` gives your Trainer the precision argument while a run lasts (`trainer_fixes`).
+  `--try` gives your Trainer the precision argument while a run lasts (`fixes.trainer`).
 - **Its own reads.** A value logged with `self.log(..., prog_bar=True)` is turned into a Python number every
   training step (a host sync each), whether or not a progress bar is shown: found where your code logs it."""
 from __future__ import annotations
@@ -166,7 +166,7 @@ def trainer_owned(fix, report, bf16: bool) -> str | None:
     kws = trainer_arguments(fix, report, bf16)
     if kws is None:
         return None
-    if "precision" in kws and bf16:  # `trainer_fixes.TrainerPrecision` sets it while a run lasts
+    if "precision" in kws and bf16:  # `fixes.trainer.TrainerPrecision` sets it while a run lasts
         return f"Lightning's Trainer runs your loop and owns this setting: its fix is Trainer(..., {_listed(kws)})"
     return (f"Lightning's Trainer runs your loop and owns this setting: set Trainer(..., {_listed(kws)}) by hand "
             "(--patch makes the edit)")

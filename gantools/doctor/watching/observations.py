@@ -150,7 +150,7 @@ class Observations:
     window: Window = field(default_factory=Window)
     peak_mem_mb: float = 0.0
     function_mode: bool = False  # the doctor's own torch function mode (`functions`) was pushed at some point
-    memory: object = None  # the last warm-up iteration's `memory_watch.IterationMemory`
+    memory: object = None  # the last warm-up iteration's `watching.memory.IterationMemory`
     compiler: dict = field(default_factory=dict)  # torch.compile's CompileCount over the whole run and after warm-up
     device: torch.device | None = None
     trainer: dict | None = None  # Lightning's Trainer that runs the loop (`lightning.TrainerWatch.describe`)
