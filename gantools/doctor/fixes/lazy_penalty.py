@@ -1,5 +1,4 @@
-"""`--try`'s lazy gradient penalty (the finding `gradient-penalty-every-step`, `findings.penalties`), applied at run
-time:
+"""`--try`'s lazy gradient penalty (finding `gradient-penalty-every-step`, `findings.penalties`), at run time:
 `torch.autograd.grad` at your penalty's lines (as the diagnosis placed them) computes the gradient once every
 `LAZY_INTERVAL` calls, and its gradient's backward is weighted by that interval (a hook on the gradient: the penalty,
 whatever your code makes of the gradient, then pulls on D's weights `LAZY_INTERVAL` times as hard, as if written
