@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import sys
 import typing
 from dataclasses import MISSING, fields
@@ -105,6 +103,33 @@ def _train(args: dict) -> int:
           f"warm-up), {s['step_time_ms']:.1f} ms/step, peak tensor memory {s['peak_mem_mb']:.0f} MB, "
           f"loss_d {s['loss_d']:.3f}, loss_g {s['loss_g']:.3f}. Samples: {trainer.out_dir / 'samples'}, "
           f"checkpoint: {trainer.out_dir / 'checkpoint.pt'}")
+    return 0
+
+
+# -- prepare --------------------------------------------------------------------------------------------------------
+
+def _prepare_flags(p: argparse.ArgumentParser) -> None:
+    knobs = {f.name: f.metadata["knob"] for f in fields(TrainConfig)}
+    p.add_argument("data_path", metavar="DATA_PATH", help="the folder of image files (class sub-folders give labels)")
+    for name in ("image_size", "channels", "data_root"):
+        knob = knobs[name]
+        p.add_argument(f"--{name.replace('_', '-')}", type=knob.kind, choices=knob.choices,
+                       default=getattr(TrainConfig(), name), help=f"{knob.help}: as train will be given")
+    p.add_argument("--decoder", choices=("pil", "nvjpeg"), default="pil",
+                   help="pil: PIL in threads, the per-sample path's pixels exactly; nvjpeg: JPEGs decoded in batches "
+                        "by torchvision.io.decode_jpeg on --device (a GPU's nvJPEG)")
+    p.add_argument("--device", default="auto", help="where --decoder nvjpeg decodes (default: CUDA when present)")
+    p.add_argument("--workers", type=_count(1), default=None, help="decoding threads (default: this process's cores)")
+    p.add_argument("--rebuild", action="store_true", help="decode again even if the cache matches the folder")
+
+
+def _prepare(args: dict) -> int:
+    from .core.data import CachedFolder
+    from .measuring.hardware import resolve_device
+
+    device = resolve_device(args["device"]) if args["decoder"] == "nvjpeg" else None
+    CachedFolder(args["data_path"], args["image_size"], args["channels"], args["data_root"], progress=True,
+                 workers=args["workers"], decoder=args["decoder"], device=device, rebuild=args["rebuild"])
     return 0
 
 
@@ -283,7 +308,8 @@ def _doctor(args: dict) -> int:
         if path:
             ensure_writable(Path(path).parent)
     if args["patch"]:
-        _check_patch_path(Path(args["patch"]), script)
+        from .doctor.patching.patch import check_patch_path
+        check_patch_path(Path(args["patch"]), script)
     if args["nproc"] or distributed.world().distributed:  # a DDP script: one diagnosis per process
         from .doctor.diagnosis import ranks
         return ranks.main(args, _doctor_argv(args))
@@ -313,29 +339,9 @@ def _doctor_argv(args: dict) -> list:
     return argv + [args["script"], *args["args"]]
 
 
-def _check_patch_path(path: Path, script: Path) -> None:
-    """--patch's file: refused before anything runs when it cannot be written, or is the script itself."""
-    from .errors import DoctorError
-    if path.resolve() == script.resolve():
-        raise DoctorError(f"--patch {path}: that is your script; the doctor writes a patch to its own file and never "
-                          "edits yours (e.g. --patch fixes.patch)")
-    if path.is_dir():
-        raise DoctorError(f"--patch {path}: a folder; give a file to write the diff to (e.g. {path}/fixes.patch)")
-    if not path.parent.is_dir():
-        raise DoctorError(f"--patch {path}: the folder {path.parent} does not exist; create it or choose another path")
-    existed = path.exists()
-    try:  # the one honest test of "can be written": opening it (root passes every permission check)
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise DoctorError(f"--patch {path}: cannot be written here ({e.strerror}); choose a path you can write "
-                          "to") from None
-    if not existed:
-        path.unlink()
-
-
 def _try(args: dict, report) -> int:
     from .doctor.diagnosis import analysis
+    from .core.checkpoint import atomic_write
     from .doctor.patching import patch as patching
     from .doctor.trying import try_fixes as trying
     from .doctor.fixes.catalogue import context
@@ -359,30 +365,9 @@ def _try(args: dict, report) -> int:
         patch = patching.make_patch(result.kept_parts, report, context(report, facts))
         for fix, why in patch.by_hand:
             print(f"  apply by hand ({fix}): {why}")
-        _write_atomically(Path(args["patch"]), patch.diff)
-        print(patch_line(args["patch"], patch, result.kept_parts))
+        atomic_write(args["patch"], lambda f: f.write(patch.diff.encode()))
+        print(patching.patch_line(args["patch"], patch, result.kept_parts))
     return 0
-
-
-def patch_line(path: str, patch, kept) -> str:
-    """Where `--patch` wrote the kept fixes and how to apply them; or, for an empty patch, which kept fixes it could not
-    write (each listed above it with its lines, "apply by hand"): "no fix was kept" only where --try kept none."""
-    if not patch:
-        return (f"patch: {path} is empty: --try kept {', '.join(kept)}, which the doctor could not write as an edit of "
-                "your files: apply by hand (the lines above)" if kept else f"patch: {path} is empty: no fix was kept")
-    p, where = path, ""
-    if patch.root != str(Path.cwd().resolve()):  # the script is not below here: apply it from its folder
-        p, where = os.path.abspath(p), f"cd {shlex.quote(patch.root)} && "
-    p = shlex.quote(p)
-    return (f"patch: {path} (edits {', '.join(patch.files)}); apply it with: {where}git apply {p}  "
-            f"(or: {where}patch -p1 < {p})")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """The whole file or none of it: written beside, then renamed into place."""
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # -- tune -----------------------------------------------------------------------------------------------------------
@@ -433,6 +418,11 @@ def _info(args: dict) -> int:
 COMMANDS = {
     "train": ("train a GAN (DCGAN on glyphs unless told otherwise)",
               "Train a GAN. Flags override the preset; every flag is a TrainConfig field.", _train_flags, _train, True),
+    "prepare": ("decode a folder of images once into the cache train reads (run it once, e.g. in a cluster job)",
+                "Decode, resize and crop every image under DATA_PATH once into a uint8 cache at the training "
+                "resolution (a memory-mappable file and a manifest, under the data root); train, profile and tune "
+                "with dataset=folder read it, and rebuild it when the folder or the settings change.",
+                _prepare_flags, _prepare, False),
     "profile": ("profile a few steps and say what to fix next",
                 "Profile a config with torch.profiler: per-phase breakdown, op table, trace for Perfetto, and a "
                 "verdict (data-, host-overhead-, compute- or memory-bound) with the fix to try next.",

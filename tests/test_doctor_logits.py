@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gantools import cli, doctor
+from gantools import doctor
 from gantools.core.data import write_glyph_pngs
 from gantools.doctor.diagnosis import analysis
 from gantools.doctor.fixes import catalogue as fixes
@@ -355,9 +355,9 @@ def test_a_kept_fix_the_patch_cannot_write_is_named_never_no_fix_kept():
     """`--patch` after `--try` kept fixes: an empty diff names the kept fixes it could not write (their lines are
     listed above it); "no fix was kept" only where --try kept none."""
     empty = patching.Patch(by_hand=[(fixes.LOGITS, "by hand: train.py:3: ...")])
-    line = cli.patch_line("fix.diff", empty, (fixes.LOGITS, fixes.AUTOCAST))
+    line = patching.patch_line("fix.diff", empty, (fixes.LOGITS, fixes.AUTOCAST))
     assert "no fix was kept" not in line and "autocast" in line and "logits" in line and "by hand" in line
-    assert "no fix was kept" in cli.patch_line("fix.diff", patching.Patch(), ())
+    assert "no fix was kept" in patching.patch_line("fix.diff", patching.Patch(), ())
 
 
 def test_torch_sigmoid_on_one_head_of_a_two_headed_d_comes_off_that_head(tmp_path):

@@ -59,7 +59,7 @@ def uses_cuda_graphs(mode: str) -> bool:
 
 LOSSES = ("bce", "hinge", "bce-sigmoid", "lsgan", "wgan-gp", "rpgan")
 ARCHITECTURES = ("dcgan", "r3gan")
-LOADERS = ("dataloader", "device")
+LOADERS = ("dataloader", "device", "memmap", "auto")
 NONFINITE = ("stop", "skip")
 TRANSFORMS = ("on-device", "per-sample")
 IMAGE_SIZES = (28, 32, 64)
@@ -163,8 +163,12 @@ class TrainConfig:
     image_size: int = _f(32, "image side in pixels", IMAGE_SIZES)
     channels: int = _f(1, "1 (grey) or 3 (colour)", (1, 3))
     hflip: bool = _f(False, "random horizontal flips (for photos; wrong for digits)")
-    loader: str = _f("dataloader", "dataloader: torch DataLoader; device: whole dataset held on the device", LOADERS,
+    loader: str = _f("dataloader", "dataloader: torch DataLoader; device: whole dataset held on the device; memmap: "
+                     "uint8 images in host memory (a folder's cache) read a batch at a time into pinned buffers; "
+                     "auto: device when the images fit data_budget_mb, else memmap (docs/datasets.md)", LOADERS,
                      speed=True)
+    data_budget_mb: Optional[float] = _f(None, "loader='auto': the most device memory the images may take (default: "
+                                         "what is free beside the networks, less a quarter of the device)", kind=float)
     transform: str = _f("on-device", "on-device: uint8 batches normalised on the device; "
                         "per-sample: PIL + torchvision transforms per image, as the PyTorch tutorial does",
                         TRANSFORMS, speed=True)

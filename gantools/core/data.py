@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .checkpoint import atomic_save
+from .folder_cache import FolderImages, bad_files_message, decode_image, list_images, load_folder, open_image
 from ..errors import DataError
 
 GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
@@ -24,7 +25,6 @@ GLYPH_FONTS = (  # fonts matplotlib ships that draw all ten digits
 )
 GLYPH_SPLITS = {"train": (20000, 0), "test": (2000, 1)}  # split -> (images, seed offset)
 GLYPHS_VERSION = 1  # bump when the renderer changes, so stale caches are not reused
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TORCHVISION_DATASETS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "cifar10": "CIFAR10"}
 
 
@@ -182,11 +182,11 @@ class ImageTensorDataset(Dataset):
 
 
 class ImageFolderDataset(Dataset):
-    """Image files decoded with PIL on every access: the realistic, CPU-bound case. Class sub-folders give
-    labels (sorted by name); a flat folder is one class.
+    """Image files decoded with PIL on every access: the realistic, CPU-bound case that the folder cache
+    (`CachedFolder`) replaces by one decode.
 
     Args:
-        path: the folder, searched recursively.
+        path: the folder, searched recursively (`list_images`).
         image_size: every image resized and centre-cropped to this side.
         channels: 1 (grey) or 3 (RGB).
         transform: as for `ImageTensorDataset`.
@@ -195,21 +195,10 @@ class ImageFolderDataset(Dataset):
     """
 
     def __init__(self, path, image_size: int = 32, channels: int = 1, transform: str = "on-device"):
-        from torchvision import transforms as T
-
-        self.root = Path(path)
-        if not self.root.is_dir():
-            raise DataError(f"data_path={str(path)!r}: no such folder")
-        files = sorted(p for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-        if not files:
-            raise DataError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) under {self.root}: "
-                            "point data_path at a folder of images or of class sub-folders of images")
-        self.classes = sorted({p.parent.relative_to(self.root).as_posix() for p in files})
-        self.files = files
-        self.labels = [self.classes.index(p.parent.relative_to(self.root).as_posix()) for p in files]
-        self.mode = "L" if channels == 1 else "RGB"
-        self.transform = transform
-        self._crop = T.Compose([T.Resize(image_size), T.CenterCrop(image_size)])
+        listing = list_images(path)
+        self.root, self.files, self.classes = listing.root, list(listing.files), list(listing.classes)
+        self.labels = list(listing.labels)
+        self.image_size, self.channels, self.transform = image_size, channels, transform
         self._pipeline = _per_sample_transform(image_size, channels) if transform == "per-sample" else None
         self._check_files()
         self[0]  # fail now, not inside a worker, if the first image cannot be decoded
@@ -224,26 +213,38 @@ class ImageFolderDataset(Dataset):
             except Exception as e:  # PIL raises many types for broken files
                 bad.append(f"{path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'})")
         if bad:
-            shown = "\n  ".join(bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
-            raise DataError(f"{len(bad)} of {len(self.files)} files under {self.root} are not readable images:\n  "
-                            f"{shown}\nRemove or replace them, then run again.")
+            raise DataError(bad_files_message(bad, len(self.files), self.root))
 
     def __len__(self):
         return len(self.files)
 
     def __getitem__(self, i):
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(self.files[i]) as f:
-                image = f.convert(self.mode)
-        except (OSError, UnidentifiedImageError) as e:
-            raise DataError(f"cannot read image {self.files[i]}: {e}. Remove or replace the file.") from e
         if self._pipeline is not None:
-            return self._pipeline(image), self.labels[i]
-        array = np.asarray(self._crop(image), np.uint8)
-        array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
-        return torch.from_numpy(array.copy()), self.labels[i]
+            return self._pipeline(open_image(self.files[i], self.channels)), self.labels[i]
+        return torch.from_numpy(decode_image(self.files[i], self.image_size, self.channels)), self.labels[i]
+
+
+class CachedFolder(ImageTensorDataset):
+    """A folder's images decoded once (`folder_cache`): uint8 images mapped from the cache's file, the folder's
+    labels and class names, and how this run got them (`folder`: built or reused, why, how long). An
+    ImageTensorDataset, so the device loader and the memory-mapped loader hold it as it is.
+
+    Args:
+        path: the folder (class sub-folders give labels).
+        image_size, channels: the training resolution and channels.
+        root: the data root its cache lives under (`data_root`).
+        say: where the one line about the cache goes (None: nowhere).
+        options: `folder_cache.load_folder`'s (workers, progress, decoder, device, rebuild).
+    """
+
+    def __init__(self, path, image_size: int = 32, channels: int = 1, root=None, say=print, **options):
+        self.folder: FolderImages = load_folder(path, image_size, channels, data_root(root) / "folder-cache",
+                                                **options)
+        listing = self.folder.listing
+        super().__init__(self.folder.images, torch.tensor(listing.labels, dtype=torch.long))
+        self.root, self.classes, self.files = listing.root, list(listing.classes), list(listing.files)
+        if say is not None:
+            say(self.folder.describe())
 
 
 def _check_image(path: Path) -> None:
@@ -314,12 +315,14 @@ def make_dataset(name: str = "glyphs", image_size: int = 32, channels: int = 1, 
         download: fetch a torchvision dataset when it is missing.
         transform: as for `ImageTensorDataset`.
     Returns:
-        An ImageFolderDataset for a folder, else an ImageTensorDataset.
+        An ImageTensorDataset; for a folder a CachedFolder (decoded once), or with transform='per-sample' an
+        ImageFolderDataset (decoded by PIL on every access).
     Raises:
         DataError: an unknown name, or the images are not there.
     """
-    if name == "folder":
-        return ImageFolderDataset(path, image_size, channels, transform)
+    if name == "folder":  # decoded once into a cache, unless each image is to go through PIL's transforms
+        return (ImageFolderDataset(path, image_size, channels, transform) if transform == "per-sample" else
+                CachedFolder(path, image_size, channels, root))
     if name in ("glyphs", "glyphs-color"):
         images, labels = load_glyphs(image_size, channels, split, root)
     elif name in TORCHVISION_DATASETS:

@@ -1,7 +1,9 @@
-"""The two loader paths, from a dataset (`data`) to device-ready batches: a torch DataLoader (`HostLoader`), or the
-whole uint8 dataset on the device (`DeviceLoader`); `make_loader` picks the one a config asks for. Both shuffle
-with `EpochBatchSampler`, so a resumed run, or N processes under torchrun, see the batches one uninterrupted process
-would, and both normalise and flip on the device (`prepare_batch`)."""
+"""The loader paths, from a dataset (`data`) to device-ready batches: a torch DataLoader (`HostLoader`), the whole
+uint8 dataset on the device (`DeviceLoader`), or uint8 images in host memory read a batch at a time into pinned
+buffers (`MappedLoader`, for a folder's cache too large for the device); `make_loader` picks the one a config asks
+for, `choose_loader` the one that fits. All shuffle with `EpochBatchSampler`, so a resumed run, or N processes under
+torchrun, see the batches one uninterrupted process would, and all normalise and flip on the device
+(`prepare_batch`)."""
 from __future__ import annotations
 
 import hashlib
@@ -149,12 +151,7 @@ class DeviceLoader:
     def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
                  drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = ONE_PROCESS,
                  generator: torch.Generator | None = None, labels: bool = False):
-        if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
-            raise DataError("the device loader needs in-memory uint8 images (ImageTensorDataset with "
-                            "transform='on-device'); use loader='dataloader' for other datasets")
-        if len(dataset) < batch_size:
-            raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
-                            "lower batch_size or add images")
+        _check_in_memory(dataset, batch_size, "device")
         self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
         self.generator = generator  # flips are drawn from it
         try:
@@ -164,8 +161,8 @@ class DeviceLoader:
             if not is_out_of_memory(e):
                 raise
             raise OutOfMemory(f"the dataset ({dataset.images.numel() / 2**20:.0f} MB as uint8) does not fit in "
-                              f"{self.device.type} memory next to the model: use loader='dataloader', which holds "
-                              "one batch at a time there") from None
+                              f"{self.device.type} memory next to the model: use loader='memmap' (or 'auto'), which "
+                              "holds one batch at a time there") from None
         self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
 
     def __len__(self):
@@ -195,6 +192,106 @@ class DeviceLoader:
         return (x, self.labels[indices]) if self.labels is not None else x
 
 
+class MappedLoader:
+    """uint8 images in host memory, most often mapped from a folder's cache (`data.CachedFolder`: a file larger than
+    the device, or than this machine's memory, still serves), gathered a batch at a time by one `index_select` into
+    pinned memory and copied to the device asynchronously, one batch ahead: no worker, no per-image Python and no
+    decode in the step. Normalising and flipping happen on the device (`prepare_batch`) when a batch is handed out,
+    in the order the other loaders draw them, so the same seed trains on the same batches.
+
+    Reusing pinned buffers is safe without a wait: each batch's buffer is a fresh allocation from PyTorch's caching
+    host allocator, which records an event on the stream of every asynchronous copy from it and hands the block out
+    again only once that event has completed (CachingHostAllocator_recordEvent, called by the CUDA copy kernel).
+
+    Args:
+        dataset: an ImageTensorDataset with transform='on-device' whose images are on the CPU.
+        batch_size, device, seed, drop_last, hflip, channels_last, world, generator, labels: as for `HostLoader`.
+    Raises:
+        DataError: another kind of dataset, or fewer images than one batch.
+    """
+
+    def __init__(self, dataset: ImageTensorDataset, batch_size: int, device, *, seed: int = 0,
+                 drop_last: bool = True, hflip: bool = False, channels_last: bool = False, world: World = ONE_PROCESS,
+                 generator: torch.Generator | None = None, labels: bool = False):
+        _check_in_memory(dataset, batch_size, "memmap")
+        self.device, self.hflip, self.channels_last, self.world = torch.device(device), hflip, channels_last, world
+        self.generator, self.images = generator, dataset.images
+        self.labels = torch.as_tensor(dataset.labels) if labels else None
+        self.pin = self.device.type == "cuda"  # only a copy to a GPU is asynchronous, and only from pinned memory
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, seed, drop_last, world.rank, world.size)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def set_position(self, epoch: int, batch: int) -> None:
+        self.sampler.set_position(epoch, batch)
+
+    def _copy(self, order: torch.Tensor, b: int) -> tuple:
+        """Batch b's uint8 images (and labels) gathered into pinned memory, their copy to the device queued."""
+        indices = self.sampler.batch_indices(order, b)
+        images = torch.empty((len(indices), *self.images.shape[1:]), dtype=torch.uint8, pin_memory=self.pin)
+        torch.index_select(self.images, 0, indices, out=images)  # one gather, parallel over the batch
+        labels = None
+        if self.labels is not None:
+            labels = self.labels[indices].pin_memory() if self.pin else self.labels[indices]
+            labels = labels.to(self.device, non_blocking=True)
+        return images.to(self.device, non_blocking=True), labels
+
+    def __iter__(self):
+        order, end = self.sampler.epoch_order(), len(self.sampler)
+        ahead = self._copy(order, self.sampler.start) if self.sampler.start < end else None
+        for b in range(self.sampler.start, end):
+            (images, labels), ahead = ahead, (self._copy(order, b + 1) if b + 1 < end else None)
+            x = prepare_batch(images, self.device, self.hflip, self.channels_last, self.world, self.generator)
+            yield (x, labels) if self.labels is not None else x
+
+
+def _check_in_memory(dataset, batch_size: int, loader: str) -> None:
+    """What the device and memory-mapped loaders hold: uint8 images in one tensor, at least a batch of them."""
+    if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
+        raise DataError(f"loader={loader!r} needs uint8 images in one tensor (ImageTensorDataset with "
+                        "transform='on-device', or a folder decoded once: CachedFolder); use loader='dataloader' "
+                        "for other datasets")
+    if len(dataset) < batch_size:
+        raise DataError(f"the dataset has {len(dataset)} images, fewer than one batch of {batch_size}: "
+                        "lower batch_size or add images")
+
+
+def data_budget(device: torch.device, budget_mb: float | None = None) -> int:
+    """Bytes of the device's memory the images may take for loader='auto': `budget_mb` when given; else what is
+    free on the device now (the networks are already there), less a quarter of its total for activations and the
+    optimizer's state; on a CPU the same from the kernel's MemAvailable (0 where it cannot be read)."""
+    if budget_mb is not None:
+        return int(budget_mb * 2**20)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return max(0, free - total // 4)
+    try:
+        info = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines() if ":" in line)
+        available, total = (int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
+    except (OSError, KeyError, ValueError):
+        return 0
+    return max(0, available - total // 4)
+
+
+def choose_loader(dataset: Dataset, device, budget_mb: float | None = None) -> tuple[str, str]:
+    """loader='auto''s choice and why: the whole dataset on the device when its uint8 images fit the budget
+    (`data_budget`), else batches read from host memory (`MappedLoader`); a dataset that is not uint8 images in
+    one tensor takes the DataLoader.
+
+    Returns:
+        (loader, a line that says why, with the sizes that decided it)
+    """
+    device = torch.device(device)
+    if not isinstance(dataset, ImageTensorDataset) or dataset.transform != "on-device":
+        return "dataloader", "loader='auto': the dataset is not uint8 images in one tensor, so a DataLoader reads it"
+    size, budget = dataset.images.numel(), data_budget(device, budget_mb)
+    where = f"{size / 2**20:,.1f} MB of uint8 images; {budget / 2**20:,.1f} MB of {device.type} memory for them"
+    if size <= budget:
+        return "device", f"loader='auto': {where}: the whole dataset on the {device.type} (loader='device')"
+    return "memmap", f"loader='auto': {where}: batches read from host memory into pinned buffers (loader='memmap')"
+
+
 class IndexBatches:
     """A device loader's batches as the indices of their images, for a step that gathers them itself
     (`DeviceLoader.gather` inside a CUDA graph: `graphed_step.GraphedStep`); positioned like the loader."""
@@ -214,7 +311,8 @@ class IndexBatches:
 
 def make_loader(dataset: Dataset, cfg, device, world: World = ONE_PROCESS,
                 generator: torch.Generator | None = None) -> HostLoader | DeviceLoader:
-    """The loader a config asks for: `loader='dataloader'` or `loader='device'`; under torchrun, `world`'s share;
+    """The loader a config asks for: `loader='dataloader'`, `'device'`, `'memmap'` or `'auto'` (`choose_loader`, which
+    prints its choice and the sizes that made it); under torchrun, `world`'s share;
     with `cfg.conditional` every batch is an (images, labels) pair, else the images alone.
     `pin_memory=None` (auto) pins a DataLoader's batches when they go to CUDA from the CPU: only then is the
     non-blocking copy asynchronous (see `prepare_batch`). A dataset whose tensors are already on the GPU
@@ -229,15 +327,20 @@ def make_loader(dataset: Dataset, cfg, device, world: World = ONE_PROCESS,
         world: this process under torchrun (the default: one process).
         generator: the RNG flips are drawn from; None: the global one.
     Returns:
-        A HostLoader, or a DeviceLoader for `loader='device'`.
+        A HostLoader, a DeviceLoader or a MappedLoader.
     Raises:
         ConfigError: workers or pinned memory asked for a dataset whose tensors are not on the CPU.
         DataError, OutOfMemory: as for `HostLoader` and `DeviceLoader`.
     """
     common = dict(seed=cfg.seed, drop_last=cfg.drop_last, hflip=cfg.hflip, channels_last=cfg.channels_last,
                   world=world, generator=generator, labels=cfg.conditional)
-    if cfg.loader == "device":
-        return DeviceLoader(dataset, cfg.batch_size, device, **common)
+    kind = cfg.loader
+    if kind == "auto":
+        kind, why = choose_loader(dataset, device, cfg.data_budget_mb)
+        if world.is_main:
+            print(why)
+    if kind in ("device", "memmap"):
+        return (DeviceLoader if kind == "device" else MappedLoader)(dataset, cfg.batch_size, device, **common)
     cuda = torch.device(device).type == "cuda"
     on_cpu = returns_cpu_tensors(dataset) if cfg.num_workers or cfg.pin_memory or (cuda and cfg.pin_memory is None) \
         else True  # the probe reads an item: only where workers or pinning hang on it

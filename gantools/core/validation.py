@@ -121,16 +121,17 @@ def _data_problems(p: _Problems, c, device) -> None:
 
 
 def _device_loader_problems(p: _Problems, c) -> None:
-    """What loader='device' cannot do: it holds the decoded dataset on the device, with no DataLoader to tune."""
-    if p.choice("loader") and c.loader == "device":
+    """What the loaders that hold uint8 images in one tensor (device, memmap, auto) cannot do: there is no
+    DataLoader to tune, and no per-image transform."""
+    if p.choice("loader") and c.loader != "dataloader":
         if c.transform == "per-sample":
-            p.add("loader='device' keeps uint8 images on the device: use transform='on-device'")
+            p.add(f"loader={c.loader!r} keeps uint8 images and normalises them on the device: use "
+                  "transform='on-device'")
         if c.num_workers or c.pin_memory or c.persistent_workers or c.prefetch_factor is not None:
             p.add("num_workers, pin_memory, persistent_workers and prefetch_factor are DataLoader knobs; "
-                     "with loader='device' set them to 0/False/None")
-        if c.dataset == "folder":
-            p.add("loader='device' needs the whole dataset decoded in memory; dataset='folder' streams "
-                     "files: use loader='dataloader'")
+                  f"with loader={c.loader!r} set them to 0/False/None")
+    if c.data_budget_mb is not None and p.finite_at_least("data_budget_mb", 0) and c.loader != "auto":
+        p.add(f"data_budget_mb only decides loader='auto' (loader={c.loader!r}); remove it or set loader='auto'")
 
 
 def _worker_problems(p: _Problems, c, device) -> None:

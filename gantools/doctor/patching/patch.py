@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from ...errors import DoctorError
 from ..fixes import catalogue
 from ..fixes.catalogue import Context, by_name
 from ..watching.frames import cell_label, yours
@@ -277,3 +279,37 @@ def _is_import(stmt) -> bool:
 def _name_of(plan: _Plan) -> str:
     return ", ".join(sorted([e.name for e in plan.edits.values() if e] + (["keywords"] if plan.keywords else []))) \
         or "edits"
+
+
+def check_patch_path(path: Path, script: Path) -> None:
+    """--patch's file: refused before anything runs when it cannot be written, or is the script itself."""
+    if path.resolve() == script.resolve():
+        raise DoctorError(f"--patch {path}: that is your script; the doctor writes a patch to its own file and never "
+                          "edits yours (e.g. --patch fixes.patch)")
+    if path.is_dir():
+        raise DoctorError(f"--patch {path}: a folder; give a file to write the diff to (e.g. {path}/fixes.patch)")
+    if not path.parent.is_dir():
+        raise DoctorError(f"--patch {path}: the folder {path.parent} does not exist; create it or choose another path")
+    existed = path.exists()
+    try:  # the one honest test of "can be written": opening it (root passes every permission check)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise DoctorError(f"--patch {path}: cannot be written here ({e.strerror}); choose a path you can write "
+                          "to") from None
+    if not existed:
+        path.unlink()
+
+
+def patch_line(path: str, patch, kept) -> str:
+    """Where `--patch` wrote the kept fixes and how to apply them; or, for an empty patch, which kept fixes it could not
+    write (each listed above it with its lines, "apply by hand"): "no fix was kept" only where --try kept none."""
+    if not patch:
+        return (f"patch: {path} is empty: --try kept {', '.join(kept)}, which the doctor could not write as an edit of "
+                "your files: apply by hand (the lines above)" if kept else f"patch: {path} is empty: no fix was kept")
+    p, where = path, ""
+    if patch.root != str(Path.cwd().resolve()):  # the script is not below here: apply it from its folder
+        p, where = os.path.abspath(p), f"cd {shlex.quote(patch.root)} && "
+    p = shlex.quote(p)
+    return (f"patch: {path} (edits {', '.join(patch.files)}); apply it with: {where}git apply {p}  "
+            f"(or: {where}patch -p1 < {p})")
