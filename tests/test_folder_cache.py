@@ -95,7 +95,8 @@ def test_an_unreadable_manifest_or_other_settings_rebuild(folder, tmp_path):
     (first.folder.cache_dir / "manifest.json").write_text(json.dumps(manifest))
     assert "other settings" in _cached(folder, tmp_path).folder.reason
     grey = _cached(folder, tmp_path, size=32, channels=1)  # another setting is another cache, beside it
-    assert grey.folder.built and grey.folder.cache_dir != first.folder.cache_dir and grey.images.shape[1:] == (1, 32, 32)
+    assert grey.folder.built and grey.folder.cache_dir != first.folder.cache_dir
+    assert grey.images.shape[1:] == (1, 32, 32)
 
 
 def test_a_corrupt_image_is_refused_with_its_name_and_nothing_is_committed(folder, tmp_path):
