@@ -103,15 +103,33 @@ def render_glyphs(n: int, image_size: int = 32, channels: int = 1, seed: int = 0
 def write_glyph_pngs(root, n: int = 2000, image_size: int = 64, channels: int = 1, seed: int = 0) -> Path:
     """n rendered glyphs written as PNG files, one sub-folder per digit (root/3/00017.png), the layout torchvision's
     `ImageFolder` reads: data for a script written the way people write them, which opens image files. Returns root."""
+    images, labels = render_glyphs(n, image_size, channels, seed=seed)
+    return write_image_folder(root, images, labels)
+
+
+def write_image_folder(root, images: torch.Tensor, labels: torch.Tensor, suffix: str = ".png", side: int | None = None,
+                       quality: int = 90) -> Path:
+    """uint8 images (N, C, H, W) written as image files, one sub-folder per label (root/3/00017.jpg): a folder such
+    as users bring. `side` resizes each (bicubic) first, so a folder can hold images larger than the training
+    resolution, as photos are; JPEGs are written at `quality`. Files already there are overwritten. Returns root."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from PIL import Image
 
     root = Path(root)
-    images, labels = render_glyphs(n, image_size, channels, seed=seed)
-    for i, (image, label) in enumerate(zip(images, labels.tolist(), strict=True)):
-        folder = root / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        array = image.permute(1, 2, 0).numpy()
-        Image.fromarray(array[..., 0] if channels == 1 else array).save(folder / f"{i:05d}.png")
+    for label in sorted(set(labels.tolist())):
+        (root / str(label)).mkdir(parents=True, exist_ok=True)
+
+    def write(i: int) -> None:
+        array = images[i].permute(1, 2, 0).numpy()
+        image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+        if side is not None:
+            image = image.resize((side, side), Image.BICUBIC)
+        image.save(root / str(int(labels[i])) / f"{i:05d}{suffix}", **({"quality": quality} if suffix in
+                                                                         (".jpg", ".jpeg") else {}))
+
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:  # PIL's encoders release the GIL
+        list(pool.map(write, range(len(images))))
     return root
 
 

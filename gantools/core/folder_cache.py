@@ -17,6 +17,7 @@ import json
 import os
 import functools
 import secrets
+import stat
 import sys
 import time
 import warnings
@@ -50,7 +51,9 @@ class Listing:
 
 
 def list_images(path) -> Listing:
-    """The image files under `path`, searched recursively.
+    """The image files under `path`, searched recursively (symbolic links to files followed), in the order of their
+    paths' parts. Strings and one stat per file, not pathlib: a second run checks the folder of tens of thousands of
+    files against its cache in a fraction of a second.
 
     Raises:
         DataError: no such folder, or no image files in it.
@@ -58,15 +61,26 @@ def list_images(path) -> Listing:
     root = Path(path)
     if not root.is_dir():
         raise DataError(f"data_path={str(path)!r}: no such folder")
-    files = tuple(sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()))
-    if not files:
+    found = []
+    for folder, _, names in os.walk(root):
+        parts = tuple(Path(folder).relative_to(root).parts)
+        for name in names:
+            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
+                try:
+                    st = os.stat(os.path.join(folder, name))
+                except OSError:  # a dangling link
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found.append((parts + (name,), st.st_size, st.st_mtime_ns))
+    if not found:
         raise DataError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) under {root}: "
                         "point data_path at a folder of images or of class sub-folders of images")
-    folders = [p.parent.relative_to(root).as_posix() for p in files]
+    found.sort()
+    folders = ["/".join(parts[:-1]) or "." for parts, _, _ in found]
     classes = tuple(sorted(set(folders)))
     index = {name: i for i, name in enumerate(classes)}
-    stamps = tuple((p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns)
-                   for p, st in ((p, p.stat()) for p in files))
+    files = tuple(Path(root, *parts) for parts, _, _ in found)
+    stamps = tuple(("/".join(parts), size, mtime) for parts, size, mtime in found)
     return Listing(root, files, classes, tuple(index[f] for f in folders), stamps)
 
 

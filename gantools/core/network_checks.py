@@ -8,7 +8,7 @@ import inspect
 import torch
 from torch import nn
 
-from .data import ImageFolderDataset, num_classes
+from .data import CachedFolder, ImageFolderDataset, num_classes
 from ..errors import ConfigError
 
 
@@ -22,7 +22,7 @@ def dataset_classes(dataset) -> int:
     classes = num_classes(dataset)
     if classes >= 2:
         return classes
-    if isinstance(dataset, ImageFolderDataset):
+    if isinstance(dataset, (ImageFolderDataset, CachedFolder)):
         raise ConfigError(f"conditional=True needs class labels, but {dataset.root} has no class "
                           f"sub-folders (its images are one class): put each class's images in a sub-folder "
                           f"named after the class, or set conditional=False")
