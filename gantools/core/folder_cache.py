@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import contextlib
 import functools
 import secrets
 import stat
@@ -170,7 +171,10 @@ def read_cache(cache_dir: Path, listing: Listing, image_size: int, channels: int
         return None, f"its image file has {max(size, 0):,} bytes, not {expected:,} (truncated or missing)"
     if _sampled_checksum(path, size) != manifest.get("checksum"):
         return None, "its image file fails its checksum (damaged)"
-    array = np.memmap(path, np.uint8, "c", shape=(len(listing.files), channels, image_size, image_size))
+    try:
+        array = np.memmap(path, np.uint8, "c", shape=(len(listing.files), channels, image_size, image_size))
+    except OSError as e:  # removed just now by another process's newer build
+        return None, f"its image file went away ({e.strerror})"
     return torch.from_numpy(array), ""  # mode "c": copy-on-write, writable, and writes never reach the file
 
 
@@ -264,38 +268,61 @@ def build_cache(cache_dir: Path, listing: Listing, image_size: int, channels: in
     Raises:
         DataError: files that are not readable images, all named at once; nothing is committed.
     """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    name = _decode_into(cache_dir, listing, image_size, channels, workers, progress, decoder, device)
+    size = len(listing.files) * channels * image_size * image_size
+    checksum = _sampled_checksum(cache_dir / (name + ".partial"), size)
+    manifest = dict(_settings(image_size, channels), images=name, decoder=decoder, classes=list(listing.classes),
+                    checksum=checksum, files=[list(s) for s in listing.stamps])
+    os.replace(cache_dir / (name + ".partial"), cache_dir / name)
+    atomic_write(cache_dir / "manifest.json", lambda f: f.write(json.dumps(manifest).encode()))
+    _remove_stale(cache_dir, name)
+    for _ in range(3):  # another process building the same cache may have just committed its own: read that
+        images, reason = read_cache(cache_dir, listing, image_size, channels)
+        if images is not None:
+            return images
+    # the folder changed while it was decoded, or other processes kept replacing the cache
+    raise DataError(f"the cache under {cache_dir} changed while this run built it ({reason}); run again")
+
+
+def _decode_into(cache_dir: Path, listing: Listing, image_size: int, channels: int, workers, progress, decoder,
+                 device) -> str:
+    """Every image decoded into a new `images-<token>.u8.partial` file, flushed to disk; returns its final name.
+    On any failure (bad files, Ctrl-C) the partial file is removed."""
     from tqdm.auto import tqdm
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
     name = f"images-{secrets.token_hex(6)}.u8"
+    partial = cache_dir / (name + ".partial")
     shape = (len(listing.files), channels, image_size, image_size)
-    array = np.memmap(cache_dir / name, np.uint8, "w+", shape=shape)  # raw bytes: the manifest holds the shape
-    workers = workers or len(os.sched_getaffinity(0))
     try:
+        array = np.memmap(partial, np.uint8, "w+", shape=shape)  # raw bytes: the manifest holds the shape
         with tqdm(total=shape[0], desc=f"decoding {listing.root.name} once", unit="img",
                   disable={True: False, False: True, None: None}[progress], file=sys.stderr) as bar:
             bad = (_decode_nvjpeg(listing, array, image_size, channels, device, bar) if decoder == "nvjpeg" else
-                   _decode_pil(listing, array, image_size, channels, workers, bar))
+                   _decode_pil(listing, array, image_size, channels, workers or len(os.sched_getaffinity(0)), bar))
         if bad:
             raise DataError(bad_files_message(bad, shape[0], listing.root))
         array.flush()
         del array
-        with open(cache_dir / name, "rb") as f:
+        with open(partial, "rb") as f:
             os.fsync(f.fileno())
     except BaseException:
-        (cache_dir / name).unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         raise
-    manifest = dict(_settings(image_size, channels), images=name, decoder=decoder, classes=list(listing.classes),
-                    checksum=_sampled_checksum(cache_dir / name, int(np.prod(shape))),
-                    files=[list(s) for s in listing.stamps])
-    atomic_write(cache_dir / "manifest.json", lambda f: f.write(json.dumps(manifest).encode()))
-    for stale in cache_dir.glob("images-*.u8"):  # a reader still mapping one keeps it until it lets go (POSIX)
-        if stale.name != name:
+    return name
+
+
+def _remove_stale(cache_dir: Path, keep: str) -> None:
+    """Older builds' image files: every whole one but the committed file (a reader still mapping one keeps it until
+    it lets go: POSIX), and partial ones left by a killed build an hour ago or more (a younger one may be another
+    process's build in progress)."""
+    for stale in cache_dir.glob("images-*.u8"):
+        if stale.name != keep:
             stale.unlink(missing_ok=True)
-    images, reason = read_cache(cache_dir, listing, image_size, channels)
-    if images is None:  # the folder changed while it was decoded
-        raise DataError(f"the cache under {cache_dir} could not be read back: {reason}; run again")
-    return images
+    for partial in cache_dir.glob("images-*.u8.partial"):
+        with contextlib.suppress(OSError):
+            if time.time() - partial.stat().st_mtime > 3600:
+                partial.unlink()
 
 
 @dataclass
