@@ -274,9 +274,10 @@ def build_cache(cache_dir: Path, listing: Listing, image_size: int, channels: in
     checksum = _sampled_checksum(cache_dir / (name + ".partial"), size)
     manifest = dict(_settings(image_size, channels), images=name, decoder=decoder, classes=list(listing.classes),
                     checksum=checksum, files=[list(s) for s in listing.stamps])
+    replaced = _committed_images(cache_dir)
     os.replace(cache_dir / (name + ".partial"), cache_dir / name)
     atomic_write(cache_dir / "manifest.json", lambda f: f.write(json.dumps(manifest).encode()))
-    _remove_stale(cache_dir, name)
+    _remove_stale(cache_dir, name, replaced)
     for _ in range(3):  # another process building the same cache may have just committed its own: read that
         images, reason = read_cache(cache_dir, listing, image_size, channels)
         if images is not None:
@@ -312,17 +313,24 @@ def _decode_into(cache_dir: Path, listing: Listing, image_size: int, channels: i
     return name
 
 
-def _remove_stale(cache_dir: Path, keep: str) -> None:
-    """Older builds' image files: every whole one but the committed file (a reader still mapping one keeps it until
-    it lets go: POSIX), and partial ones left by a killed build an hour ago or more (a younger one may be another
-    process's build in progress)."""
-    for stale in cache_dir.glob("images-*.u8"):
-        if stale.name != keep:
-            stale.unlink(missing_ok=True)
-    for partial in cache_dir.glob("images-*.u8.partial"):
+def _committed_images(cache_dir: Path) -> str | None:
+    """The image file the cache's manifest names now, if any: the one a new commit replaces."""
+    try:
+        return str(json.loads((cache_dir / "manifest.json").read_text()).get("images")) or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _remove_stale(cache_dir: Path, keep: str, replaced: str | None) -> None:
+    """The image file this commit replaced (a reader still mapping it keeps it until it lets go: POSIX), and any
+    other image file, whole or partial, an hour old or more: a killed build's. A younger one may be another
+    process's build of the same cache, between its rename and its commit, so it is left alone."""
+    if replaced and replaced != keep and "/" not in replaced:
+        (cache_dir / replaced).unlink(missing_ok=True)
+    for stale in cache_dir.glob("images-*"):
         with contextlib.suppress(OSError):
-            if time.time() - partial.stat().st_mtime > 3600:
-                partial.unlink()
+            if stale.name != keep and time.time() - stale.stat().st_mtime > 3600:
+                stale.unlink()
 
 
 @dataclass
