@@ -219,7 +219,9 @@ def _decode_pil(listing: Listing, out: np.ndarray, image_size: int, channels: in
 def _decode_nvjpeg(listing: Listing, out: np.ndarray, image_size: int, channels: int, device, bar) -> list[str]:
     """JPEGs decoded in batches by `torchvision.io.decode_jpeg` on `device` (nvJPEG on a GPU), resized and cropped
     there; other files, and any batch the decoder refuses, go through PIL file by file (which names a bad file).
-    decode_jpeg takes a list of encoded tensors and a device since torchvision 0.19; on CUDA it returns CUDA tensors."""
+    torchvision's docs for decode_jpeg (0.19 on): a list of encoded CPU tensors and a device in, decoded tensors on
+    that device out; on CUDA one call with a list beats repeated calls; an error returns no partial results, hence
+    the whole batch's fallback."""
     import torchvision.io as tio
     from torchvision.transforms.v2 import functional as TF
 
