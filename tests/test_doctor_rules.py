@@ -19,6 +19,15 @@ def loader(per_image_work=None, num_workers=0, pin_memory=False):
             "persistent_workers": False, "per_image_work": per_image_work, "not_decodable_once": None}
 
 
+def decoded(*random, run_time=None, **changed) -> dict:
+    """A `decode` as `watching.pipeline.decoding` describes a torchvision ImageFolder with the tutorial's transforms
+    (and `random` steps after its crop)."""
+    steps = ["Resize", "CenterCrop", *random, "ToTensor", "Normalize"]
+    return {"dataset": "ImageFolder", "how": "ImageFolder's loader (PIL) opens and decodes each image file",
+            "wrapped": False, "composed": True, "steps": steps, "keep": 2, "random": list(random), "after": [],
+            "normalize": [[0.5] * 3, [0.5] * 3], "size": 64, "root": "data/faces", "run_time": run_time, **changed}
+
+
 def report(device="cpu", phases=None, settings=None, **fields) -> DoctorReport:
     """A 100 ms iteration, busy 90 ms (half of it convolutions), with nothing wrong unless told."""
     base = {"conv_linear_outputs": {"bfloat16 (autocast)": 10.0}, "autocast": True,
@@ -78,6 +87,8 @@ FEEDS = {"where": "train.py:70", "code": "k = k + lambda_k * diff.item()", "meth
 ROOMY = memory(1000.0, 80000.0, activations=600.0)   # batch 64 at 1 GB of an 80 GB GPU
 FULL = memory(70000.0, 80000.0, activations=60000.0)  # activations fill a GPU near its limit
 FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case where it must not
+    "decode-per-item": (report(phases={"data wait": 40.0}, settings={"dataloaders": [
+        {**loader("ImageFolder: a PIL decode per image"), "decode": decoded()}]}), CPU),
     "per-sample-transforms": (report(phases={"data wait": 40.0},
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
     "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader()]}), CPU),
@@ -111,6 +122,8 @@ FIRES = {  # kind: (report, facts) where it fires; NOT_FIRING: the closest case 
     "gradient-penalty-every-step": (penalty(), CPU),
 }
 NOT_FIRING = {
+    "decode-per-item": (report(phases={"data wait": 2.0}, settings={"dataloaders": [  # under 5% of the step
+        {**loader("ImageFolder: a PIL decode per image"), "decode": decoded()}]}), CPU),
     "per-sample-transforms": (report(phases={"data wait": 2.0},  # waiting under 5% of the step: not worth it
                                      settings={"dataloaders": [loader("ImageFolder: a PIL decode per image")]}), CPU),
     "no-workers": (report(phases={"data wait": 40.0}, settings={"dataloaders": [loader(num_workers=4)]}), CPU),

@@ -28,6 +28,7 @@ NAMED = {  # script: (G, D, G's optimizer, D's optimizer), as the doctor names t
     "dcgan_ddp.py": ("netG", "netD", "optimizerG", "optimizerD"),
     "dcgan_plain.py": ("netG", "netD", "optimizerG", "optimizerD"),
     "dcgan_tutorial.py": ("netG", "netD", "optimizerG", "optimizerD"),
+    "faces_folder.py": ("generator", "discriminator", "opt_g", "opt_d"),
     "lightning_gan.py": ("self.generator", "self.discriminator", "opt_g", "opt_d"),
     "r1_dcgan.py": ("G", "D", "opt_g", "opt_d"),
     "sigmoid_in_forward.py": ("G", "D", "opt_g", "opt_d"),

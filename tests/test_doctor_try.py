@@ -520,6 +520,7 @@ def test_try_measures_each_fix_and_the_patch_holds_what_was_kept(pngs, tmp_path,
     tried, kinds = saved["try"], [f["kind"] for f in saved["findings"]]
     names = [t["name"] for t in tried["tried"]]
     assert {fixes.AUTOCAST, fixes.FREEZE_D, fixes.WORKERS} <= set(names), printed
+    assert fixes.DECODE_ONCE in names and "decode-per-item" in kinds, printed  # ImageFolder, deterministic transforms
     answers = {f.name: f.answers for f in fixes.FIXES}
     rank = [min(kinds.index(k) for k in answers[n] if k in kinds) for n in names]
     assert rank == sorted(rank), (names, kinds)  # tried in the order of the findings

@@ -14,6 +14,7 @@ from ...measuring.protocol import amdahl
 from ...core.techniques import notebook
 from . import names
 from .compile import RULES as COMPILE_RULES
+from .pipeline import decoded_once_file
 from .memory import RULES as MEMORY_RULES
 from ..watching.frames import shown
 from ..watching.observations import NCHW
@@ -70,9 +71,34 @@ def _data_seen(r: DoctorReport, loader: dict) -> str:
             f"{loader['per_image_work'] or loader['dataset']}{for_line}")
 
 
+def decode_per_item(r: DoctorReport, facts: MachineFacts) -> Finding | None:
+    """A data-bound loop whose dataset opens and decodes an image file for every item, every epoch."""
+    wait = r.phases_ms.get("data wait", 0.0)
+    loader = next((x for x in r.settings["dataloaders"] if x.get("decode")), None)
+    if loader is None or wait / r.step_time_ms < MIN_SHARE:
+        return None
+    decode = loader["decode"]
+    if decode["keep"] == 0 and decode["random"] and decode["steps"][0] in decode["random"]:
+        change = (f"# decoding once cannot keep your {decode['steps'][0]}: it draws from the full-size image each "
+                  "epoch; decode in workers\n"
+                  + names.with_workers(r, facts.workers, "persistent_workers=True, pin_memory=True"))
+    else:
+        by_hand = (f"# by hand: --try cannot apply it while your script runs ({decode['run_time']})\n"
+                   if decode["run_time"] else "")
+        change = by_hand + decoded_once_file(r, loader)
+    return Finding(
+        "decode-per-item", "every image file is opened and decoded again for each item, every epoch",
+        _data_seen(r, loader) + ("" if "decode" in (loader["per_image_work"] or "") else f"; {decode['how']}"),
+        "decoding a PNG or JPEG and resizing it costs far more than the model's step at GAN sizes, and the loop "
+        "repeats it every epoch for the same images"
+        + (", in the training process itself (num_workers=0)" if loader["num_workers"] == 0 else "")
+        + "; decoded once into a uint8 tensor file, a batch is one index and one copy",
+        change, notebook("transform"), amdahl(r.step_time_ms, wait))
+
+
 def per_sample_transforms(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     loader = _slow_loader(r)
-    if loader is None or not loader["per_image_work"]:
+    if loader is None or not loader["per_image_work"] or loader.get("decode"):
         return None
     workers = facts.workers
     return Finding(
@@ -112,7 +138,7 @@ def _pinned(r: DoctorReport) -> str:
 
 def no_workers(r: DoctorReport, facts: MachineFacts) -> Finding | None:
     loader = _slow_loader(r)
-    if loader is None or loader["per_image_work"]:
+    if loader is None or loader["per_image_work"] or loader.get("decode"):
         return None
     return Finding(
         "no-workers", "the DataLoader loads batches in the training process", _data_seen(r, loader),
@@ -376,8 +402,8 @@ def not_judged(facts: MachineFacts) -> list:
             "fp16 with a GradScaler, cudnn.benchmark, TF32 and torch.compile (CUDA settings)"]
 
 
-RULES = (per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory, host_sync,
-         read_feeds_training, sigmoid_bce, fp32_convolutions, d_grads_in_g_step, g_grads_in_d_step,
+RULES = (decode_per_item, per_sample_transforms, no_workers, too_many_workers, workers_restart, pin_memory,
+         host_sync, read_feeds_training, sigmoid_bce, fp32_convolutions, d_grads_in_g_step, g_grads_in_d_step,
          optimizer_for_loop, channels_last, cudnn_benchmark, tf32, *COMPILE_RULES,
          *MEMORY_RULES, *PENALTY_RULES)
 

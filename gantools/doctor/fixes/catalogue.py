@@ -32,6 +32,7 @@ from .fix import (BackendFlag, Fix, LoaderSetting, ModelStatement, faster_kwargs
                      with_kwargs)
 from ..editing import logits
 from ..editing.logits_file import LOGITS
+from .pipeline import DECODE_ONCE, DecodeOnce
 from .autocast import AUTOCAST, Autocast, no_final_sigmoid, no_models
 from .detach import DETACH, DetachFakes
 from .freeze import FREEZE_D, FreezeD
@@ -61,6 +62,7 @@ class Context:
     loaders: tuple = ()             # (num_workers, persistent_workers, pin_memory) of each DataLoader
     penalty_sites: frozenset = frozenset()  # (file, line) of D's gradient penalty calls (autograd.grad)
     d_step_sites: frozenset = frozenset()   # (file, line) of D's calls in its own step
+    decode: tuple | None = None     # (the DataLoader's dataset class, why its items cannot be served from memory)
 
     def to_dict(self) -> dict:
         return {k: (sorted(map(list, v)) if isinstance(v, frozenset) else v) for k, v in self.__dict__.items()}
@@ -92,9 +94,11 @@ def context(report: DoctorReport, facts: MachineFacts) -> Context:
     bce = any(k == "aten::binary_cross_entropy" for k in report.settings.get("loss_ops_per_iteration", {}))
     loaders = tuple((x["num_workers"], x["persistent_workers"], x["pin_memory"])
                     for x in report.settings.get("dataloaders", []))
+    decoded = [(x["dataset"], x["decode"]["run_time"]) for x in report.settings.get("dataloaders", [])
+               if x.get("decode")]
     return Context(report.device.split(":")[0], facts.bf16, facts.workers, model("G"), model("D"),
                    report.settings.get("d_final_sigmoid"), g_sites, loops, bce, loaders, penalty_sites(report),
-                   d_sites)
+                   d_sites, decoded[0] if decoded else None)
 
 
 # -- one object per fix ----------------------------------------------------------------------------------------------
@@ -229,8 +233,10 @@ FIXES = (
     FreezeD(name=FREEZE_D, title="D frozen in G's step", answers=("d-grads-in-g-step",)),
     DetachFakes(name=DETACH, title="G's images detached in D's step", answers=("g-grads-in-d-step",)),
     Fused(name=FUSED, title="fused (or foreach) optimizers", answers=("optimizer-for-loop",)),
+    DecodeOnce(name=DECODE_ONCE, title="each image decoded once, served from memory", answers=("decode-per-item",)),
     Workers(name=WORKERS, title="DataLoader workers",
-            answers=("no-workers", "per-sample-transforms", "too-many-workers", "workers-restart")),
+            answers=("no-workers", "per-sample-transforms", "decode-per-item", "too-many-workers",
+                     "workers-restart")),
     Pin(name=PIN, title="pinned memory", answers=("pin-memory",)),
     ChannelsLast(name=CHANNELS_LAST, title="channels_last models", answers=("channels-last",)),
     Cudnn(name=CUDNN, title="cudnn.benchmark", answers=("cudnn-benchmark",)),
@@ -245,6 +251,8 @@ BY_HAND = {"host-sync": "the values your code reads each step are yours to keep 
            "per-sample-transforms": "decoding the images once changes how your data is built: apply by hand "
                                     "(its DataLoader workers are tried)"}
 
+SHOWN = ("decode-per-item",)  # tried at run time, but its change is lines that build your data: shown, not a patch
+
 
 def parts_for(kind: str, ctx: Context) -> tuple:
     """The runtime parts that fix a finding (autocast brings the logits loss where the loop uses BCE); none for a
@@ -257,7 +265,7 @@ def parts_for(kind: str, ctx: Context) -> tuple:
     Returns:
         The names of the fixes to apply, as `Applied` and `patching.make_patch` take them.
     """
-    if kind in BY_HAND:
+    if kind in BY_HAND or kind in SHOWN:
         return ()
     parts = tuple(p for fix in FIXES if kind in fix.answers for p in fix.parts)
     return tuple(dict.fromkeys(n for fix in by_name(parts) for n in fix.needs(ctx))) + parts
