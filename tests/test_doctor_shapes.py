@@ -25,6 +25,7 @@ from gantools.doctor.fixes.lazy_penalty import LAZY
 from gantools.doctor.patching.patch import make_patch
 from gantools.doctor.findings.penalties import lazy_adam
 from gantools.doctor.fixes.trainer import PRECISION
+from gantools.doctor.fixes.pipeline import DECODE_ONCE
 from gantools.doctor.trying.try_fixes import pacer_index, try_fixes
 from test_doctor_snippets import foreign, script_names
 
@@ -371,6 +372,9 @@ def test_each_fix_as_a_patch_applies_and_the_patched_script_runs(diagnose, scrip
     if LAZY in parts:  # the WGAN-GP's penalty every D step: lazy regularisation is the user's to write, said so
         lazy = make_patch(parts.pop(LAZY), report, ctx, root=SCRIPTS)
         assert not lazy.diff and [name for name, _ in lazy.by_hand] == ["lazy-penalty"] and script == WGAN_GP
+    if DECODE_ONCE in parts:  # its ImageFolder decoded once: lines that build the data, shown, never a patch
+        decoded = make_patch(parts.pop(DECODE_ONCE), report, ctx, root=SCRIPTS)
+        assert not decoded.diff and [name for name, _ in decoded.by_hand] == [DECODE_ONCE]
     for name, fix_parts in parts.items():
         patch = make_patch(fix_parts, report, ctx, root=SCRIPTS)
         assert patch and not patch.by_hand and patch.files == [script.name], (name, patch.by_hand)

@@ -69,6 +69,6 @@ def decoded_once_file(r: DoctorReport, loader: dict) -> str:
         lines.append(f"# then your {', '.join(decode['after'])}, on the device")
     size = decode["size"] or "N"
     folder = decode["root"] or "YOUR_FOLDER"
-    lines.append(f"# with gantools the file is one command: gantools prepare {folder} --image-size {size} (a uint8 "
-                 "cache, rebuilt when the folder changes)")
+    lines.append(f"# with gantools: gantools prepare {folder} --image-size {size} decodes the folder once (Resize, "
+                 "CenterCrop) into a uint8 cache that its folder dataset reads, rebuilt when the folder changes")
     return "\n".join(lines)

@@ -16,6 +16,8 @@ How a fix reaches code it did not write (all of it global, so one run at a time,
   whichever TF32 API (legacy or per-backend) the script itself used, and restores both exactly.
 - **A gradient penalty taken lazily**: `torch.autograd.grad` at the penalty's lines, as the diagnosis placed them
   (`lazy_penalty`: it changes the losses by design, `Fix.changes_losses`).
+- **A folder's images decoded once**: the DataLoader built over a torchvision folder with deterministic transforms
+  gets its items computed once, when it is built, and served from memory (`pipeline`).
 - **torch.compile**: `module.compile()` on first sight (in place; the first call runs eagerly), CUDA only: on a CPU
   compiling costs minutes per trial and rarely pays for models this small."""
 from __future__ import annotations
