@@ -53,15 +53,19 @@ def _judged(report: ProfileReport, cfg: TrainConfig, wait_share: float):
 
 @pytest.mark.slow
 def test_a_slow_loader_is_judged_on_its_measured_wait_and_its_fix_is_a_loading_change_that_trains(tiny, big_images,
-                                                                                                 request):
+                                                                                                 request, tmp_path):
     """The mechanism, not a race: the profile measures the step's wait for data (large PNGs decoded one by one in the
-    training process), the verdict is the one rule applied to what was measured, and for this loop a data-bound
-    verdict's fix is a data-loading change that trains. How much the fix cuts the wait is measured where it is taught
-    (03_data_loading), never asserted on a machine that may be busy."""
+    training process: transform='per-sample'), the verdict is the one rule applied to what was measured, and for
+    this loop a data-bound verdict's fix is the folder decoded once into its cache, read without a DataLoader, which
+    trains. How much the fix cuts the wait is measured where it is taught (03_data_loading), never asserted on a
+    machine that may be busy."""
+    from gantools.core.techniques import FOLDER_CACHE
+
     threads = torch.get_num_threads()
     request.addfinalizer(lambda: torch.set_num_threads(threads))  # the next tests get theirs
     torch.set_num_threads(1)
-    cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0)
+    cfg = tiny.replace(dataset="folder", data_path=str(big_images), num_workers=0, transform="per-sample",
+                       data_root=str(tmp_path / "data"))
     before = profile(cfg, steps=6, warmup=1)
     step, wait = before.step_time_ms, before.phases_ms["data wait"]
     assert wait > 0 and before.verdict.evidence["data wait share"] == pytest.approx(wait / step)
@@ -70,7 +74,9 @@ def test_a_slow_loader_is_judged_on_its_measured_wait_and_its_fix_is_a_loading_c
     assert v.bottleneck == "data-bound" and v.notebook == "03_data_loading" and v.estimated_speedup > 1
     assert v.fix and set(v.fix) <= {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "transform",
                                     "loader"}, v.fix
+    assert v.technique.startswith(FOLDER_CACHE) and v.fix["transform"] == "on-device" and v.fix["loader"] == "auto"
     after = profile(cfg.replace(**v.fix), steps=2, warmup=1)
+    assert (tmp_path / "data" / "folder-cache").is_dir()  # the fix's run decoded the folder once, into the cache
     change = compare(before, after)
     assert before.images_per_sec > 0 and after.images_per_sec > 0  # both measured, without the profiler
     assert "images/s" in str(change)

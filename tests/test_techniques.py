@@ -226,11 +226,13 @@ def test_the_search_space_on_a_gpu_without_fast_bf16(monkeypatch, passed, main_t
 
 def test_checks_rows_are_pinned():
     assert list(check.techniques(CPU, True)) == [
-        "fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
+        "fp32", "bf16 autocast", "device loader", techniques.FOLDER_MEMMAP, "DataLoader, 2 workers", "Adam fused",
+        "Adam foreach",
         "accumulation, 2 micro-batches", "channels_last", "compile default", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
         "conditional", "warm-up + cosine schedule", "activation checkpointing", "R3GAN: rpgan, R1 + R2"]
     assert list(check.techniques(CUDA, False, fast_bf16=False)) == [
-        "fp32", "fp16 autocast + GradScaler", "device loader", "DataLoader, 2 workers, pinned", "Adam fused",
+        "fp32", "fp16 autocast + GradScaler", "device loader", techniques.FOLDER_MEMMAP, techniques.FOLDER_AUTO,
+        "DataLoader, 2 workers, pinned", "Adam fused",
         "Adam foreach", "fp16 + Adam fused", "fp16 + Adam foreach", "fp16 + Adam for-loop",
         "accumulation, 2 micro-batches", "channels_last", "compile reduce-overhead", "compile max-autotune",
         "whole-step CUDA graphs", "TF32 + cudnn.benchmark", "WGAN-GP, 2 D steps", "R1 lazy + EMA", "conditional",
@@ -244,9 +246,15 @@ def test_checks_rows_are_pinned():
     ("cpu", 50.0, 50.0, 0, [], TrainConfig(transform="per-sample"),
      {"transform": "on-device", "num_workers": 0, "persistent_workers": False, "prefetch_factor": None},
      "drop per-image PIL transforms: copy uint8 batches and normalise them on the device"),
-    ("cpu", 50.0, 50.0, 0, [], TrainConfig(transform="per-sample", dataset="folder"),
-     {"num_workers": 3, "persistent_workers": True},
-     "decode in 3 DataLoader worker processes, kept alive between epochs"),
+    ("cpu", 50.0, 50.0, 0, [], TrainConfig(transform="per-sample", dataset="folder", data_path="."),
+     {"transform": "on-device", "loader": "auto", "num_workers": 0, "pin_memory": None, "persistent_workers": False,
+      "prefetch_factor": None},
+     "decode the folder once (gantools prepare / transform='on-device'), then read it with loader='auto': the whole "
+     "cache on the device where it fits, else memory-mapped batches"),
+    ("cuda", 50.0, 50.0, 0, [], TrainConfig(dataset="folder", data_path=".", num_workers=2, pin_memory=True),
+     {"loader": "auto", "num_workers": 0, "pin_memory": None, "persistent_workers": False, "prefetch_factor": None},
+     "read the folder's cache with loader='auto': the whole cache on the device where it fits, else memory-mapped "
+     "batches"),
     ("cpu", 50.0, 50.0, 0, [], TrainConfig(loader="dataloader", num_workers=2),
      {"num_workers": 4, "persistent_workers": True},
      "more DataLoader workers, or a dataset decoded once and held on the device"),
@@ -281,3 +289,28 @@ def test_each_technique_offers_only_its_own_field(device, monkeypatch):
     for cfg in (TrainConfig(), TrainConfig(loader="dataloader", num_workers=2, grad_accum_steps=2, compile="default")):
         for t in TECHNIQUES:
             assert {o.field for o in t.candidates(cfg, where)} <= {t.knob}, t.knob
+
+
+def test_a_data_bound_folder_is_offered_its_cache_by_the_verdict_and_by_tune(tmp_path):
+    """One list decides both: the profiler's fix for a folder decoded per sample is the cache read without a
+    DataLoader (`_fix_transform`), and tune's search space for it holds the cache (transform='on-device') and
+    loader='auto', never loader='device' blind (a folder's cache may not fit the device)."""
+    cfg = TrainConfig(dataset="folder", data_path=str(tmp_path), transform="per-sample", num_workers=2,
+                      out_dir=str(tmp_path / "run"))
+    report = ProfileReport("cpu", 5, 128, 100.0, 100.0, {"data wait": 60.0}, 40.0)
+    verdict = diagnose(report, cfg)
+    assert verdict.bottleneck == "data-bound" and verdict.notebook == "03_data_loading"
+    assert verdict.technique.startswith("decode the folder once (gantools prepare / transform='on-device')")
+    assert cfg.replace(**verdict.fix).validate().loader == "auto"
+    cached = cfg.replace(**verdict.fix)
+    assert diagnose(report, cached.replace(loader="dataloader")).fix["loader"] == "auto"  # the cache, DataLoader-read
+    candidates, skipped = space.search_space(cfg, CPU, space=("transform", "loader"))
+    changes = [c.change for c in candidates]
+    assert {"transform": "on-device"} in changes
+    assert {"loader": "auto", "transform": "on-device", "num_workers": 0} in changes
+    assert not any(c.get("loader") == "device" for c in changes)
+    assert dict(skipped)["loader=device"].startswith("a folder's cache may not fit the device")
+    for change in changes:
+        cfg.replace(**change).validate()
+    glyphs = TrainConfig(transform="per-sample", num_workers=2)  # not a folder: the device loader, as before
+    assert [c.change.get("loader") for c in space.search_space(glyphs, CPU, space=("loader",))[0]] == ["device"]

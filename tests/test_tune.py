@@ -105,6 +105,27 @@ def test_a_data_starved_config_gets_a_data_loading_fix_first(tiny, tmp_path, mon
 
 
 @pytest.mark.slow
+def test_a_data_starved_folder_is_first_offered_its_cache_read_without_a_dataloader(tiny, tmp_path, monkeypatch):
+    """A folder decoded by PIL per sample, judged data-bound (set here, as above): tune's first candidate is the
+    verdict's fix, the folder decoded once into its cache and read with loader='auto', and it trains (the cache is
+    built under the run's data root). Whether it won its repeats is not asserted."""
+    from gantools.core.data import write_glyph_pngs
+    from gantools.speed import profiling
+
+    monkeypatch.setattr(profiling, "bottleneck", lambda *args: "data-bound")
+    folder = write_glyph_pngs(tmp_path / "images", 64, 32, 1)
+    cfg = tiny.replace(dataset="folder", data_path=str(folder), transform="per-sample",
+                       data_root=str(tmp_path / "data"))
+    stop = threading.Event()
+    result = tune(cfg, minutes=30, quality=lambda c: {"fid": 1.0}, plan=RULE_REPLACED, progress=None, stop=stop,
+                  on_update=lambda r: stop.set() if r.path else None, space=tuple(DATA_KNOBS))
+    first = result.path[0]
+    assert first.source == "verdict: data-bound", result.markdown()
+    assert first.change == {"transform": "on-device", "loader": "auto"} and first.images_per_sec > 0
+    assert any((tmp_path / "data" / "folder-cache").iterdir())
+
+
+@pytest.mark.slow
 def test_quality_backs_off_the_last_kept_changes_until_fid_holds(tiny, glyphs64, monkeypatch):
     """Every measured candidate is kept (the rule replaced, so the path is known); the quality function makes the
     last one (for-loop Adam) "hurt" FID: the check backs off that change alone, re-scoring each config."""

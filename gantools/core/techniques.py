@@ -140,6 +140,8 @@ MEMORY, COMPILER = "08_memory.ipynb", "09_compiler.ipynb"
 OPTIMIZER_ORDER = ("fused", "foreach", "for-loop")  # fused kernels first: fewest launches
 GRAPH_MODES = ("max-autotune", "reduce-overhead")  # torch.compile's modes that use CUDA graphs on CUDA
 NOT_CPU_TENSORS = "your dataset's tensors are not on the CPU: "
+FOLDER_MEMMAP = "folder cache, memory-mapped loader"  # check's rows over a folder decoded once (dataset='folder')
+FOLDER_AUTO = "folder cache, loader='auto'"
 
 
 def _precision(cfg: TrainConfig, where: Where) -> list:
@@ -155,9 +157,19 @@ def _precision(cfg: TrainConfig, where: Where) -> list:
 
 
 def _transform(cfg: TrainConfig, where: Where) -> list:
-    """On-device normalisation, except for your own dataset, which brings its own transforms."""
+    """On-device normalisation (for a folder: decoded once into the cache, `data.CachedFolder`), except for your own
+    dataset, which brings its own transforms."""
     why = "your own dataset brings its own transforms" if where.own_dataset else None
     return [Offer("transform", "on-device", why)]
+
+
+def _loader(cfg: TrainConfig, where: Where) -> list:
+    """The whole dataset on the device; for a folder's cache, which may not fit there, loader='auto' instead (the
+    device where it fits, else memory-mapped batches: `loaders.choose_loader`)."""
+    if cfg.dataset != "folder" or where.own_dataset:
+        return [Offer("loader", "device")]
+    return [Offer("loader", "device", "a folder's cache may not fit the device: loader='auto' puts it there where it "
+                                      "fits"), Offer("loader", "auto")]
 
 
 def _num_workers(cfg: TrainConfig, where: Where) -> list:
@@ -251,12 +263,30 @@ def _graphs_text(where: Where) -> tuple[str, str]:
                        "validated it on this machine)")
 
 
+FOLDER_CACHE = "decode the folder once (gantools prepare / transform='on-device')"
+READ_CACHE = "loader='auto': the whole cache on the device where it fits, else memory-mapped batches"
+NO_DATALOADER = {"num_workers": 0, "pin_memory": None, "persistent_workers": False, "prefetch_factor": None}
+
+
 def _fix_transform(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
-    if bottleneck != "data-bound" or cfg.transform != "per-sample" or cfg.dataset == "folder":
+    """Per-image PIL transforms out of the step: for a folder that means decoding it once into the cache
+    (`data.CachedFolder`) and reading the cache without a DataLoader (`_fix_loader`'s change, in the same step)."""
+    if bottleneck != "data-bound" or cfg.transform != "per-sample":
         return None
+    if cfg.dataset == "folder":
+        return Fix(change={"transform": "on-device", "loader": "auto", **NO_DATALOADER},
+                   text=f"{FOLDER_CACHE}, then read it with {READ_CACHE}")
     return Fix(change={"transform": "on-device", "num_workers": 0, "persistent_workers": False,
                        "prefetch_factor": None},
                text="drop per-image PIL transforms: copy uint8 batches and normalise them on the device")
+
+
+def _fix_loader(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
+    """A folder's cache read by a DataLoader still costs Python per image: loader='auto' holds it on the device, or
+    gathers each batch in one index_select (`loaders.choose_loader`), with no DataLoader knobs left."""
+    if bottleneck != "data-bound" or cfg.dataset != "folder" or cfg.loader != "dataloader":
+        return None
+    return Fix(change={"loader": "auto", **NO_DATALOADER}, text=f"read the folder's cache with {READ_CACHE}")
 
 
 def _fix_workers(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
@@ -318,10 +348,12 @@ TECHNIQUES = (
     Technique("transform", "on-device normalisation", DATA_LOADING, (1.02, 1.3), candidates=_transform,
               fix=_fix_transform, profiled=("transform",),
               ladder=(Row("on-device normalisation", {"transform": "on-device", "num_workers": 0}),)),
-    Technique("loader", "device-resident data", DATA_LOADING, (1.04, 1.3),
-              candidates=lambda cfg, where: [Offer("loader", "device")],
+    Technique("loader", "device-resident data", DATA_LOADING, (1.04, 1.3), candidates=_loader, fix=_fix_loader,
               ladder=(Row("device-resident data", {"loader": "device", "transform": "on-device", "num_workers": 0}),),
-              checks=(Row("device loader", {"loader": "device"}),),
+              # a folder's cache (check writes its images as files, `check.run`), read without a DataLoader
+              checks=(Row("device loader", {"loader": "device"}),
+                      Row(FOLDER_MEMMAP, {"loader": "memmap", "dataset": "folder"}),
+                      Row(FOLDER_AUTO, {"loader": "auto", "dataset": "folder"}, ("cuda",))),
               panel=("loader",)),
     # pinning only helps copies to a GPU (refused on a CPU); workers are worth checking everywhere
     Technique("num_workers", "DataLoader worker processes", DATA_LOADING, (1.0, 1.1), candidates=_num_workers,

@@ -44,15 +44,15 @@ def describe(change: dict) -> str:
 
 def complete(cfg: TrainConfig, change: dict) -> dict:
     """The change plus what it needs to be a valid config, minus what is already so. 16-bit precision under
-    Sigmoid + BCELoss needs BCE with logits (the same loss); the device loader leaves no DataLoader knobs; workers
-    kept alive between epochs come with workers."""
+    Sigmoid + BCELoss needs BCE with logits (the same loss); the loaders that hold uint8 images in one tensor (device,
+    memmap, auto) leave no DataLoader knobs and no per-image transform; workers kept alive between epochs come with
+    workers."""
     change = dict(change)
     new = cfg.replace(**change)
     if new.precision != "fp32" and new.loss == "bce-sigmoid":
         change["loss"] = "bce"
-    if new.loader == "device":
-        change.update(transform="on-device", num_workers=0, pin_memory=None, persistent_workers=False,
-                      prefetch_factor=None)
+    if new.loader != "dataloader":
+        change.update(transform="on-device", **techniques.NO_DATALOADER)
     elif new.num_workers == 0:
         change.update(persistent_workers=False, prefetch_factor=None)
     elif "num_workers" in change and cfg.num_workers == 0:
