@@ -27,7 +27,8 @@ def test_check_runs_every_technique_here_and_all_pass(tmp_path):
     out = done.stdout
     result = json.loads(path.read_text())
     names = [r["technique"] for r in result["rows"]]
-    expected = ["fp32", "bf16 autocast", "device loader", "DataLoader, 2 workers", "Adam fused", "Adam foreach",
+    expected = ["fp32", "bf16 autocast", "device loader", "folder cache, memory-mapped loader", "DataLoader, 2 workers",
+                "Adam fused", "Adam foreach",
                 "accumulation, 2 micro-batches", "channels_last", "WGAN-GP, 2 D steps", "R1 lazy + EMA",
                 "conditional", "warm-up + cosine schedule", "activation checkpointing", "R3GAN: rpgan, R1 + R2",
                 "DDP, 2 processes (gloo, CPU)"]
@@ -298,3 +299,31 @@ def test_a_host_budget_that_cannot_be_counted_fails_its_row_and_ddp_has_none(tmp
     assert not row["ok"] and row["reason"] == "host budget not counted: RuntimeError: no dispatch here"
     assert check.with_host_budget(passed, None, glyphs64, tmp_path)["host_budget"] is None  # DDP
     assert iteration_budget.cell(None) == "-" and iteration_budget.cell(counted["host_budget"]).endswith(" / 0 / 0")
+
+
+def test_the_folder_rows_train_on_the_checks_images_as_files_decoded_once(tmp_path, monkeypatch):
+    """The folder cache read by the memory-mapped loader (on CUDA also by loader='auto'): the check's own 64 images
+    written as PNG files once and decoded once into a cache under the check's own data root, then trained and
+    verified as every row is (finite losses, exact resume on a CPU)."""
+    from gantools.core import loaders
+    from gantools.core.techniques import FOLDER_AUTO, FOLDER_MEMMAP
+
+    assert check.techniques(torch.device("cpu"), True)[FOLDER_MEMMAP] == {"loader": "memmap", "dataset": "folder"}
+    assert FOLDER_AUTO not in check.techniques(torch.device("cpu"), True)
+    assert check.techniques(torch.device("cuda"), True, fast_bf16=True)[FOLDER_AUTO]["loader"] == "auto"
+    fields = check.images_folder(tmp_path, check.BASE)
+    assert len(list(Path(fields["data_path"]).rglob("*.png"))) == 64 and any(Path(fields["data_root"]).rglob("*.u8"))
+    assert check.images_folder(tmp_path, check.BASE) == fields  # written once
+    built, mapped = [], loaders.MappedLoader
+
+    class Counted(mapped):  # the row's trainer reads the cache through the memory-mapped loader
+        def __init__(self, *args, **kwargs):
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(loaders, "MappedLoader", Counted)
+    result = check.run("cpu", only=[FOLDER_MEMMAP])
+    row = result["rows"][0]
+    assert row["ok"], row
+    assert row["checks"]["finite losses"] and row["checks"]["exact resume"]
+    assert built and all(type(d).__name__ == "CachedFolder" for d in built)

@@ -3,7 +3,8 @@ The first thing to run on a new GPU: gantools' own tests run on a CPU, so this i
 minute or two, which techniques work with their driver, GPU and torch.
 
 For each technique's check rows that apply on the device (`Technique.checks`, in `techniques.TECHNIQUES`' order:
-`techniques.rows`), the GAN variants
+`techniques.rows`; a row that sets dataset='folder' reads the check's images as PNG files decoded once into their
+cache, `check_data.images_folder`: the memory-mapped loader, on CUDA also loader='auto'), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN, R3GAN:
 its networks, the relativistic loss, R1 and R2; on CUDA WGAN-GP's and R3GAN's penalties also with fp16 + GradScaler
 and with CUDA graphs, R3GAN's under bf16 where it is fast), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
@@ -58,6 +59,7 @@ from ..core.losses import LOSSES
 from ..core.validation import penalised
 from ..core.trainer import Trainer
 from . import iteration_budget
+from .check_data import CUDA_TENSORS, ROW_DATASETS, images_folder  # noqa: F401 (tests read them here)
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
 # not how fast it is (its images/s only shows it ran at a plausible speed).
@@ -70,7 +72,6 @@ BUDGET_ITERATIONS = 2
 PROFILE_ROW = "profile: no host syncs in the step"
 OOM_ROW = "out of memory told apart, then training again"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
-CUDA_TENSORS = "a dataset returning CUDA tensors"
 R3GAN_ROW = "R3GAN: rpgan, R1 + R2"
 R3GAN_FP32_ROW = "R3GAN, fp16 + GradScaler, 4 x 4 in fp32"
 # R3GAN's networks at BASE's sizes, its loss and both penalties at one gamma, as the paper trains it; half BASE's batch,
@@ -79,22 +80,6 @@ R3GAN_FP32_ROW = "R3GAN, fp16 + GradScaler, 4 x 4 in fp32"
 R3GAN = {"architecture": "r3gan", "loss": "rpgan", "r1_gamma": 1.0, "r2_gamma": 1.0, "batch_size": 8}
 
 
-class DeviceTensors(torch.utils.data.Dataset):
-    """The check's images as a dataset of your own that returns them already on `device`, as one that moves each
-    image to the GPU in __getitem__ does: the DataLoader must neither pin its batches (a CUDA tensor cannot be pinned)
-    nor fork workers for it (`loaders.make_loader`)."""
-
-    def __init__(self, dataset: ImageTensorDataset, device: torch.device):
-        self.images, self.labels = dataset.images.to(device), dataset.labels.to(device)
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        return self.images[i], self.labels[i]
-
-
-ROW_DATASETS = {CUDA_TENSORS: DeviceTensors}  # rows trained on their own dataset: name -> (images, device) -> dataset
 OPTIMIZER_PHASES = ("D optimizer step", "G optimizer step")
 SYNC_MODE_NOTICE = "Synchronization debug mode is a prototype feature"  # said once, when the mode is first set
 
@@ -306,19 +291,12 @@ def check_out_of_memory(cfg: TrainConfig, dataset) -> dict:
             "checks": {"out of memory told apart": told, "finite losses after": finite}}
 
 
-def check_ddp(device: torch.device, dataset: ImageTensorDataset, work: Path, timeout: float = 300) -> dict:
-    """2 processes under torchrun train the base config through the CLI, on the check's images written out as a
-    folder of PNGs (so nothing waits for a dataset cache): every rank must finish, and rank 0's history must hold
-    finite losses. (D's freezing and exact resume are the single-process code, checked above;
-    tests/test_distributed.py checks DDP's own behaviour on the CPU.)"""
-    from PIL import Image
-
-    folder = work / "images"
-    folder.mkdir(parents=True)
-    for i, image in enumerate(dataset.images):
-        Image.fromarray(image[0].numpy()).save(folder / f"{i:03d}.png")
-    cfg = TrainConfig(**BASE, device=device.type, steps=2 * STEPS, dataset="folder", data_path=str(folder),
-                      out_dir=str(work / "ddp"))
+def check_ddp(device: torch.device, folder: dict, work: Path, timeout: float = 300) -> dict:
+    """2 processes under torchrun train the base config through the CLI, on the check's images as a folder of PNGs
+    decoded once (`folder`: `check_data.images_folder`'s fields, its cache built before, so no rank waits for it):
+    every rank must finish, and rank 0's history must hold finite losses. (D's freezing and exact resume are the
+    single-process code, checked above; tests/test_distributed.py checks DDP's own behaviour on the CPU.)"""
+    cfg = TrainConfig(**BASE, **folder, device=device.type, steps=2 * STEPS, out_dir=str(work / "ddp"))
     command = distributed.launch_command(2, "-m", "gantools", "train", "--quiet", *cli_flags(cfg))
     env = {**os.environ, **({} if device.type == "cuda" else {"OMP_NUM_THREADS": "1"})}  # 2 CPU processes, 1 core each
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -393,16 +371,18 @@ def run(device: str = "auto", progress=print, only=None, save_to=None, skip=None
             cfg, data = None, dataset  # the row's one-process config, whose host budget is counted
             try:
                 if name == ddp_name:
-                    row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), dataset, work)
+                    row = check_ddp(dev if gpus >= 2 else torch.device("cpu"), images_folder(Path(tmp), BASE), work)
                 elif name == PROFILE_ROW:
                     cfg = base.replace(out_dir=str(work)).validate()
                     row = check_profile_syncs(cfg, dataset)
                 elif name == OOM_ROW:
                     cfg = base.replace(out_dir=str(work)).validate()
                     row = check_out_of_memory(cfg, dataset)
-                else:
-                    cfg = base.replace(**plan[name], out_dir=str(work)).validate()
-                    data = ROW_DATASETS[name](dataset, dev) if name in ROW_DATASETS else dataset
+                else:  # a folder row (dataset='folder') reads the check's images as files, decoded once
+                    files = images_folder(Path(tmp), BASE) if plan[name].get("dataset") == "folder" else {}
+                    cfg = base.replace(**{**plan[name], **files}, out_dir=str(work)).validate()
+                    data = (ROW_DATASETS[name](dataset, dev) if name in ROW_DATASETS else
+                            None if files else dataset)  # None: the trainer reads the folder's cache
                     row = check_technique(cfg, data, work)
                 row = with_host_budget(row, cfg, data, work)
             except Exception as e:  # a technique that crashes is a FAILED row, not the end of the check
