@@ -10,9 +10,9 @@ here and needs nothing there but a `python3` with torch and the wheel folder tha
    the data the parts train on; `gantools check` (every row, the CUDA-only ones included); whole-step CUDA graphs
    replayed against eager training (`speed.replay.replay_matches_eager`); the climbing benchmark ladder at DCGAN 64
    px (images/s, FLOPs, MFU against the published peak and against the bf16 matmul peak measured here, each row's
-   host budget);
-   `gantools doctor --try --patch` on the tutorial's plain DCGAN and on a WGAN-GP; FID of the ladder's best beside
-   the reference's where the time left fits a meaningful budget; the first notebook in quick mode;
+   host budget); a folder of JPEGs decoded once into the cache by PIL and by nvJPEG, and its data wait per iteration
+   by loader; `gantools doctor --try --patch` on the tutorial's plain DCGAN and on a WGAN-GP; FID of the ladder's
+   best beside the reference's where the time left fits a meaningful budget; the first notebook in quick mode;
 3. one folder, `<device>-<date>` under $GANTOOLS_EVIDENCE_DIR (default gpu-evidence/), rewritten after every part
    (a run cut off still leaves what it measured): `report.md` (the machine, each part's result, each failure with
    its traceback), `evidence.json` (the same, and every number), `log.txt` (everything the parts printed), the
@@ -65,23 +65,27 @@ class Part:
 
 
 PARTS = (
-    Part("machine", 15, 30, "the GPU, its driver, torch, CUDA and cuDNN (`gantools info`, nvidia-smi)"),
+    Part("machine", 10, 30, "the GPU, its driver, torch, CUDA and cuDNN (`gantools info`, nvidia-smi)"),
     Part("data", 25, 40, "the glyph caches the ladder trains on and the PNG folder the doctor's scripts read"),
     Part("check", 60, 90, "`gantools check`: every technique a few steps, each verified (CUDA-only rows on a GPU), "
                           "but compile max-autotune"),
     Part("check-autotune", 60, 30, "`gantools check`'s compile max-autotune row on its own: the slowest to compile, "
                                    "so an overrun costs no other row"),
-    Part("graphs", 45, 30, "whole-step CUDA graphs replayed against eager training: 20 seeded steps of the GPU "
+    Part("graphs", 35, 30, "whole-step CUDA graphs replayed against eager training: 20 seeded steps of the GPU "
                            "preset (device data, bf16), losses and weights compared"),
     Part("ladder", 120, 60, "the climbing benchmark ladder at DCGAN 64 px: the reference and device-resident data, "
                             "then each technique on top of the best so far, kept where measured faster; images/s, "
                             "FLOPs, MFU, each row's host budget"),
     Part("memory", 20, 40, "the largest batch that fits the GPU (`largest_batch`: cudaMemGetInfo, bisection on "
                            "out-of-memory) and activation checkpointing's peak against none, at DCGAN 64 px"),
+    Part("folder", 35, 60, "a folder of 2,000 JPEGs: the first decode into the cache by PIL on every core against "
+                           "nvJPEG on the GPU, the second run's read, and the data wait per iteration of a DataLoader "
+                           "decoding per sample (best of 4 and 8 workers, pinned) against the cache on the device and "
+                           "memory-mapped, at DCGAN 64 px"),
     Part("doctor-dcgan", 55, 60, "`gantools doctor --try --patch` on the PyTorch tutorial's plain DCGAN script"),
     Part("doctor-wgan-gp", 50, 60, "`gantools doctor --try --patch` on a WGAN-GP script (PyTorch-GAN's)"),
-    Part("quality", 60, 60, "FID at an equal image budget: the reference against all together"),
-    Part("notebooks", 30, 90, "the first notebook in quick mode (nbval), where Jupyter came in the wheel folder"),
+    Part("quality", 50, 60, "FID at an equal image budget: the reference against all together"),
+    Part("notebooks", 20, 90, "the first notebook in quick mode (nbval), where Jupyter came in the wheel folder"),
 )
 
 
@@ -414,6 +418,34 @@ def part_memory(run: Run, seconds: float) -> Built:
     return Built([_py(run, "-c", code)], lambda: _json(path))
 
 
+FOLDER_CODE = """
+import json
+from gantools.core.config import preset
+from gantools.speed import folder_speed
+folder = folder_speed.write_jpegs({folder!r}, {images}, {size}, {stored}, 3)
+cfg = preset("default", device={device!r}, image_size={size}, channels=3, log_interval={log}, sample_interval=0,
+             checkpoint_interval=0, data_root={root!r}, out_dir={out!r}, **{model!r})
+def save(found):  # after each stage: a part stopped at its budget keeps what it measured
+    json.dump({{**found, "lines": folder_speed.lines(found)}}, open({path!r}, "w"))
+found = folder_speed.measure(folder, cfg, {steps}, {workers!r}, save=save)
+print("\\n".join(folder_speed.lines(found)))
+"""
+
+
+def part_folder(run: Run, seconds: float) -> Built:
+    """`speed.folder_speed.measure` on a folder of JPEGs written here (glyphs drawn at the training size, stored
+    half as large again, so every decode resizes): 2,000 at 64 px on the GPU; 64 at 32 px and one worker count in
+    the dry run, where 'nvjpeg' runs the same batched path on the CPU."""
+    path = run.scratch / "folder.json"
+    code = FOLDER_CODE.format(
+        folder=str(run.scratch / "jpegs"), root=str(run.scratch / "folder-data"), out=str(run.scratch / "folder-runs"),
+        path=str(path), device="cpu" if run.dry else "cuda", images=64 if run.dry else 2000,
+        size=32 if run.dry else 64, stored=48 if run.dry else 96, log=2 if run.dry else 10,
+        steps=6 if run.dry else 40, workers=(2,) if run.dry else (4, 8),
+        model=dict(batch_size=16, ngf=8, ndf=8, nz=16) if run.dry else dict(batch_size=128, ngf=64, ndf=64))
+    return Built([_py(run, "-c", code)], lambda: _json(path))
+
+
 def _doctor(run: Run, name: str, script: str, args: list[str], dry_args: list[str], dry_try: bool = True) -> Built:
     path, patch = run.scratch / f"{name}.json", run.out / f"{name}.patch"
     # two paired runs per fix (two more when undecided): each run starts the script again, and a GPU's short
@@ -492,7 +524,7 @@ def part_notebooks(run: Run, seconds: float) -> Built | str:
 
 
 BUILDERS = {"machine": part_machine, "data": part_data, "check": part_check, "check-autotune": part_check_autotune,
-            "graphs": part_graphs, "ladder": part_ladder, "memory": part_memory,
+            "graphs": part_graphs, "ladder": part_ladder, "memory": part_memory, "folder": part_folder,
             "doctor-dcgan": part_doctor_dcgan, "doctor-wgan-gp": part_doctor_wgan_gp, "quality": part_quality,
             "notebooks": part_notebooks}
 

@@ -81,6 +81,10 @@ def test_the_dry_run_passes_every_part_and_leaves_one_folder_the_device_tool_can
     assert "try" in doctors["doctor-dcgan"] and "try" not in doctors["doctor-wgan-gp"]  # dry: one --try, one diagnosis
     notebooks = next(p for p in data["parts"] if p["name"] == "notebooks")
     assert re.search(r"\d+ tests? collected", notebooks["output_tail"]), notebooks["output_tail"]  # dry: collected only
+    folder = next(p for p in data["parts"] if p["name"] == "folder")["result"]  # both decoders, then three loaders
+    assert set(folder["decode"]) == {"pil", "nvjpeg", "second_run"} and folder["decode"]["nvjpeg"]["device"] == "cpu"
+    assert [r["loader"] for r in folder["loaders"]] == ["dataloader, PIL per sample", "device", "memmap"]
+    assert all(f"- {line}" in (folders[0] / "report.md").read_text() for line in folder["lines"])
     quality = next(p for p in data["parts"] if p["name"] == "quality")["result"]
     assert all("fid" in r for r in quality["rows"])
     report = (folders[0] / "report.md").read_text()
