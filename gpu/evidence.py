@@ -418,32 +418,15 @@ def part_memory(run: Run, seconds: float) -> Built:
     return Built([_py(run, "-c", code)], lambda: _json(path))
 
 
-FOLDER_CODE = """
-import json
-from gantools.core.config import preset
-from gantools.speed import folder_speed
-folder = folder_speed.write_jpegs({folder!r}, {images}, {size}, {stored}, 3)
-cfg = preset("default", device={device!r}, image_size={size}, channels=3, log_interval={log}, sample_interval=0,
-             checkpoint_interval=0, data_root={root!r}, out_dir={out!r}, **{model!r})
-def save(found):  # after each stage: a part stopped at its budget keeps what it measured
-    json.dump({{**found, "lines": folder_speed.lines(found)}}, open({path!r}, "w"))
-found = folder_speed.measure(folder, cfg, {steps}, {workers!r}, save=save)
-print("\\n".join(folder_speed.lines(found)))
-"""
-
-
 def part_folder(run: Run, seconds: float) -> Built:
-    """`speed.folder_speed.measure` on a folder of JPEGs written here (glyphs drawn at the training size, stored
-    half as large again, so every decode resizes): 2,000 at 64 px on the GPU; 64 at 32 px and one worker count in
-    the dry run, where 'nvjpeg' runs the same batched path on the CPU."""
+    """gpu/folder_speed.py on a folder of JPEGs it writes (glyphs drawn at the training size, stored half as large
+    again, so every decode resizes): 2,000 at 64 px on the GPU; 64 at 32 px and one worker count in the dry run, where
+    'nvjpeg' runs the same batched path on the CPU."""
     path = run.scratch / "folder.json"
-    code = FOLDER_CODE.format(
-        folder=str(run.scratch / "jpegs"), root=str(run.scratch / "folder-data"), out=str(run.scratch / "folder-runs"),
-        path=str(path), device="cpu" if run.dry else "cuda", images=64 if run.dry else 2000,
-        size=32 if run.dry else 64, stored=48 if run.dry else 96, log=2 if run.dry else 10,
-        steps=6 if run.dry else 40, workers=(2,) if run.dry else (4, 8),
-        model=dict(batch_size=16, ngf=8, ndf=8, nz=16) if run.dry else dict(batch_size=128, ngf=64, ndf=64))
-    return Built([_py(run, "-c", code)], lambda: _json(path))
+    size = (["--device", "cpu", "--images", "64", "--stored-size", "48", "--model", "tiny", "--steps", "6",
+             "--workers", "2"] if run.dry else ["--device", "cuda"])
+    return Built([_py(run, str(ROOT / "gpu" / "folder_speed.py"), "--scratch", str(run.scratch / "folder"),
+                      "--json", str(path), *size)], lambda: _json(path))
 
 
 def _doctor(run: Run, name: str, script: str, args: list[str], dry_args: list[str], dry_try: bool = True) -> Built:

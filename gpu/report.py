@@ -212,7 +212,7 @@ def _part_body(p: dict, evidence: dict) -> str:
         return ""
     if p["name"] == "graphs" and r:  # its one line of result (the log holds the code it ran)
         return _graphs_line(r)
-    if p["name"] == "folder" and r and r.get("lines"):  # its figures, in the words speed.folder_speed.lines gives
+    if p["name"] == "folder" and r and r.get("lines"):  # its figures, in the words folder_speed.lines gives
         return "\n".join(f"- {line}" for line in r["lines"])
     if p["output_tail"]:
         return _fenced(p["output_tail"][-1500:])

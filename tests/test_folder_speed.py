@@ -1,12 +1,19 @@
-"""`speed.folder_speed`, what `make gpu-evidence`'s folder part measures: the JPEGs it writes, each decoder's first
+"""gpu/folder_speed.py, what `make gpu-evidence`'s folder part measures: the JPEGs it writes, each decoder's first
 decode of the same folder into the cache, the second run's read, and the words the report shows. Figures are only
 checked to exist: a shared CPU's speeds decide nothing here."""
-from PIL import Image
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
-from gantools.speed import folder_speed
+spec = importlib.util.spec_from_file_location("gpu_folder_speed", Path(__file__).resolve().parents[1] / "gpu" /
+                                              "folder_speed.py")
+folder_speed = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = folder_speed
+spec.loader.exec_module(folder_speed)
 
 
 def test_the_folder_is_jpegs_larger_than_the_training_size_in_a_folder_per_digit(tmp_path):

@@ -4,7 +4,7 @@ minute or two, which techniques work with their driver, GPU and torch.
 
 For each technique's check rows that apply on the device (`Technique.checks`, in `techniques.TECHNIQUES`' order:
 `techniques.rows`; a row that sets dataset='folder' reads the check's images as PNG files decoded once into their
-cache, `check_data.images_folder`: the memory-mapped loader, on CUDA also loader='auto'), the GAN variants
+cache, `images_folder`: the memory-mapped loader, on CUDA also loader='auto'), the GAN variants
 (WGAN-GP's gradient penalty with 2 D steps per G step, lazy R1 with an EMA generator, a conditional GAN, R3GAN:
 its networks, the relativistic loss, R1 and R2; on CUDA WGAN-GP's and R3GAN's penalties also with fp16 + GradScaler
 and with CUDA graphs, R3GAN's under bf16 where it is fast), on CUDA a profiled step (`PROFILE_ROW`: gantools' step makes
@@ -50,7 +50,7 @@ from ..core import distributed
 from ..core import techniques as techniques_  # `techniques` is this module's function, which tests replace
 from ..core.checkpoint import atomic_write, load_checkpoint
 from ..core.config import TrainConfig, cli_flags, uses_cuda_graphs
-from ..core.data import ImageTensorDataset, data_root, render_glyphs
+from ..core.data import CachedFolder, ImageTensorDataset, data_root, render_glyphs, write_glyph_pngs
 from ..errors import ConfigError
 from ..measuring.hardware import SYNC_WARNING, machine_info, supports_bf16
 from ..core.recovery import is_out_of_memory
@@ -59,7 +59,6 @@ from ..core.losses import LOSSES
 from ..core.validation import penalised
 from ..core.trainer import Trainer
 from . import iteration_budget
-from .check_data import CUDA_TENSORS, ROW_DATASETS, images_folder  # noqa: F401 (tests read them here)
 
 # A DCGAN small enough that a step takes milliseconds on a CPU: the check is about whether a technique works here,
 # not how fast it is (its images/s only shows it ran at a plausible speed).
@@ -73,11 +72,34 @@ PROFILE_ROW = "profile: no host syncs in the step"
 OOM_ROW = "out of memory told apart, then training again"
 G_STEP_PHASES = ("D forward (G step)", "D backward (G step)", "G backward")
 R3GAN_ROW = "R3GAN: rpgan, R1 + R2"
+CUDA_TENSORS = "a dataset returning CUDA tensors"
 R3GAN_FP32_ROW = "R3GAN, fp16 + GradScaler, 4 x 4 in fp32"
 # R3GAN's networks at BASE's sizes, its loss and both penalties at one gamma, as the paper trains it; half BASE's batch,
 # as its deeper networks and two double backwards make its step the check's slowest on a CPU (its rows then do not
 # cross an epoch: the DCGAN rows check that)
 R3GAN = {"architecture": "r3gan", "loss": "rpgan", "r1_gamma": 1.0, "r2_gamma": 1.0, "batch_size": 8}
+
+
+class DeviceTensors(torch.utils.data.TensorDataset):
+    """The check's images as a dataset of your own that returns them already on `device`, as one that moves each
+    image to the GPU in __getitem__ does: the DataLoader must neither pin its batches (a CUDA tensor cannot be pinned)
+    nor fork workers for it (`loaders.make_loader`)."""
+
+    def __init__(self, dataset: ImageTensorDataset, device: torch.device):
+        super().__init__(dataset.images.to(device), dataset.labels.to(device))
+
+
+ROW_DATASETS = {CUDA_TENSORS: DeviceTensors}  # rows trained on their own dataset: name -> (images, device) -> dataset
+
+
+def images_folder(work: Path, base: dict) -> dict:
+    """A folder row's config fields: the check's 64 images (seed 0) written as PNGs under `work` once and decoded once
+    into a cache of the check's own: no row, nor DDP's processes (each at once), builds it or leaves it in your data."""
+    folder, root = work / "images", work / "data"
+    if not folder.is_dir():
+        write_glyph_pngs(folder, 64, base["image_size"], base["channels"])
+        CachedFolder(folder, base["image_size"], base["channels"], root, say=None)
+    return {"dataset": "folder", "data_path": str(folder), "data_root": str(root)}
 
 
 OPTIMIZER_PHASES = ("D optimizer step", "G optimizer step")
@@ -292,10 +314,9 @@ def check_out_of_memory(cfg: TrainConfig, dataset) -> dict:
 
 
 def check_ddp(device: torch.device, folder: dict, work: Path, timeout: float = 300) -> dict:
-    """2 processes under torchrun train the base config through the CLI, on the check's images as a folder of PNGs
-    decoded once (`folder`: `check_data.images_folder`'s fields, its cache built before, so no rank waits for it):
-    every rank must finish, and rank 0's history must hold finite losses. (D's freezing and exact resume are the
-    single-process code, checked above; tests/test_distributed.py checks DDP's own behaviour on the CPU.)"""
+    """2 processes under torchrun train the base config through the CLI on the check's images as PNGs decoded once
+    (`folder`: `images_folder`'s fields): every rank must finish, and rank 0's history must hold finite losses. (D's
+    freezing and exact resume are the single-process code; tests/test_distributed.py checks DDP on the CPU.)"""
     cfg = TrainConfig(**BASE, **folder, device=device.type, steps=2 * STEPS, out_dir=str(work / "ddp"))
     command = distributed.launch_command(2, "-m", "gantools", "train", "--quiet", *cli_flags(cfg))
     env = {**os.environ, **({} if device.type == "cuda" else {"OMP_NUM_THREADS": "1"})}  # 2 CPU processes, 1 core each

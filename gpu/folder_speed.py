@@ -1,49 +1,36 @@
-"""How fast a folder of JPEGs reaches the step: its first decode into the cache by each decoder (PIL in threads on
+"""`make gpu-evidence`'s folder part (gpu/evidence.py runs it in a process of its own, with gantools importable):
+how fast a folder of JPEGs reaches the step: its first decode into the cache by each decoder (PIL in threads on
 every core; nvJPEG through `torchvision.io.decode_jpeg` on a GPU), the second run's read of that cache, and the data
 wait per iteration of the tutorial's path (a DataLoader decoding with PIL per sample, its best worker count, pinned
-on a GPU) against the device and memory-mapped loaders over the cache. What `make gpu-evidence`'s folder part
-measures on a GPU (gpu/evidence.py), and its dry run in seconds on a CPU.
+on a GPU) against the device and memory-mapped loaders over the cache; on a GPU, and in the dry run in seconds on a
+CPU. A script beside evidence.py, as benchmarks/folder_race.py is beside the package: the package keeps the cache.
 
 Each figure is one measurement on one machine, stored in the run's evidence.json; nothing here keeps or drops a
 technique by it.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from ..core.config import TrainConfig
-from ..core.data import render_glyphs
-from ..core.folder_cache import list_images, load_folder
-from ..core.trainer import Trainer
-from ..measuring.hardware import seconds
+from gantools.core.config import preset, TrainConfig
+from gantools.core.data import render_glyphs, write_image_folder
+from gantools.core.folder_cache import list_images, load_folder
+from gantools.core.trainer import Trainer
+from gantools.measuring.hardware import resolve_device, seconds
 
 PER_SAMPLE = "dataloader, PIL per sample"
 
 
-def write_jpegs(root, n: int, image_size: int = 64, stored_size: int = 96, channels: int = 3,
-                quality: int = 90) -> Path:
-    """n rendered glyphs (`render_glyphs` at `image_size`, seed 0) saved as JPEG files `stored_size` pixels wide, so
-    every decode also resizes, one sub-folder per digit; written in threads (PIL's encoder releases the GIL)."""
-    from PIL import Image
-
-    root = Path(root)
+def write_jpegs(root, n: int, image_size: int = 64, stored_size: int = 96, channels: int = 3) -> Path:
+    """n rendered glyphs (`render_glyphs` at `image_size`, seed 0) saved as JPEG files (quality 90) `stored_size`
+    pixels wide, so every decode also resizes, one sub-folder per digit (`data.write_image_folder`)."""
     images, labels = render_glyphs(n, image_size, channels, seed=0)
-    for label in set(labels.tolist()):
-        (root / str(label)).mkdir(parents=True, exist_ok=True)
-
-    def save(i: int) -> None:
-        array = images[i].permute(1, 2, 0).numpy()
-        image = Image.fromarray(array[..., 0] if channels == 1 else array)
-        image.resize((stored_size, stored_size), Image.Resampling.BICUBIC).save(
-            root / str(int(labels[i])) / f"{i:05d}.jpg", quality=quality)
-
-    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
-        list(pool.map(save, range(n)))
-    return root
+    return write_image_folder(root, images, labels, ".jpg", side=stored_size)
 
 
 def _warm_nvjpeg(folder: Path, device: torch.device, channels: int) -> None:
@@ -111,8 +98,6 @@ def loader_waits(cfg: TrainConfig, steps: int, workers=(4, 8)) -> list[dict]:
 def measure(folder, cfg: TrainConfig, steps: int, workers=(4, 8), save=lambda found: None) -> dict:
     """The folder part's figures: `decode_rates` at `cfg`'s resolution (its cache under `cfg.data_root`), then
     `loader_waits`; `save(found)` after each, so a part stopped at its budget keeps what it measured."""
-    from ..measuring.hardware import resolve_device
-
     cache_root = Path(cfg.data_root) / "folder-cache"
     found = {"images": len(list_images(folder).files), "image_size": cfg.image_size, "channels": cfg.channels,
              "batch_size": cfg.batch_size, "steps": steps}
@@ -140,3 +125,34 @@ def lines(found: dict) -> list[str]:
         out.append(f"{name}: data wait {row['data_wait_ms']:.2f} ms of a {row['step_time_ms']:.2f} ms iteration, "
                    f"{row['images_per_sec']:,.0f} images/s")
     return out
+
+
+MODELS = {"gpu": dict(image_size=64, batch_size=128, ngf=64, ndf=64, log_interval=10),  # DCGAN 64 px, as the ladder
+          "tiny": dict(image_size=32, batch_size=16, ngf=8, ndf=8, nz=16, log_interval=2)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scratch", type=Path, required=True, help="where the JPEGs, their cache and the runs go")
+    p.add_argument("--json", type=Path, required=True, help="the figures, written after each stage")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--stored-size", type=int, default=96)
+    p.add_argument("--model", choices=MODELS, default="gpu")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    a = p.parse_args(argv)
+    model = MODELS[a.model]
+    folder = write_jpegs(a.scratch / "jpegs", a.images, model["image_size"], a.stored_size, 3)
+    cfg = preset("default", device=a.device, channels=3, sample_interval=0, checkpoint_interval=0,
+                 data_root=str(a.scratch / "data"), out_dir=str(a.scratch / "runs"), **model)
+
+    def save(found: dict) -> None:  # after each stage: a part stopped at its budget keeps what it measured
+        a.json.write_text(json.dumps({**found, "lines": lines(found)}))
+
+    print("\n".join(lines(measure(folder, cfg, a.steps, tuple(a.workers), save=save))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
