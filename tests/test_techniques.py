@@ -314,3 +314,15 @@ def test_a_data_bound_folder_is_offered_its_cache_by_the_verdict_and_by_tune(tmp
         cfg.replace(**change).validate()
     glyphs = TrainConfig(transform="per-sample", num_workers=2)  # not a folder: the device loader, as before
     assert [c.change.get("loader") for c in space.search_space(glyphs, CPU, space=("loader",))[0]] == ["device"]
+
+
+@pytest.mark.parametrize("loader", ["device", "memmap", "auto"])
+def test_a_data_bound_step_on_a_loader_without_workers_is_never_told_to_add_workers(loader):
+    """Workers are a DataLoader's: validation refuses them with the in-memory loaders, so no verdict proposes them
+    there (it names no fix the config could take rather than one it would refuse)."""
+    cfg = TrainConfig(loader=loader)
+    report = ProfileReport("cpu", 5, 128, 100.0, 100.0, {"data wait": 60.0}, 40.0)
+    verdict = diagnose(report, cfg)
+    assert verdict.bottleneck == "data-bound"
+    assert "num_workers" not in verdict.fix and verdict.fix == ({"loader": "auto"} if loader == "memmap" else {})
+    cfg.replace(**verdict.fix).validate()

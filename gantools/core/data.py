@@ -339,8 +339,12 @@ def make_dataset(name: str = "glyphs", image_size: int = 32, channels: int = 1, 
         DataError: an unknown name, or the images are not there.
     """
     if name == "folder":  # decoded once into a cache, unless each image is to go through PIL's transforms
-        return (ImageFolderDataset(path, image_size, channels, transform) if transform == "per-sample" else
-                CachedFolder(path, image_size, channels, root))
+        if transform == "per-sample":
+            return ImageFolderDataset(path, image_size, channels, transform)
+        cached = CachedFolder(path, image_size, channels, root, say=None)
+        if cached.folder.built:  # the one line worth a run's output: a cache read as it is says nothing
+            print(cached.folder.describe())
+        return cached
     if name in ("glyphs", "glyphs-color"):
         images, labels = load_glyphs(image_size, channels, split, root)
     elif name in TORCHVISION_DATASETS:

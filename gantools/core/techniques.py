@@ -284,13 +284,21 @@ def _fix_transform(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | Non
 def _fix_loader(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
     """A folder's cache read by a DataLoader still costs Python per image: loader='auto' holds it on the device, or
     gathers each batch in one index_select (`loaders.choose_loader`), with no DataLoader knobs left."""
-    if bottleneck != "data-bound" or cfg.dataset != "folder" or cfg.loader != "dataloader":
+    if bottleneck != "data-bound" or cfg.transform == "per-sample":
+        return None
+    if cfg.loader == "memmap":
+        return Fix(change={"loader": "auto"}, text="hold the images on the device where they fit: loader='auto'")
+    if cfg.loader != "dataloader":  # no DataLoader, nothing per image: what waits is the gather and its copy
+        return Fix(change={}, text="nothing to change in the loader: the images are gathered with no DataLoader and "
+                                   "nothing per image; larger batches spread the gather over more images")
+    if cfg.dataset != "folder":
         return None
     return Fix(change={"loader": "auto", **NO_DATALOADER}, text=f"read the folder's cache with {READ_CACHE}")
 
 
 def _fix_workers(bottleneck: str, cfg: TrainConfig, where: Where) -> Fix | None:
-    if bottleneck != "data-bound":
+    """Workers for a data-bound DataLoader; none for the loaders that have no workers (device, memmap, auto)."""
+    if bottleneck != "data-bound" or cfg.loader != "dataloader":
         return None
     if cfg.num_workers == 0:
         return Fix(change={"num_workers": where.workers, "persistent_workers": True},

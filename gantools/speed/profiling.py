@@ -285,8 +285,9 @@ def _evidence(verdict: str, report: ProfileReport, compute: float) -> tuple[dict
 
 
 def _taught(fix: dict) -> str:
-    """The notebook that teaches a fix: its first field's technique's (`techniques.notebook`)."""
-    return techniques.notebook(next(iter(fix)))
+    """The notebook that teaches a fix: its first field's technique's (`techniques.notebook`); a fix that changes
+    nothing (data already read with no DataLoader) is the loader's."""
+    return techniques.notebook(next(iter(fix), "loader"))
 
 
 @dataclass
