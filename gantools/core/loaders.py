@@ -187,8 +187,9 @@ class DeviceLoader:
     def gather(self, indices: torch.Tensor):
         """The batch of the images at `indices` (a device tensor), normalised, flipped and laid out on the device
         (with `labels`: an (images, labels) pair): no host work but the launches, so a CUDA graph can hold it."""
-        x = prepare_batch(self.images[indices], self.device, self.hflip, self.channels_last, self.world,
-                          self.generator)
+        # index_select copies whole images (rows), where images[indices]'s general indexing gathers byte by byte
+        x = prepare_batch(torch.index_select(self.images, 0, indices), self.device, self.hflip, self.channels_last,
+                          self.world, self.generator)
         return (x, self.labels[indices]) if self.labels is not None else x
 
 
