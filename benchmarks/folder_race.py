@@ -5,7 +5,7 @@ and a second run's check, then trains the same DCGAN from the same seed on it th
 (`train_side_by_side`): PIL per image with 0, 1 and 2 DataLoader workers, and the cache through a DataLoader, on the
 device and memory-mapped. Prints a Markdown table and writes the numbers as JSON.
 
-    .venv/bin/python benchmarks/folder_race.py --json docs/datasets/folder-race-cpu.json
+    .venv/bin/python benchmarks/folder_race.py --json docs/folder-race-cpu.json
 """
 from __future__ import annotations
 
