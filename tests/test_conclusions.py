@@ -1,11 +1,12 @@
 """One rule per kind of claim (gantools/workbook/conclusions.py): speed verdicts from paired ranges, quality only
 against a second seed's spread, one data-bottleneck threshold, and the profiler's estimate named as what it computes."""
+import copy
 from types import SimpleNamespace
 
 import pytest
 
 from gantools import ConfigError, TrainConfig
-from gantools.measuring.turns import Spread
+from gantools.measuring.turns import Paired, Spread
 from gantools.speed.keep import QUALITY_TARGET
 from gantools.speed.profiling import ProfileReport, diagnose
 from gantools.workbook.conclusions import (DATA_BOTTLENECK, FASTER, NO_DIFFERENCE, ONE_MEASUREMENT, SLOWER,
@@ -87,10 +88,12 @@ def test_agreement_reads_paired_ranges_where_both_have_one():
 
 
 def test_a_fix_measured_above_the_profilers_bound_is_noticed():
-    """01's numbers: the verdict's bound 1.69x, the profiled fix 1.80x (one measurement)."""
-    beyond = estimate_held("bf16", 1.69, 1.80, by="the profiler")
-    assert not beyond.keep and "more than the estimate allowed" in beyond.text and "one measurement" in beyond.text
-    assert "the profiler's estimate of up to 1.69x" in beyond.text
+    """01's numbers: the verdict's bound 1.69x, the fix measured 1.80x; one measurement decides nothing."""
+    one = estimate_held("bf16", 1.69, 1.80, by="the profiler")
+    assert one.keep and "one measurement, no verdict" in one.text
+    assert "the profiler's estimate of up to 1.69x" in one.text
+    beyond = estimate_held("bf16", 1.69, 1.80, (1.72, 1.90), by="the profiler")
+    assert not beyond.keep and "more than the estimate allowed" in beyond.text
     assert estimate_held("bf16", 1.69, 1.80, (1.60, 2.00)).keep, "a paired range that reaches below the bound"
     assert not estimate_held("bf16", 1.69, 1.80, (1.72, 1.90)).keep
 
@@ -123,7 +126,9 @@ def test_one_timed_round_is_one_measurement_not_a_range():
     runs = SideBySide({"start": _trainer([1, 100]), "fix": _trainer([9, 150])})
     assert runs.paired("fix", "start") is None, "one ratio is no range: a verdict cannot read it"
     assert speed_verdict(runs.paired("fix", "start")) == ONE_MEASUREMENT
-    assert Spread.of_rounds([1.2, 1.3]) == (1.2, 1.3)
+    paired = Paired.of([1.2, 1.3, 1.25])
+    assert paired == (1.2, 1.3) and paired.ratios == (1.2, 1.3, 1.25) and Paired.of([1.2]) is None
+    assert paired.scaled(2).ratios == (2.4, 2.6, 2.5) and copy.deepcopy(paired).ratios == paired.ratios
 
 
 def test_settled_says_whether_two_measurements_reach_one_verdict():
@@ -135,13 +140,12 @@ def test_settled_says_whether_two_measurements_reach_one_verdict():
     assert split.text.startswith("**workers**")
 
 
-def test_a_fix_measured_slower_is_called_slower_not_within_the_band():
-    one = conclusions.estimate_held("fp16", 1.5, 0.5)
-    assert "**slower**" in one.text and "made the step slower" in one.text and "within 5%" not in one.text
+def test_a_fix_measured_slower_is_called_slower_and_one_measurement_decides_nothing():
+    assert "one measurement, no verdict" in conclusions.estimate_held("fp16", 1.5, 0.5).text
     paired = conclusions.estimate_held("fp16", 1.5, 0.8, spread=(0.7, 0.9))
-    assert "**slower**" in paired.text
-    flat = conclusions.estimate_held("fp16", 1.5, 1.01)
-    assert "within 5% of 1.00x" in flat.text and "nothing measurable" in flat.text
+    assert "**slower**" in paired.text and "made the step slower" in paired.text
+    flat = conclusions.estimate_held("fp16", 1.5, 1.01, spread=Paired([0.98, 1.03, 1.01, 0.99, 1.02]))
+    assert "**no difference measured**" in flat.text and "nothing the keep rule keeps" in flat.text
 
 
 def test_memory_is_less_or_more_only_beyond_the_rounding_band():
@@ -173,8 +177,8 @@ def test_a_fid_curve_that_rose_on_the_way_says_so_before_how_it_ended():
     'still falling'; the rule names the largest rise above the best score before it first."""
     text = conclusions.fid_trend(_curve([118.0, 68.5, 107.7, 38.0]), x="step")
     assert text.startswith("FID **rose** 1.57x on the way, from 68.5 at step 600 to 107.7 at step 900; then FID 107.7")
-    assert text.endswith("107.7 at step 900, 38.0 at step 1200: still falling (by more than 1.1x since the score "
-                         "before), not settled at this budget")
+    assert text.endswith("then FID 107.7, 38.0 from step 900 to step 1200: **still falling** (1.80x below the best "
+                         "before, each score lower than the one before): not settled at this budget")
     images = conclusions.fid_trend(_curve([105.0, 110.0, 682.1, 154.5]))  # measured from the best: 105, not 110
     assert "rose** 6.50x on the way, from 105.0 at 19,200 images to 682.1 at 57,600 images" in images
 
@@ -186,8 +190,11 @@ def test_a_slow_climb_is_a_rise_though_no_step_of_it_passes_the_target():
 
 def test_a_fid_curve_is_judged_by_the_quality_target_alone():
     falling = conclusions.fid_trend(_curve([53.0, 42.4, 35.1, 18.0]), x="step")
-    assert falling == ("FID 35.1 at step 900, 18.0 at step 1200: still falling (by more than 1.1x since the score "
-                       "before), not settled at this budget")
+    assert falling == ("FID 53.0, 42.4, 35.1, 18.0 from step 300 to step 1200: **still falling** (2.94x below the best "
+                       "before, each score lower than the one before): not settled at this budget")
+    # 07's WGAN-GP: each quarter under the target, the whole stretch past it: still falling, not "settled or stuck"
+    wgan = conclusions.fid_trend(_curve([113.0, 106.0, 99.4, 90.4]), x="step")
+    assert "**still falling** (1.25x" in wgan and "settled" not in wgan.replace("not settled", "")
     wobble = QUALITY_TARGET * 0.99  # rises and falls inside the target are no change
     settled = conclusions.fid_trend(_curve([50.0, 50.0 * wobble, 50.0, 50.0 / wobble]), x="step")
     assert "rose" not in settled and settled.endswith("settled or stuck at this budget")
@@ -198,5 +205,4 @@ def test_a_fid_curve_too_short_or_not_finite_gets_no_trend():
     assert conclusions.fid_trend(_curve([])) == "no FID scores"
     assert "one score, no trend" in conclusions.fid_trend(_curve([40.0]))
     assert "not a finite score" in conclusions.fid_trend(_curve([40.0, float("nan"), 30.0]))
-    assert conclusions.fid_trend(_curve([40.0, 20.0])).endswith("still falling (by more than 1.1x since the score "
-                                                               "before), not settled at this budget")
+    assert "**still falling** (2.00x" in conclusions.fid_trend(_curve([40.0, 20.0]))

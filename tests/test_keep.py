@@ -1,7 +1,12 @@
 """gantools.speed.keep: the keep-or-drop rule tune, doctor --try and the notebooks share (speed in two stages, FID
 against a second seed's spread, that seed trained only when the decision needs it)."""
+import ast
+import json
+from pathlib import Path
+
 import pytest
 
+from gantools.speed import keep
 from gantools.speed.keep import QUALITY_TARGET, decide, decide_in_two, judge_fid, too_noisy
 from gantools.measuring.turns import Spread
 
@@ -94,3 +99,78 @@ def test_a_known_second_seed_always_widens_the_limit_and_none_leaves_the_target(
     alone = judge_fid(11.5, 10.0)
     assert alone.worse and alone.limit == QUALITY_TARGET and alone.spread is None
     assert not judge_fid(10.9, 10.0).worse
+
+
+# -- one keep rule ----------------------------------------------------------------------------------------------------
+# A keep rule compares a speed figure with 1 (`spread.low > 1`, `speedup >= 1 + band`). speed/keep.py holds the one
+# rule; anywhere else in the package or the notebooks' code, such a comparison is a second rule in the making.
+SPEED_NAMES = {"ratio", "ratios", "speedup", "spread", "paired", "low", "high", "wins", "faster", "measured", "pace"}
+
+
+def _is_one(node) -> bool:
+    if isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value in (1, 1.0):
+        return True
+    return isinstance(node, ast.BinOp) and (_is_one(node.left) or _is_one(node.right))
+
+
+def _speed_name(node) -> bool:
+    for n in ast.walk(node):
+        name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
+        if SPEED_NAMES & set(name.lower().split("_")):
+            return True
+    return False
+
+
+def second_rules(source: str) -> list[str]:
+    """The comparisons of a speed figure with 1 in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_is_one(o) for o in operands) and any(_speed_name(o) for o in operands if not _is_one(o)):
+                found.append(ast.unparse(node))
+    return found
+
+
+def _sources():
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "gantools").rglob("*.py")):
+        if path != root / "gantools" / "speed" / "keep.py":
+            yield path.name, path.read_text()
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "code":  # IPython's magics and shell lines are not Python
+                yield path.name, "\n".join(line for line in "".join(cell["source"]).splitlines()
+                                           if not line.lstrip().startswith(("%", "!")))
+
+
+def test_the_package_and_the_notebooks_have_one_keep_rule():
+    assert second_rules("verdict = 'faster' if spread.low > 1 else 'no difference'"), "the scan finds a rule"
+    assert second_rules("gained = measured >= 1 + SPEED_BAND")
+    assert not second_rules("if self.iterations > 1: pass"), "only speed figures count"
+    found = [(name, rule) for name, source in _sources() for rule in second_rules(source)]
+    assert not found, f"a keep rule outside speed/keep.py (decide with keep or conclusions.speed_verdict): {found}"
+
+
+def test_notebook_verdicts_are_tunes_decisions():
+    """9 wins in 10 paired repeats: tune keeps it, so the notebooks call it faster; the inverse is slower; a wide
+    range that holds 1 is too noisy, as tune and doctor --try say."""
+    from gantools.measuring.turns import Paired
+    from gantools.workbook import conclusions as c
+
+    nine = Paired([0.99, 1.04, 1.05, 1.03, 1.06, 1.02, 1.04, 1.05, 1.03, 1.04])
+    assert keep.decide_paired(nine)[0] is True and c.speed_verdict(nine) == c.FASTER
+    assert c.speed_verdict(Paired(1 / r for r in nine.ratios)) == c.SLOWER
+    assert c.speed_verdict(Paired([0.6, 1.5, 1.05])) == c.TOO_NOISY
+    assert c.speed_verdict(Paired([0.98, 1.03, 1.01, 0.99, 1.02])) == c.NO_DIFFERENCE
+    assert c.speed_verdict((1.1, 1.3)) == c.FASTER, "a bare (low, high) is read as its two ends"
+
+
+def test_quality_is_not_judged_between_runs_that_draw_too_few_classes():
+    few = {"classes_covered": 5, "classes": 10}
+    enough = {"classes_covered": 8, "classes": 10}
+    judged = keep.judge_fid(50.0, 20.0, classes={"the start": enough, "the change": few})
+    assert judged.not_judged and "the change draws 5 of 10 classes" in judged.not_judged
+    assert not judged.worse and not judged.better, "not judged is neither worse nor better"
+    assert keep.judge_fid(50.0, 20.0, classes={"the start": enough, "the change": enough}).worse
+    assert keep.judge_fid(50.0, 20.0, classes={"a folder": {"classes_covered": None}}).worse, "no classifier: FID"

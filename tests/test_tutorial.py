@@ -108,7 +108,9 @@ def test_source_shows_the_loop():
 def test_the_verdict_follows_the_numbers(speedup, paired, fid, keep, words):
     c = keep_or_leave("bf16", "fp32", speedup, fid, 24.0, paired=paired, fid_spread=24.0 * 0.2)
     assert c.keep is keep and words in c.text and f"{speedup:.2f}x" in c.text
-    assert c._repr_markdown_() == str(c) == c.text
+    shown = c._repr_markdown_()  # one line, the whole sentence behind a fold
+    assert str(c) == c.text and shown.startswith(c.short + "\n") and c.text in shown and "<details>" in shown
+    assert "\n" not in c.short and f"{speedup:.2f}x" in c.short
 
 
 def test_a_verdict_without_quality_judges_speed_alone():
@@ -117,7 +119,7 @@ def test_a_verdict_without_quality_judges_speed_alone():
 
 
 def test_early_fids_are_shown_but_not_judged():
-    short, learned = {"classes_covered": 3, "classes": 10}, {"classes_covered": 7, "classes": 10}
+    short, learned = {"classes_covered": 7, "classes": 10}, {"classes_covered": 8, "classes": 10}
     assert still_learning(short, learned) and not still_learning(learned, learned)
     c = keep_or_leave("bf16", "fp32", 1.5, 900.0, 400.0, early=True, paired=(1.3, 1.7), fid_spread=10.0)
     assert c.keep and "900.0" in c.text and "not judged" in c.text and "fell" not in c.text

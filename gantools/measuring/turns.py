@@ -32,16 +32,37 @@ class Spread(NamedTuple):
         values = list(values)
         return cls(min(values), max(values)) if values else None
 
-    @classmethod
-    def of_rounds(cls, ratios) -> "Spread | None":
-        """The range of round-by-round ratios, or None with fewer than two rounds: one ratio is one measurement,
-        not a range a verdict could read (`conclusions.speed_verdict` then says "one measurement, no verdict")."""
-        ratios = list(ratios)
-        return cls.of(ratios) if len(ratios) >= 2 else None
-
     def share_of(self, median: float) -> float:
         """Half the range as a share of `median`: the noise in that figure (e.g. 0.05 for +-5%)."""
         return (self.high - self.low) / 2 / median
+
+
+class Paired(Spread):
+    """The round-by-round ratios of one contender over another (`Measured.ratios`), read as their range (a `Spread`:
+    `.low`, `.high`, `low, high = p`) and kept whole in `.ratios`: what the one keep rule (`speed.keep`) decides on,
+    since a range alone cannot say how many rounds were won."""
+
+    ratios: tuple
+
+    def __new__(cls, ratios):
+        ratios = tuple(float(r) for r in ratios)
+        paired = super().__new__(cls, min(ratios), max(ratios))
+        paired.ratios = ratios
+        return paired
+
+    def __getnewargs__(self):  # pickled and copied from its ratios, not its (low, high)
+        return (self.ratios,)
+
+    @classmethod
+    def of(cls, ratios) -> "Paired | None":
+        """The paired ratios, or None with fewer than two rounds: one ratio is one measurement, not a range a
+        verdict could read (`conclusions.speed_verdict` then says "one measurement, no verdict")."""
+        ratios = list(ratios)
+        return cls(ratios) if len(ratios) >= 2 else None
+
+    def scaled(self, k: float) -> "Paired":
+        """Every ratio times `k`: the same rounds read in another unit (images/s ratios as time per G step)."""
+        return Paired(k * r for r in self.ratios)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from ..core.config import TrainConfig, cli_flags, preset, scale_batch
 from ..errors import ConfigError, GantoolsError, ScalingCrash, Stopped
 from ..measuring.clock import logged_seconds
 from ..measuring.hardware import machine_info, resolve_device
-from ..measuring.turns import ALTERNATE, Contender, Spread, take_turns
+from ..measuring.turns import ALTERNATE, Contender, Paired, Spread, take_turns
 from ..quick import QUICK
 from .climb import REFERENCE, Measuring, climb_ladder, climb_markdown, climb_rungs
 from .figures import HOST_HEAD, host_cells, host_figures, host_note, ladder_rows, peaks
@@ -135,7 +135,7 @@ def side_by_side(configs: dict, plan: dict | None = None, out_dir="runs/bench/si
     for name, m in measured.items():
         ratios = m.ratios(base)
         rows[name] = {"images_per_sec": m.images_per_sec, "spread": m.spread, "vs_first": statistics.median(ratios),
-                      "vs_first_spread": Spread.of(ratios), "warmup_s": m.warmup_s}
+                      "vs_first_spread": Paired.of(ratios), "warmup_s": m.warmup_s}
     return {"plan": plan, "date": time.strftime("%Y-%m-%d"), "machine": machine_info(first.device), "rows": rows}
 
 
@@ -443,7 +443,7 @@ def scaling(size: str = "cpu", device: str = "auto", max_processes: int | None =
     one = statistics.median(runs[1])
     rows = [{"processes": n, "batch_per_process": batch[n] // n, "global_batch": batch[n],
              "images_per_sec": statistics.median(v), "images_per_sec_runs": v, "spread": Spread.of(v),
-             "paired": Spread.of_rounds(a / b for a, b in zip(v, runs[1], strict=True)),
+             "paired": Paired.of(a / b for a, b in zip(v, runs[1], strict=True)),
              "speedup": statistics.median(v) / one, "efficiency": statistics.median(v) / (n * one)}
             for n, v in runs.items()]
     return {"machine": machine_info(dev), "size": size, "config": base.to_dict(), "repeats": repeats,

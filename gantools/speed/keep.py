@@ -16,9 +16,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from ..measuring.turns import Spread
+from ..measuring.turns import Paired, Spread
 
 QUALITY_TARGET = 1.1  # a FID within this factor of the start's reads as quality kept (evidence: docs/tune.md)
+# A FID compares shapes only between generators that draw most classes: below this share of them (8 of 10 glyph
+# classes) a run is still learning which classes exist, and its FID moves by hundreds from seed to seed
+ENOUGH_CLASSES = 0.8
 # Half a paired range past this share of its median (`Spread.share_of`, the noise in a figure) is more noise than
 # pairing leaves on a machine doing nothing else (the ranges docs/doctor.md shows); one under another job's load
 # spans several times the ratio
@@ -36,7 +39,13 @@ def too_noisy(ratio: float, spread: Spread) -> bool:
     return spread.low <= 1 <= spread.high and spread.share_of(ratio) > NOISE_LIMIT and half > abs(ratio - 1)
 
 
-def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, Spread, str]:
+def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tuple[bool | None, float, Paired, str]:
+    """Keep the candidate or not (`decide_paired` on the candidate's images/s over the incumbent's, repeat by repeat).
+    """
+    return decide_paired(Paired(c / i for c, i in zip(candidate_runs, incumbent_runs, strict=True)), final)
+
+
+def decide_paired(paired: Paired, final: bool = True) -> tuple[bool | None, float, Paired, str]:
     """Keep the candidate or not: the rule, a sequential sign test on paired ratios.
 
     Each repeat of an interleaved measurement times the incumbent and the candidate back to back, so repeat r gives
@@ -55,15 +64,14 @@ def decide(incumbent_runs: list, candidate_runs: list, final: bool = True) -> tu
     dropped (None, "too noisy: ..."): the caller says to measure again on a quiet machine.
 
     Args:
-        incumbent_runs: the incumbent's images/s per repeat, in repeat order.
-        candidate_runs: the candidate's, paired with them repeat by repeat.
+        paired: the candidate's round-by-round ratios over the incumbent (`measuring.turns.Paired`).
         final: whether this is the last look (undecided only when too noisy).
 
     Returns:
-        (kept, or None when undecided or too noisy; speed-up; spread; why, starting "kept: ", "not kept: ",
-        "undecided: " or "too noisy: ")."""
-    ratios = [c / i for c, i in zip(candidate_runs, incumbent_runs, strict=True)]
-    ratio, spread = statistics.median(ratios), Spread.of(ratios)
+        (kept, or None when undecided or too noisy; speed-up; the paired ratios; why, starting "kept: ",
+        "not kept: ", "undecided: " or "too noisy: ")."""
+    ratios, spread = paired.ratios, paired
+    ratio = statistics.median(ratios)
     shown = f"{ratio:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
     wins, n = sum(r > 1 for r in ratios), len(ratios)
     if spread[0] > 1:
@@ -116,20 +124,37 @@ class FidJudgement:
     limit: float
     seed_fid: float | None = None
     spread: float | None = None
+    not_judged: str | None = None  # why quality is not judged (`too_few_classes`); None where it is
 
     @property
     def worse(self) -> bool:
-        """FID rose past the limit: quality not kept."""
-        return self.moved > self.limit
+        """FID rose past the limit: quality not kept (never where it is not judged)."""
+        return self.not_judged is None and self.moved > self.limit
 
     @property
     def better(self) -> bool:
-        """FID fell past the limit's inverse."""
-        return self.moved < 1 / self.limit
+        """FID fell past the limit's inverse (never where it is not judged)."""
+        return self.not_judged is None and self.moved < 1 / self.limit
 
 
-def judge_fid(fid: float, start_fid: float, seed: float | Callable[[], float] | None = None) -> FidJudgement:
-    """Judge a change's FID against the start's, at an equal number of training images.
+def too_few_classes(**scores: dict) -> str | None:
+    """Why these runs' FIDs cannot be judged against each other (name -> a score with `classes_covered` and
+    `classes`, as `metrics` and a trainer's summary give them): one draws fewer than `ENOUGH_CLASSES` of the
+    classes, so its FID says which classes it has learned yet, not how well it draws them. None where every run
+    draws enough, or where a score has no class count (a dataset without a classifier: FID alone is judged)."""
+    few = [f"{name} draws {s['classes_covered']} of {s['classes']} classes" for name, s in scores.items()
+           if s.get("classes_covered") is not None and s.get("classes")
+           and s["classes_covered"] < ENOUGH_CLASSES * s["classes"]]
+    if not few:
+        return None
+    return (f"{' and '.join(few)}, under the {100 * ENOUGH_CLASSES:.0f}% of classes a FID comparison needs: "
+            "still learning which classes exist")
+
+
+def judge_fid(fid: float, start_fid: float, seed: float | Callable[[], float] | None = None,
+              classes: dict | None = None) -> FidJudgement:
+    """Judge a change's FID against the start's, at an equal number of training images: not judged at all where
+    `classes` (name -> score, see `too_few_classes`) says a run draws too few classes.
 
     Args:
         fid: the changed run's FID.
@@ -139,9 +164,14 @@ def judge_fid(fid: float, start_fid: float, seed: float | Callable[[], float] | 
             `QUALITY_TARGET` allows (the one case where that seed can change the decision), or None where no second
             seed is to be had (the limit is then `QUALITY_TARGET`).
 
+        classes: name -> score with `classes_covered` and `classes`, for the runs compared (None: not checked).
+
     Returns:
         The `FidJudgement`."""
     moved = fid / start_fid
+    why = too_few_classes(**(classes or {}))
+    if why:
+        return FidJudgement(moved=moved, limit=QUALITY_TARGET, not_judged=why)
     seed_fid = (seed() if moved > QUALITY_TARGET else None) if callable(seed) else seed
     if seed_fid is None:
         return FidJudgement(moved=moved, limit=QUALITY_TARGET)

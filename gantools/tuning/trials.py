@@ -228,7 +228,7 @@ class Trials:
         images = trainer.batches_seen * trainer.cfg.batch_size
         self.options.progress(f"  {name}: {images:,} images in {hardware.seconds() - t:.0f} s")
         return {k: v for k, v in trainer.history.quality.items() if k in ("fid", "kid", "classes_covered",
-                                                                       "images_trained", "n_samples")}
+                                                                       "classes", "images_trained", "n_samples")}
 
     def quality_meter(self):
         """The quality meter (real images' features; the classifier is trained on first use, about a minute on the

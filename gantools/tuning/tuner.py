@@ -268,7 +268,8 @@ class Tuner:
             r.final = {"config": cfg, "images_per_sec": self.trials.speed.get(key(cfg)), "fid": None}
             self._say("", now=f"quality: training {describe(_diff(cfg, self.chain[0]))}")
             q = self.trials.score(cfg, f"quality-{len(r.quality['tries']) + 1}")
-            judged = keep.judge_fid(q["fid"], start_q["fid"], r.quality.get("seed_fid", self._seed_fid))
+            judged = keep.judge_fid(q["fid"], start_q["fid"], r.quality.get("seed_fid", self._seed_fid),
+                                    classes={"the start": start_q, "the final config": q})
             if judged.seed_fid is not None and "seed_fid" not in r.quality:  # just trained: the limit widens
                 r.quality.update(seed_fid=judged.seed_fid, spread=judged.spread, limit=judged.limit)
                 self._say(f"  the start with seed {self.chain[0].seed + 1}: FID {judged.seed_fid:.2f} against "
@@ -276,8 +277,9 @@ class Tuner:
             limit, held = judged.limit, not judged.worse
             r.quality["tries"].append({"changes": _diff(cfg, self.chain[0]), "fid": q["fid"],
                                        "ratio": judged.moved, "held": held})
-            self._say(f"  FID {q['fid']:.2f} against the start's {start_q['fid']:.2f}: "
-                      f"{judged.moved:.2f}x (limit {limit}x): {'held' if held else 'worse'}")
+            said = f"not judged: {judged.not_judged}" if judged.not_judged else "held" if held else "worse"
+            self._say(f"  FID {q['fid']:.2f} against the start's {start_q['fid']:.2f}: {judged.moved:.2f}x (limit "
+                      f"{limit}x): {said}")
             if held:
                 r.final = {**r.final, "config": cfg, **q}
                 break
@@ -285,11 +287,12 @@ class Tuner:
             final -= 1
         if final == 0:
             r.final = {**r.start}
-        r.quality["held"] = True
+        r.quality["held"] = None if judged.not_judged else True
         backed = len(self.chain) - 1 - final
         seed = (f"; a second seed of the start moved FID {r.quality['spread']:.2f}x"
                 if "spread" in r.quality else "")
-        r.quality["note"] = (f"final FID {r.final['fid']:.2f} against the start's {start_q['fid']:.2f} "
+        r.quality["note"] = (f"quality not judged: {judged.not_judged}; " if judged.not_judged else "") + (
+                             f"final FID {r.final['fid']:.2f} against the start's {start_q['fid']:.2f} "
                              f"({r.final['fid'] / start_q['fid']:.2f}x, limit {limit:.2f}x{seed})" +
                              (f"; {backed} kept change(s) backed off to hold it" if backed else ""))
         if final < len(self.chain) - 1:  # the incumbent trainer no longer matches the final config

@@ -2,11 +2,12 @@
 GPU included): "here bf16 ran 1.62x as fast as fp32 (paired 1.41x-1.80x), FID 24.1 and 24.9: keep it". One rule
 per kind of claim, shared by every notebook:
 
-- speed (`speed_verdict`): "faster" or "slower" only when the paired range of round-by-round ratios
-  (`measuring.turns.Spread`, from `Measured.ratios`) lies wholly on one side of 1.0, "no difference measured"
-  otherwise; a single figure with no paired range is one measurement and gets no verdict;
-- quality (`quality_words`): judged only against a second seed's spread, by tune's and doctor --try's rule
-  (`speed.keep.judge_fid`); with no second seed the FIDs are shown and quality is not judged;
+- speed (`speed_verdict`): the one keep rule tune and `doctor --try` decide with (`speed.keep.decide_paired`, a
+  sign test on the round-by-round ratios, `measuring.turns.Paired`): "faster" where it would keep the change,
+  "slower" where it would keep the start over it, "too noisy to tell" where the ratios spread too wide to decide,
+  "no difference measured" otherwise; a single figure with no paired ratios is one measurement and gets no verdict;
+- quality (`quality_words`): judged only between runs that draw enough classes (`keep.too_few_classes`) and against
+  a second seed's spread, by tune's and doctor --try's rule (`keep.judge_fid`); else the FIDs are shown, not judged;
 - a quality curve (`fid_trend`): one run's FID described, not judged: a rise above its best so far, or a fall over
   the last interval, only by more than `keep.QUALITY_TARGET`, a rise on the way named before how the run ended;
 - a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`;
@@ -22,51 +23,61 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..measuring.results import megabytes
-from ..measuring.turns import Spread
-from ..speed.keep import QUALITY_TARGET, judge_fid
+from ..measuring.turns import Paired
+from ..speed.keep import ENOUGH_CLASSES, QUALITY_TARGET, decide_paired, judge_fid
 
-SPEED_BAND = 0.05  # only where no paired range exists: a single ratio within 5% of 1 is read as no change
 DATA_BOTTLENECK = 0.05  # a step waiting for data this share of its time or more has a data bottleneck
 # Peak tensor memory repeats to the byte on a CPU (counted op by op); on a GPU the allocator rounds each block and
 # cuDNN may pick another workspace, so within 2% of the start's is read as the same memory
 MEMORY_SAME = 0.02
 
-FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no difference measured"
+FASTER, SLOWER, NO_DIFFERENCE, TOO_NOISY = "faster", "slower", "no difference measured", "too noisy to tell"
 LESS, MORE, SAME_MEMORY = "less memory", "more memory", "the same memory"
 ONE_MEASUREMENT = "one measurement, no verdict"
 
 
 @dataclass
 class Conclusion:
-    """A sentence in Markdown (shown as such in a notebook) and the decision it states, for code and tests."""
+    """A sentence in Markdown and the decision it states, for code and tests. A notebook shows `short`, one line,
+    with the whole `text` behind a fold; `str()` is the whole text (for a sentence built around it)."""
     text: str
     keep: bool
+    short: str | None = None
 
     def _repr_markdown_(self) -> str:
-        return self.text
+        if not self.short:
+            return self.text
+        return f"{self.short}\n\n<details><summary>why</summary>\n\n{self.text}\n\n</details>"
 
     def __str__(self) -> str:
         return self.text
 
 
-def _paired(paired) -> Spread | None:
-    """`paired` as a `Spread` (a (low, high) pair read back from JSON included), or None."""
-    if paired is None:
-        return None
+def _paired(paired) -> Paired | None:
+    """`paired` as `Paired` ratios, or None. A bare (low, high) pair (a range saved without its ratios) is read as
+    its two ends: two rounds, the least a verdict reads."""
+    if paired is None or isinstance(paired, Paired):
+        return paired
     low, high = paired
     if not 0 < low <= high:
         raise ConfigError(f"a paired range is (low, high) with 0 < low <= high, not {tuple(paired)}")
-    return Spread(float(low), float(high))
+    return Paired((float(low), float(high)))
 
 
 def speed_verdict(paired) -> str:
-    """FASTER when the paired range (round-by-round ratios, change over start) lies wholly above 1.0, SLOWER when
-    wholly below, NO_DIFFERENCE when it holds 1.0, ONE_MEASUREMENT when there is no range (None): noise common to
-    both arms cancels in each paired ratio, so only a range that excludes 1.0 says which ran faster."""
-    spread = _paired(paired)
-    if spread is None:
+    """The keep rule's verdict on the round-by-round ratios (change over start), as tune and doctor --try decide:
+    FASTER where `keep.decide_paired` keeps the change, SLOWER where it keeps the start over it (the same rule on
+    the inverted ratios), TOO_NOISY where it cannot decide for the noise, NO_DIFFERENCE otherwise, ONE_MEASUREMENT
+    where there are no paired ratios (None): noise common to both arms cancels in each paired ratio."""
+    ratios = _paired(paired)
+    if ratios is None:
         return ONE_MEASUREMENT
-    return FASTER if spread.low > 1 else SLOWER if spread.high < 1 else NO_DIFFERENCE
+    kept = decide_paired(ratios)[0]
+    if kept:
+        return FASTER
+    if decide_paired(Paired(1 / r for r in ratios.ratios))[0]:
+        return SLOWER
+    return TOO_NOISY if kept is None else NO_DIFFERENCE
 
 
 def paired_text(paired) -> str:
@@ -86,14 +97,16 @@ def speed_words(ratio: float, start: str, paired=None) -> str:
         return f"slower than {start} ({ratio:.2f}x, {paired_text(paired)})"
     if verdict == NO_DIFFERENCE:
         return f"with no difference measured against {start} ({ratio:.2f}x, {paired_text(paired)})"
+    if verdict == TOO_NOISY:
+        return f"at {ratio:.2f}x the speed of {start}, {TOO_NOISY} ({paired_text(paired)})"
     return f"at {ratio:.2f}x the speed of {start} ({ONE_MEASUREMENT})"
 
 
 def still_learning(*scores: dict) -> bool:
     """Whether any of these scores (`tutorial.score`, a trainer's summary) comes from a generator that draws fewer
-    than half the classes: a run that short has FIDs in the hundreds that move a lot from seed to seed, so they
-    tell whether a change broke training, not whether it kept quality."""
-    return any(2 * s["classes_covered"] < s["classes"] for s in scores)
+    than `keep.ENOUGH_CLASSES` of the classes, the line tune and the quality rule use: its FID says which classes
+    it has learned yet, so it tells whether a change broke training, not whether it kept quality."""
+    return any(s["classes_covered"] < ENOUGH_CLASSES * s["classes"] for s in scores)
 
 
 def seed_fid(fid_start: float, fid_spread) -> float:
@@ -114,7 +127,8 @@ def quality_words(fid: float, fid_start: float, early: bool = False, fid_spread=
     seed: the FIDs are shown and not judged."""
     fids = f"FID {fid_start:.1f} and {fid:.1f}"
     if early:
-        return f"; {fids} come from generators still early in training, so they are not judged here", None
+        return (f"; {fids}: quality not judged (a generator here draws fewer than {100 * ENOUGH_CLASSES:.0f}% of "
+                "the classes, still learning which exist)"), None
     if fid_spread is None:
         return f"; {fids}: quality not judged (no second seed)", None
     judged = judge_fid(fid, fid_start, seed_fid(fid_start, fid_spread))
@@ -129,7 +143,9 @@ def fid_trend(curve, x: str = "images_trained") -> str:
     """How one run's FID moved over its scores (`runs.quality_curve`: a History with `fid` and `x` columns), by the
     factor that counts as a change of quality (`keep.QUALITY_TARGET`). It describes one run and judges no quality:
     the largest rise above the best score before it, where one passed the factor (a collapse the end alone would
-    hide), then how the last interval ended: still falling, risen or neither (settled or stuck)."""
+    hide), then how it ended: still falling (the last interval by more than the factor, or every score of its
+    last stretch lower than the one before, and the last below the best before that stretch by more than the
+    factor), risen, or neither (settled or stuck)."""
     fid, at = curve.column("fid"), curve.column(x)
     where = (lambda i: f"step {at[i]}") if x == "step" else (lambda i: f"{at[i]:,} images")
     if not fid:
@@ -148,10 +164,15 @@ def fid_trend(curve, x: str = "images_trained") -> str:
                 f"{fid[-1] / fid[low]:.2f}x above its best by the end")
     text = (f"FID **rose** {fid[rise] / fid[low]:.2f}x on the way, from {fid[low]:.1f} at {where(low)} to "
             f"{fid[rise]:.1f} at {where(rise)}; then " if risen else "")
-    text += f"FID {fid[-2]:.1f} at {where(-2)}, {fid[-1]:.1f} at {where(-1)}"
-    if fid[-2] / max(fid[-1], 1e-9) > QUALITY_TARGET:
-        return text + (f": still falling (by more than {QUALITY_TARGET}x since the score before), not settled at "
-                       "this budget")
+    first = len(fid) - 1
+    while first > 0 and fid[first - 1] > fid[first]:  # the last stretch in which every score fell
+        first -= 1
+    first = min(first, len(fid) - 2)
+    text += f"FID {', '.join(f'{f:.1f}' for f in fid[first:])} from {where(first)} to {where(-1)}"
+    fell = min(fid[:first + 1]) / max(fid[-1], 1e-9)  # from the stretch's start, or a better score before it
+    if fell > QUALITY_TARGET:
+        return text + (f": **still falling** ({fell:.2f}x below the best before, each score lower than the one "
+                       "before): not settled at this budget")
     return text + f": no longer falling by more than {QUALITY_TARGET}x, settled or stuck at this budget"
 
 
@@ -164,9 +185,14 @@ def _decision(verdict: str, worse: bool | None) -> str:
         return "slower here: leave it off on this machine"
     if verdict == NO_DIFFERENCE:
         return ("no difference measured, and quality fell: leave it off" if worse else
-                "nothing to keep on this machine (the paired range holds 1.0); time it longer to tell a small gain "
-                "from none")
+                "nothing to keep on this machine; time it longer to tell a small gain from none")
+    if verdict == TOO_NOISY:
+        return "too noisy to tell: measure it again on a quiet machine"
     return "one measurement, no verdict: time it in turns against the start (a paired range) before keeping it"
+
+
+SHORT_DECISION = {FASTER: "keep it", SLOWER: "leave it off", NO_DIFFERENCE: "nothing to keep",
+                  TOO_NOISY: "too noisy to tell", ONE_MEASUREMENT: "one measurement, no verdict"}
 
 
 def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = None,
@@ -190,15 +216,19 @@ def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = N
         The `Conclusion`: the sentence, and whether to keep the change."""
     verdict = speed_verdict(paired)
     text = f"Here **{change}** ran {speed_words(speedup, f'**{start}**', paired)}"
-    worse = None
+    worse, quality = None, ""
     if fid is not None and fid_start is not None:
         clause, worse = quality_words(fid, fid_start, early, fid_spread)
         text += clause
+        quality = "; quality not judged" if worse is None else "; quality fell" if worse else "; quality kept"
     keep = verdict == FASTER and not worse
-    return Conclusion(f"{text}: **{_decision(verdict, worse)}**.", keep)
+    decision = "a trade: faster, quality fell" if verdict == FASTER and worse else SHORT_DECISION[verdict]
+    ranged = f", {paired_text(paired)}" if _paired(paired) else ""
+    short = f"**{change}**: {speedup:.2f}x {start}{ranged}{quality}: **{decision}**."
+    return Conclusion(f"{text}: **{_decision(verdict, worse)}**.", keep, short)
 
 
-def _overlap(a: Spread, b: Spread) -> bool:
+def _overlap(a: Paired, b: Paired) -> bool:
     return a.low <= b.high and b.low <= a.high
 
 
@@ -210,6 +240,7 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
     shown = [f"{x:.2f}x" + (f" ({paired_text(p)})" if p else "") for x, p in ((plain, a), (switch, b))]
     text = f"The lines in your own loop gave a {what} of {shown[0]}, gantools' switch {shown[1]}: "
     gap = abs(plain / switch - 1)
+    head = f"Your loop's lines {plain:.2f}x, gantools' switch {switch:.2f}x ({what})"
     if a is not None and b is not None:
         agree = _overlap(a, b)
         return Conclusion(text + ("their paired ranges overlap: **they agree** within the noise, so the switch is "
@@ -217,12 +248,15 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
                                   "their paired ranges do not overlap: **they differ** beyond each one's noise. "
                                   "They were timed at different moments, so the machine's state may differ between "
                                   "them; or the rest of each loop (gantools' step does more than the plain one) "
-                                  "makes the same change weigh differently."), agree)
+                                  "makes the same change weigh differently."), agree,
+                          f"{head}: **{'they agree' if agree else 'they differ'}**.")
     if gap <= tolerance:
-        return Conclusion(text + f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines.", True)
+        return Conclusion(text + f"they agree (within {100 * tolerance:.0f}%), so the switch is these lines.", True,
+                          f"{head}: **they agree**.")
     return Conclusion(text + f"they differ by {100 * gap:.0f}%: either the timings' noise (a short run's ratio moves "
                       "this much), or the rest of each loop (gantools' step does more than the plain one) makes the "
-                      "same change weigh differently; time both in turns, with paired ranges, to tell.", False)
+                      "same change weigh differently; time both in turns, with paired ranges, to tell.", False,
+                      f"{head}: **they differ**.")
 
 
 def settled(paired: dict, change: str | None = None) -> Conclusion:
@@ -240,37 +274,39 @@ def settled(paired: dict, change: str | None = None) -> Conclusion:
 
 def estimate_held(change: str, estimate: float | None, measured: float, spread: tuple | None = None,
                   by: str = "the doctor") -> Conclusion:
-    """Whether a speed-up measured on the code itself (`doctor --try`'s paired repeats: `measured`, with the lowest
-    and highest paired ratios in `spread`; None: one measurement) bears out the doctor's estimate for that fix: an
+    """Whether a speed-up measured on the code itself (`doctor --try`'s paired repeats: `measured`, with its paired
+    ratios in `spread`, or their (low, high); None: one measurement) bears out the doctor's estimate for that fix: an
     upper bound ("up to 1.30x", Amdahl's law on a profiled share under an assumption such as "autocast halves the
     convolutions' time"), or None where it made none ("measure it"). Beyond the bound means the whole paired range
-    above it (one measurement: more than `SPEED_BAND` above it). `keep` is True when the measurement stayed within
-    the bound: the estimate held (a bound promises no gain, so a fix that gave none does not contradict it). `by`:
-    whose estimate, as the sentence names it ("the profiler" for a `profiling.Verdict`'s)."""
+    above it; one measurement decides nothing. `keep` is True when the measurement stayed within the bound: the
+    estimate held (a bound promises no gain, so a fix that gave none does not contradict it). `by`: whose estimate,
+    as the sentence names it ("the profiler" for a `profiling.Verdict`'s)."""
     paired = _paired(spread)
     verdict = speed_verdict(paired)
-    shown = f"{measured:.2f}x ({paired_text(paired) if paired else 'one measurement'})"
-    gained = verdict == FASTER if paired else measured >= 1 + SPEED_BAND
-    text = f"**{change}**: measured {shown}"
+    text = f"**{change}**: measured {measured:.2f}x ({paired_text(paired) if paired else 'one measurement'})"
+
+    def said(outcome: str, why: str, keep: bool) -> Conclusion:
+        bound = f" against an estimate of up to {estimate:.2f}x" if estimate else ""
+        return Conclusion(f"{text}{why}", keep, f"**{change}**: {measured:.2f}x{bound}: **{outcome}**.")
     if estimate is None:
-        return Conclusion(f"{text}; {by} made no estimate (\"measure it\"), so the measurement is the only "
-                          f"figure: **{verdict}** here.", True)
+        return said(verdict, f"; {by} made no estimate (\"measure it\"), so the measurement is the only figure: "
+                             f"**{verdict}** here.", True)
     text += f" against {by}'s estimate of up to {estimate:.2f}x"
-    beyond = paired.low > estimate if paired else measured > estimate * (1 + SPEED_BAND)
-    noise = "the whole paired range above it" if paired else f"more than {100 * SPEED_BAND:.0f}% above it"
-    if beyond:
-        return Conclusion(f"{text}: **more than the estimate allowed** ({noise}): the assumption behind the "
-                          "estimate was too modest on this machine, so the bound does not limit this fix here.", False)
+    if paired is None:
+        return said(ONE_MEASUREMENT, f": **{ONE_MEASUREMENT}**: time it in turns (paired ratios) to hold it to "
+                                     "the estimate.", True)
+    if paired.low > estimate:
+        return said("more than the estimate allowed", ": **more than the estimate allowed** (the whole paired range "
+                    "above it): the assumption behind the estimate was too modest on this machine, so the bound does "
+                    "not limit this fix here.", False)
     within = "within the bound" if measured <= estimate else "above the bound by less than the noise"
-    if not gained:
-        slower = verdict == SLOWER if paired else measured <= 1 - SPEED_BAND
-        said = verdict if paired else ("slower" if slower else f"within {100 * SPEED_BAND:.0f}% of 1.00x")
-        gave = "it made the step slower" if slower else "it gave nothing measurable"
-        return Conclusion(f"{text}: {within}, but **{said}**: an estimate says what a fix could give at most, and "
-                          f"here {gave}.", True)
+    if verdict != FASTER:
+        gave = "it made the step slower" if verdict == SLOWER else f"it gave nothing the keep rule keeps ({verdict})"
+        return said(verdict, f": {within}, but **{verdict}**: an estimate says what a fix could give at most, and "
+                             f"here {gave}.", True)
     share = (measured - 1) / (estimate - 1) if estimate > 1 else 1.0
-    return Conclusion(f"{text}: {within}: **the estimate held**, and the fix gave {100 * min(share, 1):.0f}% of the "
-                      "gain it allowed.", True)
+    return said("the estimate held", f": {within}: **the estimate held**, and the fix gave "
+                                     f"{100 * min(share, 1):.0f}% of the gain it allowed.", True)
 
 
 def same_story(a: dict, b: dict, a_name: str, b_name: str, tolerance: float = 0.10) -> Conclusion:
@@ -297,17 +333,21 @@ def worth_removing(share: float, what: str = "waiting for data", fix: str = "fee
     computed from; a share below it is not a measurement."""
     share = min(max(share, 0.0), 1.0)  # a share measured as a difference of two speeds can fall below zero: noise
     text = f"Here the step spent **{100 * share:.1f}%** of its time {what}"
+    head = f"{what[0].upper()}{what[1:]}: **{100 * share:.1f}%** of the step"
     if share < noise:
         return Conclusion(f"{text}, less than the timings' own spread (±{100 * noise:.0f}%): **too small for this "
-                          "measurement to tell from nothing**; time the wait directly to judge it.", False)
+                          "measurement to tell from nothing**; time the wait directly to judge it.", False,
+                          f"{head}: **too small to tell from nothing** here.")
     if share >= 1:
-        return Conclusion(f"{text}: it did nothing else: **this is the bottleneck: {fix}**.", True)
+        return Conclusion(f"{text}: it did nothing else: **this is the bottleneck: {fix}**.", True,
+                          f"{head}: **the bottleneck: {fix}**.")
     text += f", so removing that entirely would make the step at most {1 / (1 - share):.3f}x as fast"
     if share >= DATA_BOTTLENECK:
         return Conclusion(f"{text}: at least the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck: **a "
-                          f"bottleneck here: {fix}**.", True)
+                          f"bottleneck here: {fix}**.", True, f"{head}: **a bottleneck here: {fix}**.")
     return Conclusion(f"{text}: under the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck: **not this "
-                      "machine's bottleneck**; the step's time goes to compute.", False)
+                      "machine's bottleneck**; the step's time goes to compute.", False,
+                      f"{head}: **not this machine's bottleneck**.")
 
 
 def scaling_prediction(speedup: float, start: str, processes: int = 2, paired=None,
@@ -322,9 +362,11 @@ def scaling_prediction(speedup: float, start: str, processes: int = 2, paired=No
     verdict = speed_verdict(paired)
     text = (f"{processes} processes ran {speed_words(speedup, f'**{start}**', paired)}: scaling efficiency "
             f"{100 * speedup / processes:.0f}% (the speed-up over the processes)")
+    head = f"{processes} processes: {speedup:.2f}x one ({100 * speedup / processes:.0f}% efficiency)"
     if verdict != FASTER:
         return Conclusion(f"{text}. **No parallel share can be read from that** (it needs a speed-up the paired "
-                          "range calls faster), so no prediction for more processes.", False)
+                          "range calls faster), so no prediction for more processes.", False,
+                          f"{head}, {verdict}: **no prediction for more processes**.")
     p = parallel_share(speedup, processes)
     spread = _paired(paired)
     low, high = parallel_share(spread.low, processes), parallel_share(spread.high, processes)
@@ -334,18 +376,20 @@ def scaling_prediction(speedup: float, start: str, processes: int = 2, paired=No
     if p >= 1:
         return Conclusion(f"{text}; nothing serial is left to limit more processes, so the law predicts N times "
                           "as fast at any N: **a prediction the law cannot bound** (the speed-up met the process "
-                          "count, as when one process lacked a resource that two have).", True)
+                          "count, as when one process lacked a resource that two have).", True,
+                          f"{head}: **P = {p:.2f}**, no serial part left to bound it.")
     shown = ", ".join(f"N = {n}: {amdahl_speedup(p, n):.2f}x ({100 * amdahl_speedup(p, n) / n:.0f}%)"
                       for n in predict)
     return Conclusion(f"{text}. **Predicted from this machine's P**, not measured: {shown}; never more than "
-                      f"{1 / (1 - p):.1f}x, however many processes.", True)
+                      f"{1 / (1 - p):.1f}x, however many processes.", True,
+                      f"{head}: **P = {p:.2f}**, at most {1 / (1 - p):.1f}x however many processes (predicted).")
 
 
 def memory_verdict(mb: float, start_mb: float) -> str:
     """LESS or MORE when a step's peak tensor memory differs from the start's by more than `MEMORY_SAME` of it,
     else SAME_MEMORY."""
-    ratio = mb / start_mb
-    return LESS if ratio < 1 - MEMORY_SAME else MORE if ratio > 1 + MEMORY_SAME else SAME_MEMORY
+    held = mb / start_mb
+    return LESS if held < 1 - MEMORY_SAME else MORE if held > 1 + MEMORY_SAME else SAME_MEMORY
 
 
 def memory_words(mb: float, start_mb: float, start: str) -> str:
@@ -360,13 +404,17 @@ def memory_trade(change: str, start: str, mb: float, start_mb: float, speedup: f
     memory limits the batch (`.keep` False: not by default). No saving: leave it."""
     memory, speed = memory_verdict(mb, start_mb), speed_verdict(paired)
     text = (f"**{change}** held {memory_words(mb, start_mb, start)}; it ran {speed_words(speedup, start, paired)}")
+    head = f"**{change}**: {mb / start_mb:.2f}x the memory, {speedup:.2f}x the speed ({speed})"
     if memory != LESS:
-        return Conclusion(f"{text}: **no memory saved here: leave it off**.", False)
+        return Conclusion(f"{text}: **no memory saved here: leave it off**.", False, f"{head}: **leave it off**.")
     if speed == SLOWER:
-        return Conclusion(f"{text}: **a trade: use it where memory limits the batch**, not by default.", False)
+        return Conclusion(f"{text}: **a trade: use it where memory limits the batch**, not by default.", False,
+                          f"{head}: **a trade for when memory limits the batch**.")
     if speed == ONE_MEASUREMENT:
-        return Conclusion(f"{text}: **less memory; what it costs in speed is not judged here**.", False)
-    return Conclusion(f"{text}: **keep it** (less memory, no speed lost that this run could measure).", True)
+        return Conclusion(f"{text}: **less memory; what it costs in speed is not judged here**.", False,
+                          f"{head}: **less memory, speed not judged**.")
+    return Conclusion(f"{text}: **keep it** (less memory, no speed lost that this run could measure).", True,
+                      f"{head}: **keep it**.")
 
 
 def compile_payback(compile_s: float, step_s: float, compiled_step_s: float, paired=None,
@@ -378,10 +426,11 @@ def compile_payback(compile_s: float, step_s: float, compiled_step_s: float, pai
     verdict, speedup = speed_verdict(paired), step_s / compiled_step_s
     text = (f"Compiling took **{compile_s:.1f} s** before the first step; then the compiled step ran "
             f"{speed_words(speedup, start, paired)}")
+    head = f"Compiling: {compile_s:.1f} s, then {speedup:.2f}x {start} ({verdict})"
     if verdict != FASTER:
         return Conclusion(f"{text}: **it does not pay back here**: without faster steps the compile time is "
-                          "never returned on this machine.", False)
+                          "never returned on this machine.", False, f"{head}: **it does not pay back here**.")
     steps = compile_s / (step_s - compiled_step_s)
     return Conclusion(f"{text}, saving {1e3 * (step_s - compiled_step_s):.1f} ms a step: **it pays back after "
                       f"{steps:,.0f} steps** ({steps * step_s / 60:.1f} min of {start} training); a shorter run is "
-                      "faster without it.", True)
+                      "faster without it.", True, f"{head}: **it pays back after {steps:,.0f} steps**.")

@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .conclusions import SPEED_BAND, Conclusion
+from .conclusions import Conclusion
 from ..core.config import TrainConfig
 from ..measuring.turns import Spread
 
 # the fields that say where a run writes and how often it logs, not what it trains or how fast
+# Figures of one speed-up taken by different methods read as one where they lie within this share of each other
+# (or within their own paired bands, or the start's drift, where wider): not a keep rule, which `speed.keep` is
+FIGURES_AGREE = 0.05
 BOOKKEEPING = ("out_dir", "steps", "log_interval", "sample_interval", "checkpoint_interval")
 
 
@@ -63,7 +66,7 @@ def speedup_table(figures: list[Figure]) -> str:
 def reconcile(figures: list[Figure], drift: float | None = None, warmup: dict | None = None) -> Conclusion:
     """Per config: the lowest and highest of its figures, the one farthest from the first, and whether they are
     apart by more than the noise, which is the widest of: a speed ratio read as equal anyway
-    (`conclusions.SPEED_BAND`), the half-width of any of its figures' paired bands, and `drift`, how far the start's
+    (`FIGURES_AGREE`), the half-width of any of its figures' paired bands, and `drift`, how far the start's
     own images/s moved between two measurements in this kernel (later over earlier, minus 1): a sequential figure
     divides by a start measured at another moment, so it carries that drift whole. `warmup`: run -> its first
     interval's step time over a steady one, which every figure leaves out (said, so a reader sees what a figure
@@ -80,7 +83,7 @@ def reconcile(figures: list[Figure], drift: float | None = None, warmup: dict | 
         first = figs[0]
         far = max(figs[1:], key=lambda f: abs(f.speedup / first.speedup - 1))
         widest = max(f.half_width for f in figs)
-        noise = max(SPEED_BAND, abs(drift or 0.0), widest)
+        noise = max(FIGURES_AGREE, abs(drift or 0.0), widest)
         agree = high / low - 1 <= noise
         agree_all &= agree
         sources = [f"paired ranges up to ±{100 * widest:.0f}%"] if widest else []

@@ -12,7 +12,7 @@ from ..core.config import TrainConfig, preset
 from .display import LiveRuns
 from ..errors import ConfigError
 from ..measuring.hardware import machine_info, resolve_device
-from ..measuring.turns import SAME, Contender, Spread, take_turns
+from ..measuring.turns import SAME, Contender, Paired, take_turns
 from ..core.history import History
 from ..core.metrics import QualityCurve
 from ..quick import QUICK
@@ -74,12 +74,12 @@ class SideBySide(dict):
         """How many times as fast `name` ran as `against` (each run's median images/s, as its summary gives it)."""
         return self[name].history.summary()["images_per_sec"] / self[against].history.summary()["images_per_sec"]
 
-    def paired(self, name: str, against: str) -> Spread | None:
+    def paired(self, name: str, against: str) -> Paired | None:
         """The lowest and highest of the round-by-round ratios (`reconcile.paired_ratios`, warm-up left out): the
         range `conclusions.speed_verdict` reads; None where fewer than two rounds ran."""
         from .reconcile import paired_ratios
 
-        return Spread.of_rounds(paired_ratios(self[name], self[against]))
+        return Paired.of(paired_ratios(self[name], self[against]))
 
 
 def train_side_by_side(configs: dict, images: int | None = None, chunk_images: int | None = None,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ..core.config import ARCHITECTURES
 from ..core.data import make_dataset
 from ..measuring.hardware import Timer, resolve_device, seeded
-from ..measuring.turns import SAME, Contender, Spread, take_turns
+from ..measuring.turns import SAME, Contender, Paired, Spread, take_turns
 from ..core.models import build_dcgan
 from ..core.r3gan import build_r3gan
 from ..core.sampling import generate
@@ -123,11 +123,11 @@ class Race:
         """How many times as fast `name` ran as `against` (images/s over images/s)."""
         return self.images_per_sec[name] / self.images_per_sec[against]
 
-    def paired(self, name: str, against: str) -> Spread | None:
+    def paired(self, name: str, against: str) -> Paired | None:
         """The lowest and highest of `name`'s chunk-by-chunk images/s over `against`'s (`Measured.ratios`): each pair
         ran back to back, so noise common to both cancels; `conclusions.speed_verdict` reads the verdict from it.
         None where fewer than two rounds were timed."""
-        return Spread.of_rounds(self.measured[name].ratios(self.measured[against]))
+        return Paired.of(self.measured[name].ratios(self.measured[against]))
 
     def spread(self, name: str) -> Spread:
         """The lowest and highest of a contender's timed chunks (`.share_of(median)`: the noise in its figure)."""

@@ -85,7 +85,8 @@ class TryReport:
         from ..findings.report import _jsonable
         return _jsonable({"source": self.source, "device": self.device, "machine": self.machine,
                           "start_images_per_sec": self.start_images_per_sec, "unit": self.unit, "kept": self.kept,
-                          "tried": [t.__dict__ for t in self.tried], "skipped": self.skipped,
+                          "tried": [{**t.__dict__, "ratios": getattr(t.spread, "ratios", None)} for t in self.tried],
+                          "skipped": self.skipped,
                           "not_judged": self.not_judged, "together": self.together,
                           "interrupted": self.interrupted, "error": self.error, "quality": self.quality})
 
@@ -216,7 +217,7 @@ def _together(runner: "_Runner", best: tuple, repeats: int, progress) -> tuple[d
     if b and not b[-1].measured:
         raise DoctorError(f"all kept fixes together: the run {_failed(b[-1])}")
     ratios = [y.rate / x.rate for x, y in zip(a, b, strict=True)]
-    return ({"speedup": statistics.median(ratios), "spread": Spread.of(ratios),
+    return ({"speedup": statistics.median(ratios), "spread": Spread.of(ratios), "ratios": ratios,
              "images_per_sec": statistics.median(t.rate for t in b)}, a)
 
 
