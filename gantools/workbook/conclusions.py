@@ -427,9 +427,13 @@ def compile_payback(compile_s: float, step_s: float, compiled_step_s: float, pai
     text = (f"Compiling took **{compile_s:.1f} s** before the first step; then the compiled step ran "
             f"{speed_words(speedup, start, paired)}")
     head = f"Compiling: {compile_s:.1f} s, then {speedup:.2f}x {start} ({verdict})"
+    if verdict == SLOWER:
+        return Conclusion(f"{text}: **it does not pay back here**: with slower steps the compile time is never "
+                          "returned on this machine.", False, f"{head}: **it does not pay back here**.")
     if verdict != FASTER:
-        return Conclusion(f"{text}: **it does not pay back here**: without faster steps the compile time is "
-                          "never returned on this machine.", False, f"{head}: **it does not pay back here**.")
+        return Conclusion(f"{text}: **no payback measured**: the steps were not measured faster, so no number of "
+                          "steps returns the compile time that this run could show.", False,
+                          f"{head}: **no payback measured**.")
     steps = compile_s / (step_s - compiled_step_s)
     return Conclusion(f"{text}, saving {1e3 * (step_s - compiled_step_s):.1f} ms a step: **it pays back after "
                       f"{steps:,.0f} steps** ({steps * step_s / 60:.1f} min of {start} training); a shorter run is "
