@@ -546,3 +546,22 @@ def test_every_log_axis_reads_in_plain_numbers(shown):
     labels = [label for fig in figs + shown for label in _log_tick_labels(fig)]
     assert "1,000,000" in labels and "0.001" in labels and any(label.startswith("-") for label in labels)
     assert not [label for label in labels if not re.match(PLAIN, label)], labels
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_the_scaling_chart_draws_speeds_and_the_all_reduce_share_on_linear_axes_from_zero(negative, monkeypatch):
+    from gantools.workbook import data_parallel as dp
+
+    speeds = {"1 process": 213.0, "1 process, 2 threads": 385.0, "2 processes (DDP)": 400.0,
+              "2 processes, no all-reduce": 428.0}
+    raced = (-0.01, -0.04, 0.02) if negative else (0.066, 0.054, 0.084)  # noise can put the race's share below 0
+    shares = {dp.EXPOSED: (0.038,) * 3, dp.RACED: raced, dp.WHOLE: (0.082,) * 3}
+    fig = dp.scaling_figure(speeds, "1 process", shares, {n: (0.95 * v, 1.03 * v) for n, v in speeds.items()},
+                            "data parallelism on this machine: 2 CPU processes over gloo")
+    texts = _texts_of(fig, monkeypatch)
+    assert_readable(fig, monkeypatch)
+    bars = [ax for ax in fig.axes if ax.patches]
+    assert len(bars) == 2 and all(ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0 for ax in bars)
+    assert " 1.88x" in texts and " 3.8%" in texts and " 8.2%" in texts
+    assert (" -1.0%" if negative else " 6.6%") in texts  # a negative share said as measured, drawn as none
+    assert min(p.get_width() for p in bars[1].patches) >= 0

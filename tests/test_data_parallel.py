@@ -149,3 +149,44 @@ def test_the_panels_command_trains_the_global_batch_the_bench_trained_with_the_m
     assert "--batch-size 16" in panel.command() and "--channels-last" in panel.command()  # 'all together'
     panel.controls["keep_global_batch"].value = False  # each process trained 16: together 32 a step
     assert "--batch-size 32" in panel.command() and panel.command().startswith("torchrun --nproc_per_node 2 ")
+
+
+def _race(images_per_sec_runs: dict) -> tutorial.Race:
+    return tutorial.Race({n: Measured(subject=n, images_per_sec_runs=v) for n, v in images_per_sec_runs.items()},
+                         {}, 0)
+
+
+PROFILE = {"step_ms": 319.1, "all_reduce_ms": 26.1, "exposed_ms": 12.1, "overlap": 0.54}
+
+
+@pytest.mark.parametrize("quiet, said, keep", [
+    ([416, 428, 430, 431, 425], "**whether it reaches the 5% that counts as a bottleneck is not settled**", False),
+    ([446, 448, 450, 451, 445], "**a bottleneck**", True),
+    ([406, 408, 410, 411, 405], "**not a bottleneck**", False)])
+def test_the_race_and_the_profile_give_one_answer_on_the_all_reduce(quiet, said, keep):
+    """The race measures the all-reduce's cost; the profile's exposed and whole shares bound it over gloo. The
+    verdict reads the bottleneck rule at both ends of the race's paired range: ends that disagree are not settled."""
+    ddp = [398, 400, 405, 395, 402]
+    race = _race({"ddp": ddp, "quiet": quiet})
+    shares = data_parallel.all_reduce_shares(race, "ddp", "quiet", PROFILE)
+    assert shares[data_parallel.EXPOSED][0] == pytest.approx(12.1 / 319.1)
+    assert shares[data_parallel.WHOLE][0] == pytest.approx(26.1 / 319.1)
+    low, high = shares[data_parallel.RACED][1:]
+    ratios = [a / b for a, b in zip(ddp, quiet, strict=True)]
+    assert (low, high) == pytest.approx((1 - max(ratios), 1 - min(ratios)))
+    cost = data_parallel.all_reduce_cost(shares, "gloo", "fewer, larger all-reduces")
+    assert said in cost.text and cost.keep is keep
+    first = cost.text.split("\n\n")[0]
+    assert first.startswith("The gradient all-reduce costs") and "the profile" not in first  # one answer first
+    assert "3.8%-8.2%" in cost.text
+
+
+def test_a_race_outside_the_profiles_bounds_is_said_to_disagree():
+    race = _race({"ddp": [300, 301, 299, 300, 302], "quiet": [420, 421, 419, 420, 422]})  # 29% in the race
+    cost = data_parallel.all_reduce_cost(data_parallel.all_reduce_shares(race, "ddp", "quiet", PROFILE), "gloo",
+                                         "fix")
+    assert "**the two measurements disagree**" in cost.text and "quote the race" in cost.text
+    over_nccl = data_parallel.all_reduce_cost(data_parallel.all_reduce_shares(
+        _race({"ddp": [410, 412, 409, 411, 410], "quiet": [420, 421, 419, 420, 422]}), "ddp", "quiet",
+        {"step_ms": 20.0, "all_reduce_ms": 2.0}), "nccl", "fix")  # a GPU's profile: no overlap, all of it
+    assert "at most its whole time, 0.0%-10.0%" in over_nccl.text and "**the two measurements agree**" in over_nccl.text

@@ -2,8 +2,10 @@
 the notebook writes its loop as a script and `launch`es it under torchrun; inside, `race_across_ranks` races the
 loop in turns as `tutorial.race` does in one kernel, one-process contenders included (rank 0 runs them while the
 other ranks wait), and rank 0 hands back what every rank measured (`race_record`, `gathered_differences`,
-`profiled_collectives`). `ScalingPanel` is its try-it widget: gantools' own trainer under torchrun
-(`bench.scaling`), since `ControlPanel` trains inside the kernel, in one process."""
+`profiled_collectives`). `all_reduce_shares` and `all_reduce_cost` set the race's and the profile's measurements of
+the all-reduce side by side and give one answer; `show_scaling` charts the scaling and that share. `ScalingPanel` is
+its try-it widget: gantools' own trainer under torchrun (`bench.scaling`), since `ControlPanel` trains inside the
+kernel, in one process."""
 from __future__ import annotations
 
 import json
@@ -18,6 +20,11 @@ from ..core import distributed
 from ..measuring.hardware import Timer
 from ..measuring.turns import Measured
 from . import tutorial
+from .conclusions import DATA_BOTTLENECK, Conclusion, worth_removing
+
+# the all-reduce's share of a DDP step, as each measurement gives it (`all_reduce_shares`)
+EXPOSED, RACED, WHOLE = ("the profile: left after backward (exposed)", "the race: DDP against no all-reduce",
+                         "the profile: all its time")
 
 
 def launch(script, out_dir, processes: int = 2, threads: int = 1, timeout: float = 1200) -> dict:
@@ -152,6 +159,121 @@ def gathered_differences(nets: dict) -> dict | None:
     statistic = lambda k: "running_" in k  # noqa: E731
     return {name: {"weights": apart(name, lambda k: not statistic(k) and "num_batches" not in k),
                    "running statistics": apart(name, statistic)} for name in nets}
+
+
+def all_reduce_shares(race, ddp: str, quiet: str, profile: dict) -> dict:
+    """The gradient all-reduce's share of a DDP step, as each of two measurements gives it: name -> (share, low,
+    high). The race (`ddp`'s images/s against `quiet`'s, the same loop with the all-reduce replaced by a hook that
+    does nothing) measures what the all-reduce costs in speed, low to high over its paired range; the profile
+    (`profiled_collectives`) measures the all-reduce's own time, whole (`WHOLE`) and the part left after backward
+    (`EXPOSED`; a GPU's profile gives no overlap, so there both are the whole)."""
+    paired = race.paired(ddp, quiet)
+    share = 1 - race.ratio(ddp, quiet)
+    raced = (share, 1 - paired.high, 1 - paired.low) if paired else (share, share, share)
+    exposed = profile.get("exposed_ms", profile["all_reduce_ms"]) / profile["step_ms"]
+    whole = profile["all_reduce_ms"] / profile["step_ms"]
+    return {EXPOSED: (exposed,) * 3, RACED: raced, WHOLE: (whole,) * 3}
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def all_reduce_cost(shares: dict, backend: str, fix: str) -> Conclusion:
+    """One answer from `all_reduce_shares`: the race's share is the all-reduce's cost (what removing it would
+    give); the profile's exposed and whole shares bound that cost where communication takes turns with backward
+    on the same cores (gloo here), and its exposed share is the cost where it runs beside backward (NCCL's own
+    stream). Whether the cost is a bottleneck is `conclusions.worth_removing`'s rule, read at both ends of the
+    race's paired range: when the ends disagree, it is not settled. `.keep`: a bottleneck at both ends."""
+    share, low, high = shares[RACED]
+    exposed, whole = shares[EXPOSED][0], shares[WHOLE][0]
+    ends = [worth_removing(x).keep for x in (low, high)]
+    line = f"{100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck"
+    verdict = (f"**a bottleneck** (at least the {line}): {fix}" if all(ends) else
+               f"**not a bottleneck** (under the {line})" if not any(ends) else
+               f"**whether it reaches the {line} is not settled** by this race: time it longer, or try the fix "
+               f"({fix})")
+    text = [f"The gradient all-reduce costs **{_percent(share)}** of a DDP step here ({_percent(max(low, 0))}-"
+            f"{_percent(high)} over the race's paired range): {verdict}."]
+    shared = backend == "gloo"  # on a CPU: the all-reduce's threads and backward take turns on the same cores
+    bounds = (exposed, whole) if shared else (0.0, whole)
+    text.append(f"The race measures that cost in speed; the profile measures the all-reduce's own time, "
+                f"{_percent(whole)} of a profiled step, of which {_percent(exposed)} was left after backward "
+                "(exposed). " + (
+                    "Over gloo its threads take turns with backward on the same cores, so the part beside backward "
+                    "is not hidden and costs time too: the cost lies between the exposed share and the whole, "
+                    if shared else
+                    f"Over {backend} it runs beside backward on its own stream, so what it costs a step is at most "
+                    "its whole time, ")
+                + f"{_percent(bounds[0])}-{_percent(bounds[1])}, ")
+    agree = low <= bounds[1] and high >= bounds[0]  # the race's range meets the profile's bounds
+    text[-1] += ("and the race's range falls in it: **the two measurements agree**." if agree else
+                 "and the race's range lies outside it: **the two measurements disagree**: the profiler slows the "
+                 "step it watches, and its few profiled steps carry their own noise; the race times the step "
+                 "unwatched, in turns, so quote the race.")
+    return Conclusion("\n\n".join(text), all(ends))
+
+
+def _whiskers(ax, values, ranges, y) -> None:
+    """Error bars from each (low, high) in `ranges` around its bar's value, only where the range has a width."""
+    drawn = [(v, lo, hi, yy) for v, (lo, hi), yy in zip(values, ranges, y, strict=True) if hi > lo]
+    if drawn:
+        v, lo, hi, yy = (list(c) for c in zip(*drawn, strict=True))
+        ax.errorbar(v, yy, xerr=[[max(a - b, 0) for a, b in zip(v, lo, strict=True)],
+                                 [max(b - a, 0) for a, b in zip(v, hi, strict=True)]],
+                    fmt="none", ecolor="0.3", capsize=3, lw=1)
+
+
+def scaling_figure(images_per_sec: dict, base: str, shares: dict, spreads: dict | None = None,
+                   title: str = "data parallelism on this machine"):
+    """Two panels, linear from 0: each loop's images/s (`images_per_sec`, name -> figure; `spreads`, name ->
+    (low, high), drawn as error bars), its speed against `base` beside its bar; under them, the all-reduce's
+    share of a step as each measurement gives it (`all_reduce_shares`), the share that counts as a bottleneck a
+    dashed line."""
+    import numpy as np
+
+    from .chart_layout import WIDTH_IN, figure, make_room, wrap_names, wrap_to
+
+    names, methods = list(images_per_sec), list(shares)
+    rows = len(names) + len(methods)
+    fig, (top, bottom) = figure(2, 1, figsize=(WIDTH_IN, 1.9 + 0.5 * rows),
+                                gridspec_kw={"height_ratios": [max(len(names), 2), max(len(methods), 2)]})
+    fig.suptitle(wrap_to(title, WIDTH_IN, 11), fontsize=11)
+    y = np.arange(len(names))[::-1]
+    speeds = [images_per_sec[n] for n in names]
+    ranges = [(spreads or {}).get(n, (v, v)) for n, v in zip(names, speeds, strict=True)]
+    top.barh(y, speeds, height=0.6, color=[f"C{i % 10}" for i in range(len(names))])
+    _whiskers(top, speeds, ranges, y)
+    top.set_yticks(y, wrap_names(names), fontsize=8)
+    top.set_xlim(0, max(hi for _, hi in ranges) * 1.05)
+    texts = [top.text(hi, yy, f" {v / images_per_sec[base]:.2f}x", va="center", fontsize=8)
+             for v, (_, hi), yy in zip(speeds, ranges, y, strict=True)]
+    top.set_xlabel(wrap_to(f"images / s (bars: the median; whiskers: the chunks' range); beside each bar: its "
+                           f"speed against {base}", WIDTH_IN - 2, 10), fontsize=10)
+    make_room(top, texts)
+    y = np.arange(len(methods))[::-1]
+    values = [100 * max(shares[m][0], 0) for m in methods]  # a share below 0 (noise) drawn as none, said as it is
+    low, high = ([100 * max(shares[m][k], 0) for m in methods] for k in (1, 2))
+    bottom.barh(y, values, height=0.6, color="tab:grey")
+    _whiskers(bottom, values, list(zip(low, high, strict=True)), y)
+    bottom.axvline(100 * DATA_BOTTLENECK, color="tab:red", ls="--", lw=1)
+    bottom.set_yticks(y, wrap_names(methods, width=30), fontsize=8)
+    bottom.set_xlim(0, max(high + [100 * DATA_BOTTLENECK]) * 1.08)
+    texts = [bottom.text(max(v, hi), yy, f" {100 * shares[m][0]:.1f}%", va="center", fontsize=8)
+             for m, v, hi, yy in zip(methods, values, high, y, strict=True)]
+    bottom.set_xlabel(wrap_to("the gradient all-reduce's share of a DDP step, % (whiskers: the race's paired "
+                              f"range); dashed: the {100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck",
+                              WIDTH_IN - 2, 10), fontsize=10)
+    make_room(bottom, texts)
+    return fig
+
+
+def show_scaling(race, base: str, shares: dict, title: str = "data parallelism on this machine"):
+    """`scaling_figure` of a race (`race_from_record`) against `base`, shown in the notebook."""
+    from . import display
+
+    return display._display(scaling_figure(race.images_per_sec, base, shares,
+                                           {n: race.spread(n) for n in race.images_per_sec}, title))
 
 
 class ScalingPanel:
