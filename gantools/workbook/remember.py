@@ -42,26 +42,43 @@ def what_to_remember(*rules: Rule) -> Remember:
     return Remember(rules)
 
 
-def h200_ladder(evidence: Path = EVIDENCE) -> dict:
-    """The newest stored GPU ladder (`make gpu-evidence`'s ladder part): variant -> its speed-up over the tutorial
-    loop, plus 'setting' (what it trained, where) and 'report' (the folder it came from); {} where none is stored
-    (an installed package without the repository's docs)."""
+def _newest_ladder(evidence: Path = EVIDENCE) -> tuple[dict, Path] | None:
+    """The newest stored GPU ladder's result (`make gpu-evidence`'s ladder part) and its folder; None where none
+    is stored."""
     for folder in sorted(evidence.glob("*"), reverse=True):
         try:
             parts = json.loads((folder / "evidence.json").read_text())["parts"]
         except (OSError, ValueError, KeyError):
             continue
         ladder = next((p.get("result") for p in parts if p.get("name") == "ladder" and p.get("status") == "ok"), None)
-        if not ladder or not ladder.get("rows"):
-            continue
-        cfg, machine = ladder["config"], ladder["machine"]
-        found = {row["variant"]: row["speedup"] for row in ladder["rows"]}
-        found["setting"] = (f"{machine.get('device_name', 'GPU')}, DCGAN {cfg['image_size']} px, batch "
-                            f"{cfg['batch_size']}, median of {len(ladder['rows'][0]['images_per_sec_runs'])} "
-                            "interleaved repeats")
-        found["report"] = f"docs/gpu/{folder.name}"
-        return found
-    return {}
+        if ladder and ladder.get("rows"):
+            return ladder, folder
+    return None
+
+
+def h200_ladder(evidence: Path = EVIDENCE) -> dict:
+    """The newest stored GPU ladder (`make gpu-evidence`'s ladder part): variant -> its speed-up over the tutorial
+    loop, plus 'setting' (what it trained, where) and 'report' (the folder it came from); {} where none is stored
+    (an installed package without the repository's docs)."""
+    newest = _newest_ladder(evidence)
+    if newest is None:
+        return {}
+    ladder, folder = newest
+    cfg, machine = ladder["config"], ladder["machine"]
+    found = {row["variant"]: row["speedup"] for row in ladder["rows"]}
+    found["setting"] = (f"{machine.get('device_name', 'GPU')}, DCGAN {cfg['image_size']} px, batch "
+                        f"{cfg['batch_size']}, median of {len(ladder['rows'][0]['images_per_sec_runs'])} "
+                        "interleaved repeats")
+    found["report"] = f"docs/gpu/{folder.name}"
+    return found
+
+
+def h200_warmup_s(variant: str, evidence: Path = EVIDENCE) -> float | None:
+    """The seconds the stored GPU ladder's `variant` took to warm up before its timed repeats (torch.compile's
+    compile time included), or None where no stored ladder measured it."""
+    newest = _newest_ladder(evidence)
+    rows = {row["variant"]: row for row in newest[0]["rows"]} if newest else {}
+    return rows.get(variant, {}).get("warmup_s")
 
 
 def on_h200(variant: str, ladder: dict | None = None) -> str:
