@@ -189,6 +189,7 @@ def all_reduce_cost(shares: dict, backend: str, fix: str) -> Conclusion:
     exposed, whole = shares[EXPOSED][0], shares[WHOLE][0]
     ends = [worth_removing(x).keep for x in (low, high)]
     line = f"{100 * DATA_BOTTLENECK:.0f}% that counts as a bottleneck"
+    said = "a bottleneck" if all(ends) else "not a bottleneck" if not any(ends) else "bottleneck or not: not settled"
     verdict = (f"**a bottleneck** (at least the {line}): {fix}" if all(ends) else
                f"**not a bottleneck** (under the {line})" if not any(ends) else
                f"**whether it reaches the {line} is not settled** by this race: time it longer, or try the fix "
@@ -211,7 +212,10 @@ def all_reduce_cost(shares: dict, backend: str, fix: str) -> Conclusion:
                  "and the race's range lies outside it: **the two measurements disagree**: the profiler slows the "
                  "step it watches, and its few profiled steps carry their own noise; the race times the step "
                  "unwatched, in turns, so quote the race.")
-    return Conclusion("\n\n".join(text), all(ends))
+    apart = "they agree" if agree else "they disagree: quote the race"
+    short = (f"**The gradient all-reduce**: {_percent(share)} of a DDP step by the race, "
+             f"{_percent(bounds[0])}-{_percent(bounds[1])} by the profile ({apart}): **{said}**.")
+    return Conclusion("\n\n".join(text), all(ends), short)
 
 
 def _whiskers(ax, values, ranges, y) -> None:
