@@ -100,3 +100,35 @@ def test_scores_from_reuses_a_matching_run_and_trains_any_other(monkeypatch):
 def test_a_sequential_figure_has_no_range_to_show():
     table = reconcile.speedup_table([Figure("a", "alone", 1.8, sequential=True)])
     assert "| a | alone | 1.80x | none: one run |" in table.splitlines()
+
+
+def _score(fid, covered=10, classes=10):
+    return {"fid": fid, "classes_covered": covered, "classes": classes}
+
+
+def test_two_quality_measurements_pointing_opposite_ways_leave_quality_not_settled():
+    """02's bf16: the race's FID fell beyond a second seed's spread, the runs' rose beyond theirs."""
+    c = reconcile.quality_settled("bf16", "fp32", {
+        "the race": (_score(31.2, 9), _score(36.8, 9), _score(33.3, 9)),
+        "the runs": (_score(24.6), _score(18.4), _score(17.2))})
+    assert not c.keep
+    assert "the race says **better**" in c.text and "the runs says **worse**" in c.text
+    assert "**quality not settled here**" in c.text
+
+
+def test_quality_measurements_that_agree_settle_it_and_kept_beside_better_finds_no_loss():
+    same = reconcile.quality_settled("bf16", "fp32", {"a": (_score(30), _score(30), _score(31)),
+                                                      "b": (_score(20), _score(20.5), _score(20))})
+    assert same.keep and "both judged measurements say **kept**" in same.text
+    mixed = reconcile.quality_settled("bf16", "fp32", {"a": (_score(20), _score(30), _score(31)),
+                                                       "b": (_score(20), _score(20.5), _score(20))})
+    assert mixed.keep and "**quality kept**" in mixed.text
+
+
+def test_a_measurement_whose_generators_draw_too_few_classes_is_not_judged():
+    early = (_score(150, 2), _score(160, 2), _score(155, 2))
+    alone = reconcile.quality_settled("bf16", "fp32", {"early": early, "later": (_score(25), _score(18), _score(17))})
+    assert "early says **not judged**" in alone.text
+    assert alone.keep and "the one judged measurement says **worse**" in alone.text
+    none = reconcile.quality_settled("bf16", "fp32", {"early": early})
+    assert not none.keep and "**quality not judged**" in none.text

@@ -5,8 +5,10 @@ Every measurement in turns (training side by side, the benchmark's paired repeat
 noise. What still needs reconciling is a figure taken alone: a run of its own set against a start measured earlier
 (the panel's Run: sequential), which carries the machine's state at its own moment. A notebook that shows both
 shows them here, in one table, with the noise each carries, and a sentence computed from them: do they agree, and if
-not, what the difference is made of. And since every quality run
-costs minutes on a CPU, `scores_from` lets `tune` reuse the scores of configs the notebook already trained."""
+not, what the difference is made of. Quality measured twice (02's bf16: the plain loop's race and the trainer's
+runs, each against a second seed of the start) is set side by side by `quality_settled`, each measurement judged by
+the one rule (`speed.keep.judge_fid`). And since every quality run costs minutes on a CPU, `scores_from` lets `tune`
+reuse the scores of configs the notebook already trained."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from typing import Callable
 from .conclusions import Conclusion
 from ..core.config import TrainConfig
 from ..measuring.turns import Spread
+from ..speed import keep
 
 # the fields that say where a run writes and how often it logs, not what it trains or how fast
 # Figures of one speed-up taken by different methods read as one where they lie within this share of each other
@@ -111,6 +114,50 @@ def _why_apart(figs: list[Figure]) -> str:
         return (f"The figure{'' if one else 's'} {' and '.join(sequential)} also carr{'ies' if one else 'y'} the "
                 "machine's state at its own moment, which no interleaving cancelled: quote an interleaved figure.")
     return "Interleaved figures that disagree say the machine changed during the runs: measure again before quoting."
+
+
+BETTER, KEPT, WORSE, NOT_JUDGED = "better", "kept", "worse", "not judged"
+
+
+def _quality(change: dict, start: dict, seed: dict, names: tuple) -> tuple[str, str]:
+    """One measurement's quality verdict (BETTER, KEPT, WORSE or NOT_JUDGED) and the numbers behind it."""
+    judged = keep.judge_fid(change["fid"], start["fid"], seed["fid"],
+                            classes=dict(zip(names, (change, start, seed), strict=True)))
+    if judged.not_judged:
+        return NOT_JUDGED, judged.not_judged
+    verdict = WORSE if judged.worse else BETTER if judged.better else KEPT
+    return verdict, (f"FID {start['fid']:.1f} to {change['fid']:.1f}, {judged.moved:.2f}x, where a second seed "
+                     f"moved it {judged.spread:.2f}x")
+
+
+def quality_settled(change: str, start: str, measured: dict) -> Conclusion:
+    """Whether several measurements of one change's quality reach the same verdict: `measured` is where -> (the
+    change's score, the start's, the start's with a second seed), each a dict with `fid` and, where a classifier
+    counted them, `classes_covered` and `classes` (`tutorial.score`, a trainer's summary). Each is judged by the one
+    rule (`speed.keep.judge_fid`; not judged where a run draws too few classes). Judged verdicts that differ leave
+    quality **not settled** (kept beside better excepted: neither finds a loss): each rests on one run of the change,
+    and a second measurement that says otherwise shows that one run cannot tell its effect from chance. `keep` is
+    True when the judged measurements (at least one) agree.
+    """
+    said = {where: _quality(*scores, (change, start, f"{start} (second seed)")) for where, scores in measured.items()}
+    shown = "; ".join(f"{where} says **{verdict}** ({why})" for where, (verdict, why) in said.items())
+    judged = {verdict for verdict, _ in said.values()} - {NOT_JUDGED}
+    head = f"**{change}**'s quality against **{start}**: {shown}"
+    short = f"**{change}**'s quality, " + ", ".join(f"{where}: {verdict}" for where, (verdict, _) in said.items())
+    if not judged:
+        return Conclusion(f"{head}: **quality not judged** by any measurement here.", False,
+                          f"{short}: **not judged**.")
+    count = sum(verdict != NOT_JUDGED for verdict, _ in said.values())
+    agree = (f"{'both' if count == 2 else 'all'} judged measurements say" if count > 1
+             else "the one judged measurement says")
+    if len(judged) == 1:
+        return Conclusion(f"{head}: {agree} **{next(iter(judged))}**.", True, f"{short}: **{next(iter(judged))}**.")
+    if judged == {KEPT, BETTER}:  # FID fell past the limit in one, within it in the other: neither finds a loss
+        return Conclusion(f"{head}: no measurement finds it worse: **quality {KEPT}**.", True,
+                          f"{short}: **quality {KEPT}**.")
+    return Conclusion(f"{head}: the measurements disagree, and each rests on a single run of {change}, so at least "
+                      f"one verdict is chance: **quality not settled here**; train more seeds of both {change} and "
+                      f"{start} to tell.", False, f"{short}: **not settled here**.")
 
 
 def same_training(a: TrainConfig, b: TrainConfig) -> bool:
