@@ -70,7 +70,7 @@ class LivePlot:
             ax.set_ylabel("loss" + SCALE_NOTE[fit_scale(ax, h.column("loss_d") + h.column("loss_g"))], fontsize=9)
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)  # off the curves
             last = h[-1]
-            ax.set_title(f"step {last['step']}: {last['images_per_sec']:.0f} img/s", fontsize=10)
+            ax.set_title(f"step {last['step']}: {last['images_per_sec']:.0f} img/s in the last interval", fontsize=10)
         ax.set_xlabel("step")
         self.ax_img.clear()
         self.ax_img.axis("off")
