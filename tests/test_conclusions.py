@@ -164,6 +164,8 @@ def test_a_memory_saving_that_costs_speed_is_a_trade_not_a_default():
     assert not nothing.keep and "no memory saved" in nothing.text
     unjudged = conclusions.memory_trade("checkpointing", "off", 60, 100, 0.8)
     assert not unjudged.keep and "not judged" in unjudged.text
+    noisy = conclusions.memory_trade("no_grad fakes", "off", 60, 100, 0.95, paired=Paired([0.6, 1.5, 0.95]))
+    assert not noisy.keep and "not judged" in noisy.text, "a speed too noisy to tell is no speed kept"
 
 
 def _curve(fids, steps=(300, 600, 900, 1200)):

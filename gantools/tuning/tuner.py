@@ -288,13 +288,7 @@ class Tuner:
         if final == 0:
             r.final = {**r.start}
         r.quality["held"] = None if judged.not_judged else True
-        backed = len(self.chain) - 1 - final
-        seed = (f"; a second seed of the start moved FID {r.quality['spread']:.2f}x"
-                if "spread" in r.quality else "")
-        r.quality["note"] = (f"quality not judged: {judged.not_judged}; " if judged.not_judged else "") + (
-                             f"final FID {r.final['fid']:.2f} against the start's {start_q['fid']:.2f} "
-                             f"({r.final['fid'] / start_q['fid']:.2f}x, limit {limit:.2f}x{seed})" +
-                             (f"; {backed} kept change(s) backed off to hold it" if backed else ""))
+        r.quality["note"] = _quality_note(r, start_q["fid"], limit, len(self.chain) - 1 - final, judged.not_judged)
         if final < len(self.chain) - 1:  # the incumbent trainer no longer matches the final config
             self.trials.discard(self.incumbent)
             self.incumbent = None
@@ -329,6 +323,16 @@ class Tuner:
         self.trials.discard(measured["start"].subject)
         self._say(f"final against start, interleaved: {r.start['images_per_sec']:.0f} -> "
                   f"{r.final['images_per_sec']:.0f} images/s, {r.speedup:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})")
+
+
+def _quality_note(r: TuneResult, start_fid: float, limit: float, backed: int, not_judged: str | None) -> str:
+    """The quality check's outcome in one line: the final FID against the start's, the limit, the second seed's
+    spread where one was trained, and what was backed off; first why it was not judged, where it was not."""
+    seed = f"; a second seed of the start moved FID {r.quality['spread']:.2f}x" if "spread" in r.quality else ""
+    return ((f"quality not judged: {not_judged}; " if not_judged else "") +
+            f"final FID {r.final['fid']:.2f} against the start's {start_fid:.2f} "
+            f"({r.final['fid'] / start_fid:.2f}x, limit {limit:.2f}x{seed})" +
+            (f"; {backed} kept change(s) backed off to hold it" if backed else ""))
 
 
 def _diff(cfg: TrainConfig, base: TrainConfig | None = None) -> dict:

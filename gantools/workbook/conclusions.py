@@ -410,7 +410,7 @@ def memory_trade(change: str, start: str, mb: float, start_mb: float, speedup: f
     if speed == SLOWER:
         return Conclusion(f"{text}: **a trade: use it where memory limits the batch**, not by default.", False,
                           f"{head}: **a trade for when memory limits the batch**.")
-    if speed == ONE_MEASUREMENT:
+    if speed in (ONE_MEASUREMENT, TOO_NOISY):
         return Conclusion(f"{text}: **less memory; what it costs in speed is not judged here**.", False,
                           f"{head}: **less memory, speed not judged**.")
     return Conclusion(f"{text}: **keep it** (less memory, no speed lost that this run could measure).", True,
