@@ -344,8 +344,9 @@ def phases_figure(report, title: str = "where one training step's time goes", be
 
 class LiveRuns:
     """One figure for runs trained side by side (`workbook.train_side_by_side`), updated in place after each
-    round: each run's images/s so far (a bar, its name beside it) and, under them, D's loss against the real images
-    each run has trained, each curve in its bar's colour and numbered as its bar in the right margin."""
+    round: each run's images/s so far (a bar, its name beside it; its ms per generator step where the budget is
+    generator steps and the runs read different real images per step, as WGAN-GP's critic does) and, under them,
+    D's loss against what each run has trained, each curve in its bar's colour and numbered as its bar."""
 
     def __init__(self):
         self.handle = None
@@ -364,14 +365,17 @@ class LiveRuns:
         ax = self.ax_speed
         ax.clear()
         y = np.arange(len(names))[::-1]
-        speeds = [trainers[n].history.summary().get("images_per_sec", 0) for n in names]
+        # a budget of generator steps for runs that read different real images per step: time per step compares
+        per_step = unit == "generator steps" and len({t.cfg.images_per_step for t in trainers.values()}) > 1
+        key, what = ("step_time_ms", "ms per generator step") if per_step else ("images_per_sec", "images / s")
+        speeds = [trainers[n].history.summary().get(key, 0) for n in names]
         ax.barh(y, speeds, height=0.6, color=[f"C{i % 10}" for i in range(len(names))])
         ax.set_yticks(y, labels, fontsize=8)
         ax.set_ylim(-0.6, len(names) - 0.4)
         log = fit_scale(ax, [v for v in speeds if v > 0], "x") == "log"
         ax.set_xlim(min(v for v in speeds if v > 0) / 1.6 if log else 0, max(speeds + [1]) * 1.05)
         texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y, strict=True)]
-        ax.set_xlabel("images / s (median of the chunks after the first)" + (", log scale" if log else ""))
+        ax.set_xlabel(f"{what} (median of the chunks after the first)" + (", log scale" if log else ""))
         ax.set_title(f"{done:,} of {total:,} {unit} trained", fontsize=10)
         make_room(ax, texts)
         ax = self.ax_loss
