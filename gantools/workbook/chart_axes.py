@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..measuring.results import megabytes
 from .chart_layout import WIDTH_IN, make_room, wrap_names, wrap_to
 from .chart_layout import figure as _figure
 from .display import _display, comparison_markdown, comparison_rows, speed_chart
@@ -81,7 +82,7 @@ def memory_chart(peaks_mb: dict, baseline: str, speed: dict | None = None,
     y = np.arange(n)[::-1]  # the first config on top
     ax = axes[0][0]
     mb = [peaks_mb[k] for k in names]
-    _bars(ax, y, mb, [f"{v:.0f} MB, {v / base:.2f}x" for v in mb], base)
+    _bars(ax, y, mb, [f"{megabytes(v)}, {v / base:.2f}x" for v in mb], base)
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_ylim(-0.6 - max(0.0, (3 - n) / 2), n - 0.4 + max(0.0, (3 - n) / 2))
     ax.set_xlabel(wrap_to(f"peak tensor MB (less is better); dashed: {baseline}", 0.55 * WIDTH_IN, 10))
@@ -102,8 +103,8 @@ def _speed_beside(ax, names, y, speed, baseline):
         if k not in speed:
             ax.text(0.02, yy, "not raced here", va="center", fontsize=8, color="grey",
                     transform=ax.get_yaxis_transform())
-    ax.set_xlabel(wrap_to(f"speed against {baseline} (right is faster); black line: the paired range",
-                          0.35 * WIDTH_IN, 10))
+    ranged = "; black line: the paired range" if any(p is not None for _, _, p in raced) else ""
+    ax.set_xlabel(wrap_to(f"speed against {baseline} (right is faster){ranged}", 0.35 * WIDTH_IN, 10))
 
 
 def show_memory(peaks_mb: dict, baseline: str, speed: dict | None = None,
