@@ -565,3 +565,53 @@ def test_the_scaling_chart_draws_speeds_and_the_all_reduce_share_on_linear_axes_
     assert " 1.88x" in texts and " 3.8%" in texts and " 8.2%" in texts
     assert (" -1.0%" if negative else " 6.6%") in texts  # a negative share said as measured, drawn as none
     assert min(p.get_width() for p in bars[1].patches) >= 0
+
+
+# ------------------------------------------------------------------------------------------------ small multiples
+def _panel_curves(ax):
+    """The run's own curve in a small panel (the last line drawn; the start's grey one is behind it)."""
+    return ax.get_lines()[-1]
+
+
+@pytest.mark.parametrize("n", [2, 8, 10])
+def test_live_panels_give_each_run_its_own_panel_on_one_scale(n, monkeypatch):
+    from gantools.workbook.multiples import START_GREY, LivePanels
+
+    monkeypatch.setattr(gd, "_display", lambda obj, handle=None: handle or SimpleNamespace(update=lambda obj: None))
+    import gantools.workbook.multiples as gm
+
+    monkeypatch.setattr(gm, "_display", gd._display)
+    live = LivePanels()
+    trainers = _trainers({name: _history(i, 12) for i, name in enumerate(NAMES[:n])})
+    live.update(trainers, 6400, 12800)
+    live.update(trainers, 12800, 12800)  # redrawn in place: last round's panels go
+    panels = [ax for ax in live.fig.axes if ax is not live.ax_speed]
+    assert len(panels) == n, "one panel per run, none left from the round before"
+    assert len({ax.get_ylim() for ax in panels}) == 1, "one y scale for every panel"
+    for k, ax in enumerate(panels):
+        assert len(ax.get_lines()) == (1 if k == 0 else 2), "each run over the start, the start alone in its own"
+        assert all(line.get_color() == START_GREY for line in ax.get_lines()[:-1])
+    assert_readable(live.fig, monkeypatch)
+
+
+def test_loss_panels_set_each_run_against_the_start_in_both_losses(shown, monkeypatch):
+    import gantools.workbook.multiples as gm
+
+    monkeypatch.setattr(gm, "_display", gd._display)
+    histories = {name: _history(i, 12) for i, name in enumerate(NAMES[:7])}
+    fig = gm.loss_panels(histories, NAMES[0], "D's and G's losses of the settings")
+    assert shown == [fig]
+    panels = [ax for ax in fig.axes if ax.get_lines()]
+    assert len(panels) == 2 * 6, "a row per run other than the start, D's loss and G's"
+    for column in (panels[0::2], panels[1::2]):
+        assert len({ax.get_ylim() for ax in column}) == 1, "one scale down each column"
+    assert all(len(ax.get_lines()) == 2 for ax in panels)
+    assert_readable(fig, monkeypatch)
+
+
+def test_a_linear_speed_chart_starts_its_bars_at_zero_whatever_their_span():
+    loaders = {"DataLoader, 0 workers": 14.4, "DataLoader, 2 workers": 13.5, "data on the device": 0.15}
+    fig = gd.speed_chart(list(loaders), list(loaders.values()), scale="linear")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
+    assert gd.speed_chart(list(loaders), list(loaders.values())).axes[0].get_xscale() == "log", "auto: as before"

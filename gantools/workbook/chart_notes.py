@@ -48,6 +48,14 @@ def draw_curves(ax, curves) -> list[list[int]]:
     return groups
 
 
+def loss_curves(trainers: dict, unit: str) -> tuple[list, list]:
+    """The runs that have logged, as (i, trainer), and their D-loss curves, (i, x, y) against `unit` trained."""
+    drawn = [(i, t) for i, t in enumerate(trainers.values()) if len(t.history)]
+    return drawn, [(i, t.history.column("step") if unit == "generator steps" else
+                    [s * t.cfg.images_per_step for s in t.history.column("step")], t.history.column("loss_d"))
+                   for i, t in drawn]
+
+
 def coinciding(curves) -> list[list[int]]:
     """Groups of two or more curves ((x, y) each) with the same points: drawn, one hides the others."""
     groups, placed = [], set()

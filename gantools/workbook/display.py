@@ -13,8 +13,8 @@ from ..speed.keep import QUALITY_TARGET
 from .chart_layout import (SCALE_NOTE, WIDTH_IN, fit_scale, label_line_ends, legend_below, legend_height, make_room,
     place_labels, wrap, wrap_names, wrap_to)
 from .chart_layout import figure as _figure
-from .chart_notes import (FEW_POINTS, POINT_NOTE, coinciding_note, draw_curves, penalty_note, point_style,
-    quality_range)
+from .chart_notes import (FEW_POINTS, POINT_NOTE, coinciding_note, draw_curves, loss_curves, penalty_note,
+    point_style, quality_range)
 from .chart_notes import line_style as _line_style
 from .grids import SAMPLES_PER_ROW, image_grid, samples_figure  # noqa: F401 (image_grid: the notebooks' import)
 
@@ -181,12 +181,13 @@ def comparison_chart(rows: list[dict], baseline: dict, title: str = "images per 
 def speed_chart(names: list, speeds: list, *, notes: list | None = None, baseline: float | None = None,
                 fids: list | None = None, baseline_fid: float | None = None, fid_line: tuple | None = None,
                 title: str = "", speed_label: str = "images / s", fid_label: str = "FID (lower is better)",
-                fid_spread=None):
+                fid_spread=None, scale: str = "auto"):
     """One bar per run, its note (e.g. the speed-up) at the bar's end, the baseline's speed a dashed line; under
     them, when `fids` are given, speed against FID, each point numbered as its bar (names would cover each other
     and the points). `fid_line`: (FID, what it is) drawn dashed, e.g. a quality target. `fid_spread`: the second
     seed's spread (|FID(seed 0) - FID(seed 1)|, or a (low, high) range), a grey band around the baseline's FID.
-    Log axes where values span decades; at a notebook's width whatever the names."""
+    Log axes where values span decades (`scale="linear"`: bars from 0 whatever the span, where the bars' lengths
+    must compare); at a notebook's width whatever the names."""
     n = len(names)
     scored = [i for i, f in enumerate(fids or []) if f is not None]
     labels = wrap_names([f"{i + 1}. {name}" if scored else name for i, name in enumerate(names)])
@@ -205,7 +206,7 @@ def speed_chart(names: list, speeds: list, *, notes: list | None = None, baselin
     pad = max(0.0, (3 - n) / 2)  # a lone bar as thick as one of three
     ax.set_ylim(-0.6 - pad, n - 0.4 + pad)
     marks = [v for v in list(speeds) + [baseline] if v]
-    log = fit_scale(ax, marks, "x") == "log"
+    log = scale != "linear" and fit_scale(ax, marks, "x") == "log"
     ax.set_xlim(min(v for v in marks if v > 0) / 1.6 if log else 0, max(marks + [1e-9]) * 1.05)
     if baseline:
         ax.axvline(baseline, color="grey", ls="--", lw=1)
@@ -357,33 +358,10 @@ class LiveRuns:
         steps', the x-axis of the loss curves too)."""
         from matplotlib.ticker import EngFormatter
 
-        names = list(trainers)
-        labels = wrap_names([f"{i + 1}. {name}" for i, name in enumerate(names)])
-        bars_in = 0.8 + (0.12 + 0.16 * max(label.count("\n") + 1 for label in labels)) * max(len(names), 3)
-        self.fig.set_size_inches(WIDTH_IN, bars_in + 3.6)
-        self.ax_loss.get_gridspec().set_height_ratios([bars_in, 3.6])
-        ax = self.ax_speed
-        ax.clear()
-        y = np.arange(len(names))[::-1]
-        # a budget of generator steps for runs that read different real images per step: time per step compares
-        per_step = unit == "generator steps" and len({t.cfg.images_per_step for t in trainers.values()}) > 1
-        key, what = ("step_time_ms", "ms per generator step") if per_step else ("images_per_sec", "images / s")
-        speeds = [trainers[n].history.summary().get(key, 0) for n in names]
-        ax.barh(y, speeds, height=0.6, color=[f"C{i % 10}" for i in range(len(names))])
-        ax.set_yticks(y, labels, fontsize=8)
-        ax.set_ylim(-0.6, len(names) - 0.4)
-        log = fit_scale(ax, [v for v in speeds if v > 0], "x") == "log"
-        ax.set_xlim(min(v for v in speeds if v > 0) / 1.6 if log else 0, max(speeds + [1]) * 1.05)
-        texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y, strict=True)]
-        ax.set_xlabel(f"{what} (median of the chunks after the first)" + (", log scale" if log else ""))
-        ax.set_title(f"{done:,} of {total:,} {unit} trained", fontsize=10)
-        make_room(ax, texts)
+        self._draw_speeds(trainers, done, total, unit)
         ax = self.ax_loss
         ax.clear()
-        drawn = [(i, t) for i, t in enumerate(trainers.values()) if len(t.history)]
-        curves = [(i, t.history.column("step") if unit == "generator steps" else
-                   [s * t.cfg.images_per_step for s in t.history.column("step")], t.history.column("loss_d"))
-                  for i, t in drawn]
+        drawn, curves = loss_curves(trainers, unit)
         groups = draw_curves(ax, curves)
         scale = fit_scale(ax, [v for _, _, y in curves for v in y])  # a critic's loss (wgan-gp): another scale
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.2M: no offset text to look for
@@ -400,6 +378,35 @@ class LiveRuns:
                         [ends.get(k, numbers[k]) for k in range(len(curves)) if k not in hidden],
                         [_line_style(i)["color"] for k, (i, _, _) in enumerate(curves) if k not in hidden])
         self.handle = _display(self.fig, self.handle)
+
+    def _size(self, bars_in: float, runs: int) -> None:
+        """Fit the figure to the bars (`bars_in` inches high) and the loss curves under them."""
+        self.fig.set_size_inches(WIDTH_IN, bars_in + 3.6)
+        self.ax_loss.get_gridspec().set_height_ratios([bars_in, 3.6])
+
+    def _draw_speeds(self, trainers: dict, done: int, total: int, unit: str) -> None:
+        """Each run's images/s so far (time per generator step where that is the budget and runs read different
+        images per step), a bar numbered as its curve; the figure sized to them first (`_size`)."""
+        names = list(trainers)
+        labels = wrap_names([f"{i + 1}. {name}" for i, name in enumerate(names)])
+        bars_in = 0.8 + (0.12 + 0.16 * max(label.count("\n") + 1 for label in labels)) * max(len(names), 3)
+        self._size(bars_in, len(names))
+        ax = self.ax_speed
+        ax.clear()
+        y = np.arange(len(names))[::-1]
+        # a budget of generator steps for runs that read different real images per step: time per step compares
+        per_step = unit == "generator steps" and len({t.cfg.images_per_step for t in trainers.values()}) > 1
+        key, what = ("step_time_ms", "ms per generator step") if per_step else ("images_per_sec", "images / s")
+        speeds = [trainers[n].history.summary().get(key, 0) for n in names]
+        ax.barh(y, speeds, height=0.6, color=[f"C{i % 10}" for i in range(len(names))])
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_ylim(-0.6, len(names) - 0.4)
+        log = fit_scale(ax, [v for v in speeds if v > 0], "x") == "log"
+        ax.set_xlim(min(v for v in speeds if v > 0) / 1.6 if log else 0, max(speeds + [1]) * 1.05)
+        texts = [ax.text(v, yy, f" {v:.0f}", va="center", fontsize=8) for v, yy in zip(speeds, y, strict=True)]
+        ax.set_xlabel(f"{what} (median of the chunks after the first)" + (", log scale" if log else ""))
+        ax.set_title(f"{done:,} of {total:,} {unit} trained", fontsize=10)
+        make_room(ax, texts)
 
 
 def tune_chart(result, title: str = "tune: every candidate against the start"):

@@ -83,16 +83,17 @@ class SideBySide(dict):
 
 
 def train_side_by_side(configs: dict, images: int | None = None, chunk_images: int | None = None,
-                       quality: bool = True, plot: bool = True, *, steps: int | None = None,
+                       quality: bool = True, plot=True, *, steps: int | None = None,
                        chunk_steps: int | None = None, quality_points: int = 1, start=None) -> dict:
     """Train several configs to the same budget, taking turns: to the same number of real `images` (each run
     trains `chunk_images` real images, d_steps x batch_size per G step, then the next, round after round), or with
     `steps` to the same number of generator steps (`chunk_steps` per turn), the budget for runs that read different
     numbers of real images per G step (WGAN-GP's five critic batches). Taking turns lets machine noise hit every run
     alike, so their images/s compare fairly (each run's figure: the median over its chunks after the first, which
-    holds warm-up). One live figure, updated in place, shows them all. With `quality`, every run is scored (FID,
-    KID, coverage; a conditional run also `label_match`) at the end, and with `quality_points` > 1 also at evenly
-    spaced rounds before it (`quality_curve(trainer)`: FID over the run). With `start` (a `warm.warm_start()`), every
+    holds warm-up). One live figure, updated in place, shows them all (`plot`: True, False, or a figure of its own,
+    such as `multiples.LivePanels()`: a panel per run). With `quality`, every run is scored (FID, KID, coverage; a
+    conditional run also `label_match`) at the end, and with `quality_points` > 1 also at evenly spaced rounds before
+    it (`quality_curve(trainer)`: FID over the run). With `start` (a `warm.warm_start()`), every
     run starts from its own copy of that generator and discriminator. Returns name -> Trainer, as a `SideBySide`
     (`.ratio`, `.paired`: the figures a conclusion reads)."""
     per_turn, rounds, unit, chunk = _turns(configs, images, chunk_images, steps, chunk_steps)
@@ -107,7 +108,7 @@ def train_side_by_side(configs: dict, images: int | None = None, chunk_images: i
     if quality:
         for name, trainer in trainers.items():
             trainer.callbacks.append(QualityCurve([r * per_turn[name] for r in scored_rounds]))
-    live = LiveRuns() if plot else None
+    live = plot if hasattr(plot, "update") else LiveRuns() if plot else None  # a figure of its own: LivePanels()
 
     def after_round(r: int) -> None:
         if live is not None:
