@@ -105,3 +105,13 @@ def test_a_fix_measured_once_gets_no_verdict():
     from gantools.workbook.waiting import one_answer
 
     assert "one measurement, no verdict" in one_answer(START, [_fix(0.2, 320.0, None)]).text
+
+
+def test_the_answer_shows_one_line_and_folds_the_reading():
+    from gantools.workbook.waiting import one_answer
+
+    found = one_answer(START, [_fix(0.2, 320.0, (0.95, 1.12))], implied=("data on the device", 1.09, (1.04, 1.13)))
+    shown = found._repr_markdown_()
+    line, folded = shown.split("<details>")
+    assert "a bottleneck here" in line and "cut it to 0.20 ms" in line and "cannot tell from nothing" in line
+    assert "implies" not in line and "implies" in folded, "the indirect readings behind the fold"

@@ -56,13 +56,13 @@ def _estimates(share: float, implied, predicted) -> str:
                    "another loop, so the timed wait is the one to go by.")
 
 
-def _fix_words(fix: Fix, start: dict) -> str:
+def _fix_words(fix: Fix, start: dict) -> tuple[str, str]:
     """What `fix` did to the wait, and its speed read against the gain that removing that much wait gives with the
-    rest of the step unchanged (Amdahl's law)."""
+    rest of the step unchanged (Amdahl's law): the sentence, and a few words for the one-line answer."""
     removed = start["data_wait_ms"] - fix.summary["data_wait_ms"]
     wait = f"**{fix.name}** cut the wait to {fix.summary['data_wait_ms']:.2f} ms"
     if fix.paired is None:
-        return f"{wait}; its speed ({fix.ratio:.2f}x) is one measurement, no verdict."
+        return f"{wait}; its speed ({fix.ratio:.2f}x) is one measurement, no verdict.", "one measurement"
     gain = start["step_time_ms"] / max(start["step_time_ms"] - removed, 1e-9)
     low, high = fix.paired
     ranged = f"{fix.ratio:.2f}x, {paired_text(fix.paired)}"
@@ -70,15 +70,17 @@ def _fix_words(fix: Fix, start: dict) -> str:
             f"{start['step_time_ms'] - start['data_wait_ms']:.0f} ms, the waits left out")
     if low > gain:
         return (f"{wait} and ran faster than that explains ({ranged}, above {gain:.3f}x): the rest of its step "
-                f"ran faster too ({rest}).")
+                f"ran faster too ({rest}).", "faster than the wait explains")
     if high < gain:
         return (f"{wait} but ran slower than that should give ({ranged}, below {gain:.3f}x): the rest of its step "
-                f"ran slower ({rest}), e.g. worker processes competing with the step for the cores.")
+                f"ran slower ({rest}), e.g. worker processes competing with the step for the cores.",
+                "slower than the removed wait should give")
     verdict = speed_verdict(fix.paired)
     if verdict == FASTER:
-        return f"{wait} and ran faster ({ranged}), as removing it allows (up to {gain:.3f}x)."
+        return f"{wait} and ran faster ({ranged}), as removing it allows (up to {gain:.3f}x).", "faster"
     return (f"{wait}, worth at most {gain:.3f}x: inside its paired range ({ranged}), so runs this long cannot tell "
-            f"that gain from nothing (**{verdict}**); the wait it removed shows that it works.")
+            f"that gain from nothing (**{verdict}**); the wait it removed shows that it works.",
+            f"worth up to {gain:.3f}x, which these runs cannot tell from nothing")
 
 
 def one_answer(start: dict, fixes: list[Fix] = (), implied=None, predicted: float | None = None,
@@ -94,11 +96,14 @@ def one_answer(start: dict, fixes: list[Fix] = (), implied=None, predicted: floa
         what: the wait, as the sentence names it.
 
     Returns:
-        The `Conclusion`: `keep` as `worth_removing`'s (a bottleneck)."""
+        The `Conclusion`: one line (`short`: the verdict and each fix in a few words), the whole reading behind it;
+        `keep` as `worth_removing`'s (a bottleneck)."""
     share = timed_share(start)
     verdict = worth_removing(share, f"{what} ({start['data_wait_ms']:.2f} ms of a {start['step_time_ms']:.1f} ms "
                                     f"step, timed by the trainer)")
-    text = verdict.text + _estimates(share, implied, predicted)
-    if fixes:
-        text += " " + " ".join(_fix_words(fix, start) for fix in fixes)
-    return Conclusion(text, verdict.keep)
+    said = [_fix_words(fix, start) for fix in fixes]
+    text = " ".join([verdict.text + _estimates(share, implied, predicted), *(sentence for sentence, _ in said)])
+    short = " ".join([verdict.short or verdict.text, *(f"**{fix.name}** cut it to "
+                                                       f"{fix.summary['data_wait_ms']:.2f} ms: {words}."
+                                                       for fix, (_, words) in zip(fixes, said, strict=True))])
+    return Conclusion(text, verdict.keep, short)
