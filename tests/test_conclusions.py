@@ -179,8 +179,8 @@ def test_a_fid_curve_that_rose_on_the_way_says_so_before_how_it_ended():
     'still falling'; the rule names the largest rise above the best score before it first."""
     text = conclusions.fid_trend(_curve([118.0, 68.5, 107.7, 38.0]), x="step")
     assert text.startswith("FID **rose** 1.57x on the way, from 68.5 at step 600 to 107.7 at step 900; then FID 107.7")
-    assert text.endswith("then FID 107.7, 38.0 from step 900 to step 1200: **still falling** (1.80x below the best "
-                         "before, each score lower than the one before): not settled at this budget")
+    assert text.endswith("then FID 107.7, 38.0 from step 900 to step 1200: **still falling** (2.83x lower over its "
+                         "last interval): not settled at this budget")
     images = conclusions.fid_trend(_curve([105.0, 110.0, 682.1, 154.5]))  # measured from the best: 105, not 110
     assert "rose** 6.50x on the way, from 105.0 at 19,200 images to 682.1 at 57,600 images" in images
 
@@ -192,11 +192,15 @@ def test_a_slow_climb_is_a_rise_though_no_step_of_it_passes_the_target():
 
 def test_a_fid_curve_is_judged_by_the_quality_target_alone():
     falling = conclusions.fid_trend(_curve([53.0, 42.4, 35.1, 18.0]), x="step")
-    assert falling == ("FID 53.0, 42.4, 35.1, 18.0 from step 300 to step 1200: **still falling** (2.94x below the best "
-                       "before, each score lower than the one before): not settled at this budget")
+    assert falling == ("FID 42.4, 35.1, 18.0 from step 600 to step 1200: **still falling** (2.36x lower over its last "
+                       "two intervals, from its best up to then): not settled at this budget")
     # 07's WGAN-GP: each quarter under the target, the whole stretch past it: still falling, not "settled or stuck"
     wgan = conclusions.fid_trend(_curve([113.0, 106.0, 99.4, 90.4]), x="step")
-    assert "**still falling** (1.25x" in wgan and "settled" not in wgan.replace("not settled", "")
+    assert "**still falling** (1.17x lower over its last two intervals" in wgan
+    plateau = conclusions.fid_trend(_curve([300.0, 100.0, 60.0, 58.0, 57.9], steps=range(300, 1800, 300)))
+    assert plateau.endswith("settled or stuck at this budget"), "a long fall that has flattened has settled"
+    climb_back = conclusions.fid_trend(_curve([40.0, 80.0, 60.0, 45.0]))
+    assert "**still falling** (1.33x lower over its last interval)" in climb_back
     wobble = QUALITY_TARGET * 0.99  # rises and falls inside the target are no change
     settled = conclusions.fid_trend(_curve([50.0, 50.0 * wobble, 50.0, 50.0 / wobble]), x="step")
     assert "rose" not in settled and settled.endswith("settled or stuck at this budget")

@@ -145,7 +145,9 @@ def side_by_side_markdown(result: dict) -> str:
     first = next(iter(result["rows"]))
     head = ["config", "images/s", "spread", f"vs {first} (paired, spread)", "warm-up s"]
     return markdown_table(head, [[name, f"{r['images_per_sec']:.0f}", f"{r['spread'][0]:.0f}-{r['spread'][1]:.0f}",
-                                  f"{r['vs_first']:.2f}x ({r['vs_first_spread'][0]:.2f}-{r['vs_first_spread'][1]:.2f})",
+                                  f"{r['vs_first']:.2f}x" + (f" ({r['vs_first_spread'][0]:.2f}-"
+                                                             f"{r['vs_first_spread'][1]:.2f})" if r['vs_first_spread']
+                                                             else " (one repeat)"),
                                   f"{r['warmup_s']:.1f}"] for name, r in result["rows"].items()])
 
 

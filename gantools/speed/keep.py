@@ -27,6 +27,7 @@ ENOUGH_CLASSES = 0.8
 # spans several times the ratio
 NOISE_LIMIT = 0.25
 TOO_NOISY = "too noisy"
+FIRST_LOOK = 5  # repeats in a first look (bench.PLAN's, doctor --try's REPEATS); a close call gets as many again
 QUIET = "measure again on a quiet machine"
 
 
@@ -108,11 +109,28 @@ def decide_in_two(incumbent_runs: list, candidate_runs: list, again: Callable[[s
         return kept, ratio, spread, why
     more = again(why)
     if more is None:
-        if too_noisy(ratio, spread):
-            return None, ratio, spread, f"{TOO_NOISY}: {why.removeprefix('undecided: ')}"
-        why = why.removeprefix("undecided: ")
-        return False, ratio, spread, f"not kept: {why}, and no time left to measure it again"
+        return _no_second_look(ratio, spread, why, "and no time left to measure it again")
     return decide([*first[0], *more[0]], [*first[1], *more[1]])
+
+
+def _no_second_look(ratio: float, spread: Paired, why: str, because: str) -> tuple[bool | None, float, Paired, str]:
+    """An undecided first look that is not measured again: too noisy where it is, else not kept."""
+    why = why.removeprefix("undecided: ")
+    if too_noisy(ratio, spread):
+        return None, ratio, spread, f"{TOO_NOISY}: {why}"
+    return False, ratio, spread, f"not kept: {why}, {because}"
+
+
+def decide_once(paired: Paired) -> tuple[bool | None, float, Paired, str]:
+    """A measurement that is not taken again (a notebook's race, trained runs side by side), decided as
+    `decide_in_two` decides with no room for a second look: up to twice `FIRST_LOOK` rounds it is a first look
+    (kept only when it won every round; a close call not kept), from then on it holds both looks' rounds and is
+    the last look (kept with 80% of the rounds won). Kept is None only when too noisy."""
+    final = len(paired.ratios) >= 2 * FIRST_LOOK
+    kept, ratio, spread, why = decide_paired(paired, final)
+    if kept is not None or final:
+        return kept, ratio, spread, why
+    return _no_second_look(ratio, spread, why, "and not measured again")
 
 
 @dataclass(frozen=True, kw_only=True)

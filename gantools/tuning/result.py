@@ -55,8 +55,8 @@ class TuneResult:
         ended: why the search ended.
         now: what tune is doing now (for a live view).
         speedup: final over start, measured interleaved at the end; None until then.
-        speedup_spread: the (low, high) of that measurement's paired ratios, the range a verdict reads; None where
-            there was nothing to measure.
+        speedup_spread: that measurement's paired ratios (a `turns.Paired`, saved as its (low, high)), what the
+            verdict reads; None where there was nothing to measure.
         date: the day tune ran (YYYY-MM-DD).
     """
 
@@ -72,7 +72,7 @@ class TuneResult:
     ended: str = ""       # why the search ended
     now: str = ""         # what tune is doing now (for a live view)
     speedup: float | None = None  # final over start, measured interleaved at the end
-    speedup_spread: tuple | None = None  # its paired ratios' (low, high)
+    speedup_spread: tuple | None = None  # its paired ratios (`Paired`; JSON keeps their (low, high))
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     @property

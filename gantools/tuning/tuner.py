@@ -274,13 +274,13 @@ class Tuner:
                 r.quality.update(seed_fid=judged.seed_fid, spread=judged.spread, limit=judged.limit)
                 self._say(f"  the start with seed {self.chain[0].seed + 1}: FID {judged.seed_fid:.2f} against "
                           f"{start_q['fid']:.2f} ({judged.spread:.2f}x apart): the limit is {judged.limit:.2f}x")
-            limit, held = judged.limit, not judged.worse
+            limit, held = judged.limit, None if judged.not_judged else not judged.worse
             r.quality["tries"].append({"changes": _diff(cfg, self.chain[0]), "fid": q["fid"],
                                        "ratio": judged.moved, "held": held})
             said = f"not judged: {judged.not_judged}" if judged.not_judged else "held" if held else "worse"
             self._say(f"  FID {q['fid']:.2f} against the start's {start_q['fid']:.2f}: {judged.moved:.2f}x (limit "
                       f"{limit}x): {said}")
-            if held:
+            if held is not False:  # kept, or not judged: nothing to back off for
                 r.final = {**r.final, "config": cfg, **q}
                 break
             self.kept[final - 1].backed_off = True

@@ -84,7 +84,7 @@ def fid_against_seed(change: str, run: dict, start: dict, other_seed: dict, star
     if run["classes_covered"] == 1 < start["classes_covered"]:
         judged_words = "collapsed: it draws a single class"
     elif still_learning(run, start, other_seed):
-        judged_words = ("not judged: these generators are still early in training (fewer than half the classes), "
+        judged_words = ("not judged: these generators are still early in training (fewer than 8 of 10 classes), "
                         "where FID moves far more from run to run than one second seed shows; read the game's balance "
                         "below instead")
     elif judged.worse:

@@ -9,7 +9,7 @@ per kind of claim, shared by every notebook:
 - quality (`quality_words`): judged only between runs that draw enough classes (`keep.too_few_classes`) and against
   a second seed's spread, by tune's and doctor --try's rule (`keep.judge_fid`); else the FIDs are shown, not judged;
 - a quality curve (`fid_trend`): one run's FID described, not judged: a rise above its best so far, or a fall over
-  the last interval, only by more than `keep.QUALITY_TARGET`, a rise on the way named before how the run ended;
+  the last interval or two, only by more than `keep.QUALITY_TARGET`, a rise on the way named before how it ended;
 - a data bottleneck: a share of the step spent waiting for data of at least `DATA_BOTTLENECK`;
 - scaling (`scaling_prediction`): Amdahl's parallel share P only from a speed-up the paired range calls faster;
 - memory (`memory_verdict`): a step's peak tensor memory (`measuring.memory`) is "less" or "more" only beyond
@@ -19,12 +19,13 @@ per kind of claim, shared by every notebook:
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..measuring.results import megabytes
 from ..measuring.turns import Paired
-from ..speed.keep import ENOUGH_CLASSES, QUALITY_TARGET, decide_paired, judge_fid
+from ..speed.keep import ENOUGH_CLASSES, QUALITY_TARGET, decide_once, judge_fid
 
 DATA_BOTTLENECK = 0.05  # a step waiting for data this share of its time or more has a data bottleneck
 # Peak tensor memory repeats to the byte on a CPU (counted op by op); on a GPU the allocator rounds each block and
@@ -65,32 +66,39 @@ def _paired(paired) -> Paired | None:
 
 
 def speed_verdict(paired) -> str:
-    """The keep rule's verdict on the round-by-round ratios (change over start), as tune and doctor --try decide:
-    FASTER where `keep.decide_paired` keeps the change, SLOWER where it keeps the start over it (the same rule on
-    the inverted ratios), TOO_NOISY where it cannot decide for the noise, NO_DIFFERENCE otherwise, ONE_MEASUREMENT
-    where there are no paired ratios (None): noise common to both arms cancels in each paired ratio."""
+    """The keep rule's verdict on the round-by-round ratios (change over start), as tune and doctor --try decide
+    one measurement they do not take again (`keep.decide_once`): FASTER where it keeps the change, TOO_NOISY where
+    it cannot decide either way for the noise, SLOWER where it keeps the start over the change (the same rule on the
+    inverted ratios), NO_DIFFERENCE otherwise, ONE_MEASUREMENT where there are no paired ratios (None). Noise common
+    to both arms cancels in each paired ratio."""
     ratios = _paired(paired)
     if ratios is None:
         return ONE_MEASUREMENT
-    kept = decide_paired(ratios)[0]
+    kept, inverse = decide_once(ratios)[0], decide_once(Paired(1 / r for r in ratios.ratios))[0]
     if kept:
         return FASTER
-    if decide_paired(Paired(1 / r for r in ratios.ratios))[0]:
-        return SLOWER
-    return TOO_NOISY if kept is None else NO_DIFFERENCE
+    if kept is None or inverse is None:
+        return TOO_NOISY
+    return SLOWER if inverse else NO_DIFFERENCE
 
 
 def paired_text(paired) -> str:
-    """'paired 1.41x-1.80x'."""
+    """'paired 1.41x-1.80x': the range of the round-by-round ratios."""
     spread = _paired(paired)
     return f"paired {spread.low:.2f}x-{spread.high:.2f}x"
+
+
+def shown_ratio(ratio: float, paired) -> float:
+    """The ratio a sentence shows beside a verdict: the median of the paired ratios the verdict reads, where there
+    are some (a ratio of two medians can sit on the other side of 1 from them), else `ratio`."""
+    return statistics.median(paired.ratios) if isinstance(paired, Paired) else ratio  # a bare range: its ends
 
 
 def speed_words(ratio: float, start: str, paired=None) -> str:
     """The speed phrase, reading after "ran": '1.62x as fast as fp32 (paired 1.41x-1.80x)', 'with no difference
     measured against fp32 (1.03x, paired 0.91x-1.12x)', 'slower than fp32 (0.80x, paired 0.74x-0.86x)', or with no
     paired range 'at 1.45x the speed of fp32 (one measurement, no verdict)'."""
-    verdict = speed_verdict(paired)
+    verdict, ratio = speed_verdict(paired), shown_ratio(ratio, paired)
     if verdict == FASTER:
         return f"{ratio:.2f}x as fast as {start} ({paired_text(paired)})"
     if verdict == SLOWER:
@@ -143,9 +151,9 @@ def fid_trend(curve, x: str = "images_trained") -> str:
     """How one run's FID moved over its scores (`runs.quality_curve`: a History with `fid` and `x` columns), by the
     factor that counts as a change of quality (`keep.QUALITY_TARGET`). It describes one run and judges no quality:
     the largest rise above the best score before it, where one passed the factor (a collapse the end alone would
-    hide), then how it ended: still falling (the last interval by more than the factor, or every score of its
-    last stretch lower than the one before, and the last below the best before that stretch by more than the
-    factor), risen, or neither (settled or stuck)."""
+    hide), then how it ended: still falling (over the last interval by more than the factor, or over the last two,
+    each lower than the one before, from the best score up to then by more than the factor), risen, or neither
+    (settled or stuck)."""
     fid, at = curve.column("fid"), curve.column(x)
     where = (lambda i: f"step {at[i]}") if x == "step" else (lambda i: f"{at[i]:,} images")
     if not fid:
@@ -164,15 +172,14 @@ def fid_trend(curve, x: str = "images_trained") -> str:
                 f"{fid[-1] / fid[low]:.2f}x above its best by the end")
     text = (f"FID **rose** {fid[rise] / fid[low]:.2f}x on the way, from {fid[low]:.1f} at {where(low)} to "
             f"{fid[rise]:.1f} at {where(rise)}; then " if risen else "")
-    first = len(fid) - 1
-    while first > 0 and fid[first - 1] > fid[first]:  # the last stretch in which every score fell
-        first -= 1
-    first = min(first, len(fid) - 2)
+    two = len(fid) >= 3 and fid[-3] > fid[-2] > fid[-1]  # the last two intervals both fell
+    first = len(fid) - 3 if two else len(fid) - 2
     text += f"FID {', '.join(f'{f:.1f}' for f in fid[first:])} from {where(first)} to {where(-1)}"
-    fell = min(fid[:first + 1]) / max(fid[-1], 1e-9)  # from the stretch's start, or a better score before it
+    best = min(fid[:first + 1]) if two else 0.0  # two intervals: from the best score up to their start
+    fell = max(fid[-2], best) / max(fid[-1], 1e-9)
+    over = "its last interval" if fid[-2] >= best else "its last two intervals, from its best up to then"
     if fell > QUALITY_TARGET:
-        return text + (f": **still falling** ({fell:.2f}x below the best before, each score lower than the one "
-                       "before): not settled at this budget")
+        return text + f": **still falling** ({fell:.2f}x lower over {over}): not settled at this budget"
     return text + f": no longer falling by more than {QUALITY_TARGET}x, settled or stuck at this budget"
 
 
@@ -208,8 +215,8 @@ def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = N
         fid: the change's FID, or None where it cannot affect images.
         fid_start: the start's, at the same number of training images.
         early: whether the generators are still early in training (FIDs shown, not judged).
-        paired: the (low, high) of the round-by-round ratios (`Race.paired`, `SideBySide.paired`); None: one
-            measurement, no verdict.
+        paired: the round-by-round ratios (`Race.paired`, `SideBySide.paired`: a `turns.Paired`; a bare (low,
+            high) is read as its two ends); None: one measurement, no verdict.
         fid_spread: a second seed's spread of the start's FID (see `seed_fid`); None: quality not judged.
 
     Returns:
@@ -224,7 +231,7 @@ def keep_or_leave(change: str, start: str, speedup: float, fid: float | None = N
     keep = verdict == FASTER and not worse
     decision = "a trade: faster, quality fell" if verdict == FASTER and worse else SHORT_DECISION[verdict]
     ranged = f", {paired_text(paired)}" if _paired(paired) else ""
-    short = f"**{change}**: {speedup:.2f}x {start}{ranged}{quality}: **{decision}**."
+    short = f"**{change}**: {shown_ratio(speedup, paired):.2f}x {start}{ranged}{quality}: **{decision}**."
     return Conclusion(f"{text}: **{_decision(verdict, worse)}**.", keep, short)
 
 
@@ -301,7 +308,8 @@ def estimate_held(change: str, estimate: float | None, measured: float, spread: 
                     "not limit this fix here.", False)
     within = "within the bound" if measured <= estimate else "above the bound by less than the noise"
     if verdict != FASTER:
-        gave = "it made the step slower" if verdict == SLOWER else f"it gave nothing the keep rule keeps ({verdict})"
+        gave = ("it made the step slower" if verdict == SLOWER else "the measurement is too noisy to hold to the "
+                "bound" if verdict == TOO_NOISY else "it gave nothing the keep rule keeps")
         return said(verdict, f": {within}, but **{verdict}**: an estimate says what a fix could give at most, and "
                              f"here {gave}.", True)
     share = (measured - 1) / (estimate - 1) if estimate > 1 else 1.0
@@ -430,7 +438,7 @@ def compile_payback(compile_s: float, step_s: float, compiled_step_s: float, pai
     if verdict == SLOWER:
         return Conclusion(f"{text}: **it does not pay back here**: with slower steps the compile time is never "
                           "returned on this machine.", False, f"{head}: **it does not pay back here**.")
-    if verdict != FASTER:
+    if verdict != FASTER or step_s <= compiled_step_s:
         return Conclusion(f"{text}: **no payback measured**: the steps were not measured faster, so no number of "
                           "steps returns the compile time that this run could show.", False,
                           f"{head}: **no payback measured**.")

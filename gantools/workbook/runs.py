@@ -75,8 +75,8 @@ class SideBySide(dict):
         return self[name].history.summary()["images_per_sec"] / self[against].history.summary()["images_per_sec"]
 
     def paired(self, name: str, against: str) -> Paired | None:
-        """The lowest and highest of the round-by-round ratios (`reconcile.paired_ratios`, warm-up left out): the
-        range `conclusions.speed_verdict` reads; None where fewer than two rounds ran."""
+        """The round-by-round ratios (`reconcile.paired_ratios`, warm-up left out), read as their range too: what
+        `conclusions.speed_verdict` decides on; None where fewer than two rounds ran."""
         from .reconcile import paired_ratios
 
         return Paired.of(paired_ratios(self[name], self[against]))

@@ -124,7 +124,7 @@ class Race:
         return self.images_per_sec[name] / self.images_per_sec[against]
 
     def paired(self, name: str, against: str) -> Paired | None:
-        """The lowest and highest of `name`'s chunk-by-chunk images/s over `against`'s (`Measured.ratios`): each pair
+        """`name`'s chunk-by-chunk images/s over `against`'s (`Measured.ratios`, a `Paired`: its range too): each pair
         ran back to back, so noise common to both cancels; `conclusions.speed_verdict` reads the verdict from it.
         None where fewer than two rounds were timed."""
         return Paired.of(self.measured[name].ratios(self.measured[against]))
