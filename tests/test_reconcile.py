@@ -95,6 +95,8 @@ def test_scores_from_reuses_a_matching_run_and_trains_any_other(monkeypatch):
     assert quality(TrainConfig(batch_size=128, precision="bf16"))["fid"] == 50.0
     assert trained[0].steps == 1024 // 128 and trained[0].precision == "bf16"
     assert reconcile.scores_from({"start": known}, images=2048)(TrainConfig())["fid"] == 50.0  # other budget: trained
+    # what tune's time budget reserves for each: nothing for the scores held, the images for any other
+    assert quality.train_images(TrainConfig()) == 0 and quality.train_images(TrainConfig(seed=1)) == 1024
 
 
 def test_a_sequential_figure_has_no_range_to_show():

@@ -261,9 +261,82 @@ def test_tune_measures_a_close_call_again_only_while_time_is_left(tiny, monkeypa
     monkeypatch.setattr(tuner.trials, "measure_candidate", lambda inc, cfg, inc_cfg: (
         {"incumbent": runs("incumbent", [100, 100, 100]), "candidate": runs("candidate", [120, 90, 130])}, None))
     monkeypatch.setattr(tuner.trials, "discard", lambda trainer: None)
-    tuner.trials.measure_s, tuner.deadline = 1.0, 0.0
+    tuner.trials.measure_s, tuner.budget.deadline = 1.0, 0.0
     step = tuner._try(Candidate({"sync_every_step": False}, "test"), start, 1.0)
     assert not step.accepted and step.why.endswith("no time left to measure it again") and len(tuner.chain) == 1
+
+
+def test_the_budget_reserves_every_quality_run_a_function_says_it_trains_and_nothing_it_holds(tiny):
+    """After the search come the quality runs (the start, the final, the start with a second seed) and the final
+    speed check: each run costed at its measured speed, warm-up and scoring time; a run the quality function already
+    holds (`train_images` 0, as `reconcile.scores_from` says of a config the notebook trained) costs nothing; a
+    function that says nothing is taken as quick."""
+    from gantools.tuning.trials import SCORE_S
+
+    start = tiny.replace(sync_every_step=True)
+    fast = start.replace(sync_every_step=False)
+
+    def quality(c):
+        return {"fid": 10.0}
+
+    quality.train_images = lambda c: 0 if c == start else 1000
+    tuner = _tuner(start, quality)
+    tuner.trials.speed.update({key(start): 100.0, key(fast): 200.0})
+    tuner.trials.warmup_s.update({key(start): 2.0, key(fast): 3.0})
+    tuner.trials.measure_s = 4.0
+    final, seed = 3.0 + 1000 / 200 + SCORE_S, 5.0 + 1000 / 100 + SCORE_S  # the seed: the start's speed, 5 s warm-up
+    assert tuner.budget.reserve(start, fast) == pytest.approx(final + seed + 4.0)
+    assert _tuner(start, lambda c: {"fid": 10.0}).budget.reserve(start, fast) == pytest.approx(3 * 1.0)
+    assert _tuner(start, False).budget.reserve(start, fast) == 0.0
+
+
+def _tune_whose_quality_runs_take(seconds, fake_clock, monkeypatch, tiny, glyphs64, says_what_it_trains):
+    """A tune on the fake clock: every candidate kept, each measurement 4 s, each quality run of a config other than
+    the start `seconds` (the start's scores held, as a notebook's side-by-side run holds them); the final FID 1.5x
+    the start's, so the second seed of the start is trained, 2x apart: nothing is backed off."""
+    monkeypatch.setattr(keep, "decide", lambda inc, cand, final=True: (True, 1.1, (1.05, 1.2), "kept (test)"))
+    measurements_take(4.0, fake_clock, monkeypatch)
+    cfg = tiny.replace(loader="device", sync_every_step=True)
+
+    def quality(c):
+        if c == cfg:
+            return {"fid": 10.0, "classes_covered": 10, "classes": 10}
+        fake_clock.advance(seconds)
+        return {"fid": 20.0 if c.seed == 1 else 15.0, "classes_covered": 10, "classes": 10}
+
+    if says_what_it_trains:
+        quality.train_images = lambda c: 0 if c == cfg else 64
+    return tune(cfg, minutes=0.75, dataset=glyphs64, quality=quality, plan=RULE_REPLACED, progress=None,
+                space=("sync_every_step", "optimizer_impl"))
+
+
+@pytest.mark.slow
+def test_tunes_budget_covers_its_quality_runs_and_final_check(tiny, glyphs64, fake_clock, monkeypatch):
+    """Quality runs that take as long as the budget estimates (scoring, `SCORE_S`): the search stops early enough
+    for the final's run, the second seed's and the final check, and the whole tune ends inside its 45 s."""
+    from gantools.tuning.trials import SCORE_S
+
+    result = _tune_whose_quality_runs_take(SCORE_S, fake_clock, monkeypatch, tiny, glyphs64, True)
+    assert result.ended.startswith("time: "), result.ended
+    assert "seed_fid" in result.quality and not any(s.backed_off for s in result.path)
+    assert result.seconds["second seed"] >= SCORE_S and result.seconds["reserved"] >= 2 * SCORE_S
+    assert result.elapsed_s <= 45, result.summary()
+    assert "past the" not in result.summary()
+
+
+@pytest.mark.slow
+def test_a_tune_past_its_budget_says_what_took_the_time(tiny, glyphs64, fake_clock, monkeypatch):
+    """A quality function that trains without saying so (no `train_images`) is reserved a second a run; its runs
+    take 20 s each, so tune ends past its budget, and the summary says so truly: what the search left, what the
+    phases after it took, the second seed's share; nothing was backed off, so nothing says it was."""
+    result = _tune_whose_quality_runs_take(20.0, fake_clock, monkeypatch, tiny, glyphs64, False)
+    summary = result.summary()
+    line = next((x for x in summary.splitlines() if x.startswith("time: ")), summary)
+    over = result.elapsed_s - 45
+    assert over > 0 and f"{over:.0f} s past the 0.75-minute budget" in line
+    assert f"the search left {result.seconds['left']:.0f} s" in line and "the quality check" in line
+    assert f"of which a second seed of the start {result.seconds['second seed']:.0f} s" in line
+    assert "back" not in line, line
 
 
 OUT_OF_MEMORY = Failure("OutOfMemory: out of cuda memory at step 1", out_of_memory=True)

@@ -33,12 +33,14 @@ change. batch_size is left out by default (see `search_space`). Every other fiel
 setting included, stays as given: tune tunes the config it is given (`space=config.speed_knobs()` keeps the
 penalties' intervals too).
 
-The time budget (`minutes`, wall clock): the quality phase and the final speed check are estimated from what has
-been measured (each config trains `quality_images` at its measured images/s, plus its measured warm-up, plus
-`SCORE_S` to score it) and reserved from the start; a candidate starts only if its own estimate (the last
-measurement's wall time, plus `COMPILE_S` when it turns torch.compile on, plus a profile when the incumbent
-changed) fits beside that reserve. Backing off, when quality needs it, may run past the budget (the result says
-by how much): quality outranks time.
+The time budget (`minutes`, wall clock) covers the whole tune, the quality runs and the final speed check included
+(`budget.Budget`): those are estimated from what has been measured (each config trains `quality_images` at its
+measured images/s, plus its measured warm-up, plus `SCORE_S` to score it; the start, the final and a second seed of
+the start; a quality function of yours as it says, `budget`'s docstring) and reserved from the start; a candidate
+starts only if its own estimate (the last measurement's wall time, plus `COMPILE_S` when it turns torch.compile on,
+plus a profile when the incumbent changed) fits beside that reserve. Only backing off, when quality needs it, is not
+reserved: quality outranks time. Where tune runs past the budget, the result says by how much and what took the time
+(`TuneResult.seconds`).
 
 Stopping: Ctrl-C, or `stop` (a threading.Event: the widget panel's Stop button), ends tune between measurements
 (a training run in progress stops after its current step); the result holds every step so far, with the incumbent
@@ -72,12 +74,14 @@ def tune(cfg: TrainConfig | None = None, minutes: float = 15.0, *, generator=Non
 
     Args:
         cfg: the start; None: TrainConfig().
-        minutes: the wall-clock budget (backing off for quality may run past it; the result says by how much).
+        minutes: the wall-clock budget, quality runs and the final check included (backing off for quality may
+            run past it; the result says by how much and why).
         generator: your generator, as for `Trainer`; deep-copied for every run, so yours is left as it is.
         discriminator: your discriminator, likewise; give both or neither (the DCGAN).
         dataset: your Dataset, as for `Trainer`; None: the config's.
         quality: True trains start and final on `quality_images` each and scores them against the config's dataset;
-            False skips the check (say so where you report it); or a function `TrainConfig -> {'fid': ...}` of yours.
+            False skips the check (say so where you report it); or a function `TrainConfig -> {'fid': ...}` of yours
+            (give it a `train_images(cfg)` saying how many images scoring `cfg` trains, and the budget reserves it).
         quality_images: images each quality run trains on; None: the plan's (the benchmark's, `bench.PLAN`).
         space: the knobs to search; None: every speed knob and the penalties' intervals (`space.default_space`; add
             'batch_size' to let the batch grow, the learning rates scaled by the square root of the batch ratio).

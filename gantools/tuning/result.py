@@ -57,6 +57,9 @@ class TuneResult:
         speedup: final over start, measured interleaved at the end; None until then.
         speedup_spread: that measurement's paired ratios (a `turns.Paired`, saved as its (low, high)), what the
             verdict reads; None where there was nothing to measure.
+        seconds: where the time went: 'search' (from the start to the search's end), 'left' (the budget's
+            seconds left then) and 'reserved' (what the phases after it were estimated to need), then each phase
+            after it ('quality', 'final speed check') and, where it was trained, 'second seed' (of the start).
         date: the day tune ran (YYYY-MM-DD).
     """
 
@@ -73,6 +76,7 @@ class TuneResult:
     now: str = ""         # what tune is doing now (for a live view)
     speedup: float | None = None  # final over start, measured interleaved at the end
     speedup_spread: tuple | None = None  # its paired ratios (`Paired`; JSON keeps their (low, high))
+    seconds: dict = field(default_factory=dict)  # where the time went (see above)
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     @property
@@ -117,8 +121,10 @@ class TuneResult:
         lines = [f"search: {self.ended}" if self.ended else "search: not finished"]
         s, f = self.start, self.final
         if self.speedup is not None:
+            paired = (f" (median of the paired repeats' ratios, {self.speedup_spread[0]:.2f}-"
+                      f"{self.speedup_spread[1]:.2f})" if self.speedup_spread else "")
             lines.append(f"speed: start {s['images_per_sec']:.0f} images/s, final {f['images_per_sec']:.0f} images/s "
-                         f"(interleaved): {self.speedup:.2f}x")
+                         f"(each the median of its interleaved repeats); final over start {self.speedup:.2f}x{paired}")
         elif f.get("images_per_sec") and s.get("images_per_sec"):
             lines.append(f"speed: start {s['images_per_sec']:.0f} images/s, final about {f['images_per_sec']:.0f} "
                          f"(from the path's ratios)")
@@ -126,13 +132,29 @@ class TuneResult:
         if q.get("note"):
             lines.append(f"quality: {q['note']}")
         if self.elapsed_s > 60 * self.minutes + 1:
-            lines.append(f"time: {self.elapsed_s / 60:.1f} min, {self.elapsed_s - 60 * self.minutes:.0f} s past the "
-                         f"{self.minutes:g}-minute budget (its estimates come from what was measured; backing off "
-                         f"for quality is not bounded by it)")
+            lines.append(self._overrun())
         lines += [f"skipped here: {'; '.join(f'{c} ({why})' for c, why in self.skipped)}"] if self.skipped else []
         lines += ["final config:", "  " + self.python().replace("\n", "\n  "),
                   f"  python -m gantools train {self.flags()}"]
         return "\n".join(lines)
+
+    def _overrun(self) -> str:
+        """'time: ...': how far tune ran past its budget, and what took the time, from `seconds`."""
+        t = self.seconds
+        head = (f"time: {self.elapsed_s / 60:.1f} min, {self.elapsed_s - 60 * self.minutes:.0f} s past the "
+                f"{self.minutes:g}-minute budget")
+        if "left" not in t:  # stopped during the search
+            return head
+        if t["left"] < 0:
+            return f"{head}: the search itself ended {-t['left']:.0f} s past it (a step took longer than estimated)"
+        after = [f"{words} {t[name]:.0f} s" for name, words in (("quality", "the quality check"),
+                                                                 ("final speed check", "the final check")) if name in t]
+        seed = f", of which a second seed of the start {t['second seed']:.0f} s" if "second seed" in t else ""
+        backed = sum(s.backed_off for s in self.path)
+        backed = f"; {backed} kept change(s) backed off, each one more quality run, which no reserve covers" \
+            if backed else ""
+        return (f"{head}: the search left {t['left']:.0f} s for what comes after it, estimated at "
+                f"{t['reserved']:.0f} s from the speeds measured; it took {', '.join(after)}{seed}{backed}")
 
     def __str__(self):
         return self.markdown() + "\n\n" + self.summary()
@@ -142,7 +164,8 @@ class TuneResult:
             return {**p, "config": p["config"].to_dict()}
 
         return {"start": point(self.start), "final": point(self.final), "path": [s.to_dict() for s in self.path],
-                "speedup": self.speedup, "speedup_spread": self.speedup_spread, "quality": self.quality,
+                "speedup": self.speedup, "speedup_spread": self.speedup_spread,
+                "seconds": self.seconds, "quality": self.quality,
                 "skipped": self.skipped, "ended": self.ended,
                 "stopped": self.stopped, "device": self.device, "minutes": self.minutes,
                 "elapsed_s": self.elapsed_s, "date": self.date}

@@ -244,9 +244,20 @@ class Trials:
         return self.meter
 
     def quality_s(self, cfg: TrainConfig, start: TrainConfig) -> float:
-        """One config's quality run: its warm-up, the images at its measured speed (or the start's), scoring."""
+        """One config's quality run: its warm-up, the images at its measured speed (or the start's), scoring. A
+        quality function of yours: the images it says it trains for `cfg` (`train_images(cfg)`, as
+        `workbook.reconcile.scores_from`'s does; 0, nothing to pay, where it holds the scores already), or a second
+        where it says nothing."""
+        images = self.options.quality_images
+        if callable(self.options.quality):
+            train_images = getattr(self.options.quality, "train_images", None)
+            if train_images is None:
+                return 1.0
+            images = train_images(cfg)
+            if not images:
+                return 0.0
         speed = self.speed.get(key(cfg)) or self.speed.get(key(start)) or 1.0
-        return self.warmup_s.get(key(cfg), 5.0) + self.options.quality_images / speed + self.score_s
+        return self.warmup_s.get(key(cfg), 5.0) + images / speed + (self.score_s or SCORE_S)
 
 
 def key(change) -> frozenset:

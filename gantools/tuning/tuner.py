@@ -18,9 +18,10 @@ from ..measuring.torch_versions import room_to_recompile
 from .result import ROW_HEAD, Step, TuneResult, markdown_line, path_row
 from .space import Candidate, allowed, checkpointed, complete, describe, search_space
 from .trials import Trials, TuneOptions, key, reason
+from .budget import COMPILE_S, Budget
 
-# Extra warm-up when a candidate first turns torch.compile on (evidence: docs/tune.md).
-COMPILE_S = 20.0
+__all__ = ["COMPILE_S", "PROFILE_STEPS", "PROFILE_WARMUP", "Tuner"]
+
 # Profiled steps per profile: enough for a verdict (the profiler's own warm-up step comes on top), few enough to
 # cost seconds.
 PROFILE_STEPS, PROFILE_WARMUP = 3, 1
@@ -36,8 +37,7 @@ class Tuner:
         self.result = TuneResult({"config": o.cfg, "images_per_sec": None, "fid": None},
                                  {"config": o.cfg, "images_per_sec": None, "fid": None}, device=str(o.device),
                                  minutes=o.minutes)
-        self.t0 = hardware.seconds()
-        self.deadline = self.t0 + 60 * o.minutes
+        self.budget = Budget(o.minutes, self.trials)  # the clock and what the phases after the search need
         self.tried: set = set()
         self.profile_s = None   # wall time of the last profile
         self.chain = [o.cfg]    # the start, then the incumbent after each accepted step
@@ -47,44 +47,18 @@ class Tuner:
         # your dataset's items already on the GPU: no workers, no pinning tried (space.search_space)
         self.cpu_tensors = o.dataset is None or returns_cpu_tensors(o.dataset)
 
+    def _reserve(self, incumbent: TrainConfig) -> float:
+        return self.budget.reserve(self.chain[0], incumbent)
+
+    def _fits(self, cand: Candidate, inc_cfg: TrainConfig) -> bool:
+        return self.budget.fits(cand, self.chain[0], inc_cfg, self.compiled)
+
     def _say(self, line: str, now: str | None = None) -> None:
         if line:
             self.options.progress(line)
         self.result.now = now if now is not None else self.result.now
-        self.result.elapsed_s = hardware.seconds() - self.t0
+        self.result.elapsed_s = hardware.seconds() - self.budget.t0
         self.options.on_update(self.result)
-
-    # -- the budget ----------------------------------------------------------------------------------------------
-    def _left(self) -> float:
-        return self.deadline - hardware.seconds()
-
-    def _reserve(self, incumbent: TrainConfig) -> float:
-        """Seconds kept for after the search: quality runs for the start and the final, and the final speed check
-        (one more measurement). The final is costed at the incumbent's speed: whatever is kept next is faster."""
-        if self.options.quality is False:
-            quality = 0.0
-        elif callable(self.options.quality):
-            quality = 1.0
-        else:
-            start = self.chain[0]
-            quality = self.trials.quality_s(start, start) + self.trials.quality_s(incumbent, start)
-        return quality + (self.trials.measure_s or 0.0)
-
-    def _estimate(self, cand: Candidate) -> float:
-        """Seconds to measure a candidate: the last measurement's wall time (before any: both contenders' images
-        at the incumbent's profiled speed, and two builds), plus `COMPILE_S` when it first turns compile on."""
-        seconds = self.trials.measure_s
-        if seconds is None:
-            p = self.options.plan
-            images = p["warmup_images"] + p["repeats"] * p["images_per_repeat"]
-            images = max(images, (1 + p["repeats"]) * self.options.cfg.images_per_step)  # at least a step per chunk
-            seconds = 2 * images / (self.trials.speed.get(key(self.chain[-1])) or 1.0) + 2 * self.trials.build_s
-        # A first compile costs COMPILE_S here, and once more in the final config's quality run if it is kept.
-        return seconds + (2 * COMPILE_S if cand.change.get("compile", "off") != "off" and not self.compiled else 0.0)
-
-    def _fits(self, cand: Candidate, inc_cfg: TrainConfig) -> bool:
-        """Whether measuring `cand` leaves the reserve for after the search."""
-        return self._estimate(cand) + self._reserve(inc_cfg) <= self._left()
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -95,6 +69,8 @@ class Tuner:
         with on_interrupt(lambda signum, frame: self.options.stop.set()), room_to_recompile():
             try:
                 self._search()
+                r.seconds.update(search=hardware.seconds() - self.budget.t0, left=self.budget.left(),
+                                 reserved=self._reserve(self.chain[-1]))
                 if not self.options.stop.is_set():
                     self._after_search(self._hold_quality, "quality")
                 if not self.options.stop.is_set():
@@ -109,18 +85,21 @@ class Tuner:
             r.ended = r.ended or "stopped"  # the search's own reason stays when the stop came later
             r.quality.setdefault("note", "not checked: tune was stopped before the quality check ended, so the "
                                          "final config (the fastest so far) has no quality verdict")
-        self._say(f"done in {(hardware.seconds() - self.t0) / 60:.1f} min", now="done")
+        self._say(f"done in {(hardware.seconds() - self.budget.t0) / 60:.1f} min", now="done")
         return r
 
     def _after_search(self, phase, name: str) -> None:
         """Run a phase after the search; its failure (an out-of-memory quality run, say) is noted in the result
-        instead of losing the path found."""
+        instead of losing the path found. Its wall time goes into the result's `seconds`."""
+        t = hardware.seconds()
         try:
             phase()
         except Exception as e:  # noqa: BLE001 - a user's error or out of memory is noted; anything else is a bug
             if not (isinstance(e, GantoolsError) or is_out_of_memory(e)):
                 raise
             self.result.quality.setdefault("note", f"not checked: the {name} failed: {reason(e)}")
+        finally:
+            self.result.seconds[name] = hardware.seconds() - t
 
     def _search(self) -> None:
         r, o, cfg = self.result, self.options, self.options.cfg
@@ -138,10 +117,10 @@ class Tuner:
                 raise bench.Stopped("stopped")
             inc_cfg = self.chain[-1]
             if verdict is None:  # a new incumbent: profile it (the start always), if that and the reserve fit
-                if self.profile_s is not None and self.profile_s + self._reserve(inc_cfg) > self._left():
+                if self.profile_s is not None and self.profile_s + self._reserve(inc_cfg) > self.budget.left():
                     r.ended = (f"time: profiling the new incumbent (about {self.profile_s:.0f} s) and the reserve "
                                f"for quality and the final check (about {self._reserve(inc_cfg):.0f} s) would not "
-                               f"fit in the {max(0.0, self._left()):.0f} s left")
+                               f"fit in the {max(0.0, self.budget.left()):.0f} s left")
                     break
                 verdict = self._profile()
             cand = self._next(verdict, inc_cfg)
@@ -149,9 +128,10 @@ class Tuner:
                 r.ended = "no untried candidate left"
                 break
             if not self._fits(cand, inc_cfg):
-                r.ended = (f"time: the next candidate ({cand.label}, about {self._estimate(cand):.0f} s) and the "
-                           f"reserve for quality and the final check (about {self._reserve(inc_cfg):.0f} s) would "
-                           f"not fit in the {max(0.0, self._left()):.0f} s left")
+                cost = self.budget.estimate(cand, inc_cfg, self.compiled)
+                r.ended = (f"time: the next candidate ({cand.label}, about {cost:.0f} s) and the reserve for quality "
+                           f"and the final check (about {self._reserve(inc_cfg):.0f} s) would not fit in the "
+                           f"{max(0.0, self.budget.left()):.0f} s left")
                 break
             if not header:
                 from ..measuring.results import markdown_table
@@ -231,7 +211,7 @@ class Tuner:
         return step
 
     def _measure(self, cand: Candidate, cfg: TrainConfig, inc_cfg: TrainConfig) -> tuple:
-        self._say("", now=f"measuring {cand.label} against the incumbent ({self._left():.0f} s left)")
+        self._say("", now=f"measuring {cand.label} against the incumbent ({self.budget.left():.0f} s left)")
         return self.trials.measure_candidate(self.incumbent, cfg, inc_cfg)
 
     def _accept(self, step: Step, inc_cfg: TrainConfig, cfg: TrainConfig, trainer) -> None:
@@ -300,7 +280,10 @@ class Tuner:
         difference."""
         start = self.chain[0]
         self._say("", now="quality: training the start again with another seed (FID's own spread)")
-        return self.trials.score(start.replace(seed=start.seed + 1), "quality-start-seed")["fid"]
+        t = hardware.seconds()
+        fid = self.trials.score(start.replace(seed=start.seed + 1), "quality-start-seed")["fid"]
+        self.result.seconds["second seed"] = hardware.seconds() - t
+        return fid
 
     def _speed_check(self) -> None:
         """Start against final, interleaved: the speed-up the result reports."""

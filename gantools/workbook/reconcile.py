@@ -169,12 +169,17 @@ def same_training(a: TrainConfig, b: TrainConfig) -> bool:
 def scores_from(trainers: dict, images: int) -> Callable[[TrainConfig], dict]:
     """A quality function for `tune(quality=...)`: a config one of `trainers` (already trained on `images` real
     images and scored, e.g. by `train_side_by_side`) trains the same way gets that trainer's scores; any other is
-    trained from scratch on `images` and scored, as tune itself would. Saves tune retraining what was just measured."""
+    trained from scratch on `images` and scored, as tune itself would. Saves tune retraining what was just measured.
+    Its `train_images(cfg)` says what scoring `cfg` will train (0: its scores are held), so tune's time budget
+    reserves what it costs (`tuning.budget`)."""
+    def held(cfg: TrainConfig) -> dict | None:
+        return next((dict(t.history.quality) for t in trainers.values() if same_training(t.cfg, cfg)
+                     and t.history.quality and t.history.quality.get("images_trained") == images), None)
+
     def quality(cfg: TrainConfig) -> dict:
-        for t in trainers.values():
-            if same_training(t.cfg, cfg) and t.history.quality and \
-                    t.history.quality.get("images_trained") == images:
-                return dict(t.history.quality)
+        scores = held(cfg)
+        if scores is not None:
+            return scores
         from ..core.metrics import QualityCallback
         from ..core.trainer import Trainer
 
@@ -183,4 +188,5 @@ def scores_from(trainers: dict, images: int) -> Callable[[TrainConfig], dict]:
         run.fit()
         return dict(run.history.quality)
 
+    quality.train_images = lambda cfg: 0 if held(cfg) is not None else images
     return quality
