@@ -296,6 +296,19 @@ def test_two_profiles_compared_share_one_scale(shown, monkeypatch):
     assert widths[-1] == pytest.approx(80.0) and pytest.approx(8.0) in widths  # both reports' bars, one axis
 
 
+def test_a_phase_gone_after_the_fix_keeps_its_row_marked_none(shown, monkeypatch):
+    """A fix that removes a phase (no host syncs left): the after chart keeps the before chart's rows, that one
+    marked "none", so the two are read row by row on one scale."""
+    before, after = _report(), _report(scale=0.5)
+    del after.phases_ms["host sync"]
+    gd.plot_phases(after, "after the fix", before=before)
+    fig = shown[0]
+    assert_readable(fig, monkeypatch)
+    ax = next(ax for ax in fig.axes if ax.patches)
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(before.phases_ms)
+    assert [t.get_text() for t in ax.texts].count(" none") == 1
+
+
 @pytest.mark.parametrize("n", [1, 10])
 @pytest.mark.parametrize("kind", ["bce", "mixed"])
 @pytest.mark.parametrize("unit", ["real images", "generator steps"])

@@ -328,8 +328,8 @@ def phases_figure(report, title: str = "where one training step's time goes", be
         ms = [r.phases_ms.get(p, 0.0) for p in names]
         step = f"{which}: {_ms(r.step_time_ms)} ms a step" if which else ""
         ax.barh(at, ms, height=height * 0.9, color="tab:grey" if which == "before" else "tab:orange", label=step)
-        texts += [ax.text(v, yy, f" {_ms(v)} ms ({100 * v / r.step_time_ms:.0f}%)", va="center", fontsize=8)
-                  for p, v, yy in zip(names, ms, at, strict=True) if p in r.phases_ms]
+        texts += [ax.text(v, yy, f" {_ms(v)} ms ({100 * v / r.step_time_ms:.0f}%)" if p in r.phases_ms else " none",
+                          va="center", fontsize=8) for p, v, yy in zip(names, ms, at, strict=True)]
     ax.set_yticks(y, names, fontsize=9)
     ax.set_ylim(-0.6, n - 0.4)
     ax.set_xlim(0, max([v for _, r in reports for v in r.phases_ms.values()] + [1e-3]) * 1.05)
