@@ -68,8 +68,8 @@ def memory_chart(peaks_mb: dict, baseline: str, speed: dict | None = None,
                  title: str = "a step's peak tensor memory against the baseline"):
     """Peak tensor memory per config (name -> MB), the main chart: bars from 0, the `baseline` config's a dashed
     line, each bar's note its share of the baseline's. Beside it, with `speed` (name -> (speed ratio over the
-    baseline, paired range or None)), the speed each config ran at against the baseline: linear bars from 0, 1.00x
-    dashed, the paired range as a whisker; a config `speed` lacks is said to be not raced."""
+    baseline, paired range or None)), the speed each config ran at against the baseline: linear bars from 0, a
+    dashed line at 1, the paired range as a whisker; a config `speed` lacks is said to be not raced."""
     names, speed = list(peaks_mb), speed or {}
     labels = wrap_names(names)
     n, base = len(names), peaks_mb[baseline]
