@@ -106,3 +106,15 @@ def test_06_measures_the_doctors_fixes_on_its_loop_as_a_script_and_shows_the_pat
     shown = json.dumps([c["outputs"] for c in nb["cells"] if c["cell_type"] == "code"])
     assert "gantools doctor --try:" in shown, f"{name}: the stored run shows no --try report"
     assert "+++ b/your_gan.py" in shown or "--try kept no fix" in shown, f"{name}: the stored run shows no patch"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_notebook_ends_with_exercises_then_what_to_remember(name):
+    """The exercises, then the rules a learner carries into their own loop, each with this run's number: the last
+    cell computes them (`remember.what_to_remember`), and the stored run shows them."""
+    nb = json.loads((NOTEBOOKS / name).read_text())
+    *_, exercises, last = nb["cells"]
+    assert exercises["cell_type"] == "markdown" and "".join(exercises["source"]).lstrip().startswith("## Exercises")
+    assert last["cell_type"] == "code" and "what_to_remember(" in "".join(last["source"])
+    shown = "".join("".join(o.get("data", {}).get("text/markdown", "")) for o in last["outputs"])
+    assert shown.startswith("## What to remember") and shown.count("\n1. ") == 1, f"{name}: not shown as stored"
