@@ -367,7 +367,7 @@ def scaling_prediction(speedup: float, start: str, processes: int = 2, paired=No
     the law assumes the serial part stays the same at every N (a ring all-reduce's time grows with N)."""
     from ..measuring.protocol import amdahl_speedup, parallel_share
 
-    verdict = speed_verdict(paired)
+    verdict, speedup = speed_verdict(paired), shown_ratio(speedup, paired)  # the figure the verdict reads
     text = (f"{processes} processes ran {speed_words(speedup, f'**{start}**', paired)}: scaling efficiency "
             f"{100 * speedup / processes:.0f}% (the speed-up over the processes)")
     head = f"{processes} processes: {speedup:.2f}x one ({100 * speedup / processes:.0f}% efficiency)"

@@ -3,9 +3,9 @@ the notebook writes its loop as a script and `launch`es it under torchrun; insid
 loop in turns as `tutorial.race` does in one kernel, one-process contenders included (rank 0 runs them while the
 other ranks wait), and rank 0 hands back what every rank measured (`race_record`, `gathered_differences`,
 `profiled_collectives`). `all_reduce_shares` and `all_reduce_cost` set the race's and the profile's measurements of
-the all-reduce side by side and give one answer; `show_scaling` charts the scaling and that share. `ScalingPanel` is
-its try-it widget: gantools' own trainer under torchrun (`bench.scaling`), since `ControlPanel` trains inside the
-kernel, in one process."""
+the all-reduce side by side (the race's share implied as `waiting.implied_share` reads a removed wait) and give one
+answer; `show_scaling` charts the scaling and that share. `ScalingPanel` is its try-it widget: gantools' own trainer
+under torchrun (`bench.scaling`), since `ControlPanel` trains inside the kernel, in one process."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,8 @@ from ..core import distributed
 from ..measuring.hardware import Timer
 from ..measuring.turns import Measured
 from . import tutorial
-from .conclusions import DATA_BOTTLENECK, Conclusion, worth_removing
+from .conclusions import DATA_BOTTLENECK, Conclusion, shown_ratio, worth_removing
+from .waiting import implied_share
 
 # the all-reduce's share of a DDP step, as each measurement gives it (`all_reduce_shares`)
 EXPOSED, RACED, WHOLE = ("the profile: left after backward (exposed)", "the race: DDP against no all-reduce",
@@ -168,8 +169,8 @@ def all_reduce_shares(race, ddp: str, quiet: str, profile: dict) -> dict:
     (`profiled_collectives`) measures the all-reduce's own time, whole (`WHOLE`) and the part left after backward
     (`EXPOSED`; a GPU's profile gives no overlap, so there both are the whole)."""
     paired = race.paired(ddp, quiet)
-    share = 1 - race.ratio(ddp, quiet)
-    raced = (share, 1 - paired.high, 1 - paired.low) if paired else (share, share, share)
+    share = implied_share(1 / shown_ratio(race.ratio(ddp, quiet), paired))  # the quiet loop as the change
+    raced = (share, implied_share(1 / paired.high), implied_share(1 / paired.low)) if paired else (share,) * 3
     exposed = profile.get("exposed_ms", profile["all_reduce_ms"]) / profile["step_ms"]
     whole = profile["all_reduce_ms"] / profile["step_ms"]
     return {EXPOSED: (exposed,) * 3, RACED: raced, WHOLE: (whole,) * 3}

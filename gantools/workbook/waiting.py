@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .conclusions import FASTER, Conclusion, paired_text, speed_verdict, worth_removing
+from .conclusions import FASTER, Conclusion, paired_text, shown_ratio, speed_verdict, worth_removing
 
 
 @dataclass
@@ -38,7 +38,7 @@ def _estimates(share: float, implied, predicted) -> str:
     parts, held = [], None
     if implied is not None:
         name, ratio, paired = implied
-        shown = f"{100 * implied_share(ratio):.1f}%"
+        shown = f"{100 * implied_share(shown_ratio(ratio, paired)):.1f}%"
         if paired is not None:
             low, high = (implied_share(x) for x in paired)
             held = low <= share <= high
@@ -65,7 +65,7 @@ def _fix_words(fix: Fix, start: dict) -> tuple[str, str]:
         return f"{wait}; its speed ({fix.ratio:.2f}x) is one measurement, no verdict.", "one measurement"
     gain = start["step_time_ms"] / max(start["step_time_ms"] - removed, 1e-9)
     low, high = fix.paired
-    ranged = f"{fix.ratio:.2f}x, {paired_text(fix.paired)}"
+    ranged = f"{shown_ratio(fix.ratio, fix.paired):.2f}x, {paired_text(fix.paired)}"
     rest = (f"{fix.summary['step_time_ms'] - fix.summary['data_wait_ms']:.0f} ms against "
             f"{start['step_time_ms'] - start['data_wait_ms']:.0f} ms, the waits left out")
     if low > gain:
