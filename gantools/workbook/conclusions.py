@@ -244,6 +244,7 @@ def agreement(plain: float, switch: float, what: str = "speed-up", tolerance: fl
     """Whether the plain loop's measured `what` and gantools' switch's agree: where both come with paired ranges,
     when the ranges overlap; otherwise within `tolerance` (a share) of each other."""
     a, b = _paired(plain_paired), _paired(switch_paired)
+    plain, switch = shown_ratio(plain, plain_paired), shown_ratio(switch, switch_paired)  # what each verdict reads
     shown = [f"{x:.2f}x" + (f" ({paired_text(p)})" if p else "") for x, p in ((plain, a), (switch, b))]
     text = f"The lines in your own loop gave a {what} of {shown[0]}, gantools' switch {shown[1]}: "
     gap = abs(plain / switch - 1)
@@ -288,7 +289,7 @@ def estimate_held(change: str, estimate: float | None, measured: float, spread: 
     above it; one measurement decides nothing. `keep` is True when the measurement stayed within the bound: the
     estimate held (a bound promises no gain, so a fix that gave none does not contradict it). `by`: whose estimate,
     as the sentence names it ("the profiler" for a `profiling.Verdict`'s)."""
-    paired = _paired(spread)
+    paired, measured = _paired(spread), shown_ratio(measured, spread)
     verdict = speed_verdict(paired)
     text = f"**{change}**: measured {measured:.2f}x ({paired_text(paired) if paired else 'one measurement'})"
 
@@ -412,7 +413,7 @@ def memory_trade(change: str, start: str, mb: float, start_mb: float, speedup: f
     memory limits the batch (`.keep` False: not by default). No saving: leave it."""
     memory, speed = memory_verdict(mb, start_mb), speed_verdict(paired)
     text = (f"**{change}** held {memory_words(mb, start_mb, start)}; it ran {speed_words(speedup, start, paired)}")
-    head = f"**{change}**: {mb / start_mb:.2f}x the memory, {speedup:.2f}x the speed ({speed})"
+    head = f"**{change}**: {mb / start_mb:.2f}x the memory, {shown_ratio(speedup, paired):.2f}x the speed ({speed})"
     if memory != LESS:
         return Conclusion(f"{text}: **no memory saved here: leave it off**.", False, f"{head}: **leave it off**.")
     if speed == SLOWER:
@@ -434,7 +435,7 @@ def compile_payback(compile_s: float, step_s: float, compiled_step_s: float, pai
     verdict, speedup = speed_verdict(paired), step_s / compiled_step_s
     text = (f"Compiling took **{compile_s:.1f} s** before the first step; then the compiled step ran "
             f"{speed_words(speedup, start, paired)}")
-    head = f"Compiling: {compile_s:.1f} s, then {speedup:.2f}x {start} ({verdict})"
+    head = f"Compiling: {compile_s:.1f} s, then {shown_ratio(speedup, paired):.2f}x {start} ({verdict})"
     if verdict == SLOWER:
         return Conclusion(f"{text}: **it does not pay back here**: with slower steps the compile time is never "
                           "returned on this machine.", False, f"{head}: **it does not pay back here**.")
