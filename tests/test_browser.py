@@ -66,9 +66,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _names(source: str) -> tuple[set[str], set[str]]:
+def _names(source: str, modules: frozenset = frozenset()) -> tuple[set[str], set[str]]:
     """The top-level names a cell sets or changes, and those it reads (in its functions too). A name is changed by
-    `x[k] = v`, `x.a = v`, `x += v` and a method call whose result is dropped (`x.fit()`, `x.append(v)`)."""
+    `x[k] = v`, `x.a = v`, `x += v` and a method call whose result is dropped (`x.fit()`, `x.append(v)`), unless `x`
+    is one of the notebook's imported `modules` (`data_parallel.show_scaling(...)` draws; it changes no module)."""
     code = TransformerManager().transform_cell(source)  # IPython's magics and shell escapes as Python
     table = symtable.symtable(code, "<cell>", "exec")
     sets = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
@@ -84,16 +85,24 @@ def _names(source: str) -> tuple[set[str], set[str]]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            targets = [node.value.func]
+            targets = [] if _root(node.value.func) in modules else [node.value.func]
         else:
             continue
-        for target in targets:
-            if isinstance(target, (ast.Attribute, ast.Subscript)):
-                while isinstance(target, (ast.Attribute, ast.Subscript, ast.Call)):
-                    target = target.func if isinstance(target, ast.Call) else target.value
-                if isinstance(target, ast.Name):
-                    sets.add(target.id)
+        sets |= {_root(target) for target in targets if isinstance(target, (ast.Attribute, ast.Subscript))} - {None}
     return sets, reads
+
+
+def _root(node) -> str | None:
+    """The name at the root of `x.a[k].f()`: x; None where it is not a name."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _imported(source: str) -> set[str]:
+    """The names a cell binds by `import`: modules and what they hold, never changed by calling them."""
+    table = symtable.symtable(TransformerManager().transform_cell(source), "<cell>", "exec")
+    return {s.get_name() for s in table.get_symbols() if s.is_imported()}
 
 
 def cells_to_run(notebook: dict) -> tuple[list[int], list[int]] | None:
@@ -105,7 +114,8 @@ def cells_to_run(notebook: dict) -> tuple[list[int], list[int]] | None:
     widgets = [i for i in code if any(WIDGET in out.get("data", {}) for out in cells[i]["outputs"])]
     if not widgets:
         return None
-    names = {i: _names("".join(cells[i]["source"])) for i in code}
+    modules = frozenset().union(*(_imported("".join(cells[i]["source"])) for i in code))
+    names = {i: _names("".join(cells[i]["source"]), modules) for i in code}
     needed, todo = set(widgets), list(widgets)
     while todo:
         i = todo.pop()
@@ -415,7 +425,7 @@ def test_a_failing_cell_is_caught(browser, lab):
 def test_the_cells_run_in_part_are_the_widget_cells_and_all_they_need():
     sources = ["import math", "unused = 1", "x = [math.pi]", "x.append(2)  # changes x", "y, z = len(x), 5",
                "%time w = 3", "def f():\n    return y\nshow(f())", "after = x", "f()  # uses the widget cell's f",
-               "g = f() + unused  # and a cell not run"]
+               "g = f() + unused  # and a cell not run", "math.floor(2.5)  # calls a module: changes nothing"]
     cells = [{"cell_type": "code", "source": src, "outputs": []} for src in sources]
     cells[6]["outputs"] = [{"output_type": "display_data", "data": {WIDGET: {"model_id": "m"}}}]
     cells.insert(1, {"cell_type": "markdown", "source": "text"})
